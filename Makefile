@@ -1,0 +1,39 @@
+# The two commands that do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch first, pinned to the CPU wheel: a range would pull a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test install install-dev lint base-model clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	$(BIN)/reinforge train
+
+test: install-dev
+	$(BIN)/python -m pytest -q
+
+lint: install-dev
+	$(BIN)/ruff check reinforge tests scripts benchmarks
+
+base-model: install
+	$(BIN)/python scripts/build_tiny_base.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,13 @@
+"""Shipped assets. `tiny-base` is a small Llama-architecture model built by scripts/build_tiny_base.py."""
+
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent
+SHIPPED_MODELS = {"tiny-base": ASSETS_DIR / "tiny-base"}
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """Map a shipped model alias (e.g. ``tiny-base``) or a filesystem path to a directory."""
+    if name_or_path in SHIPPED_MODELS:
+        return SHIPPED_MODELS[name_or_path]
+    return Path(name_or_path).expanduser()

@@ -1,0 +1,243 @@
+"""Typed run configuration: pydantic models, YAML recipes and dotted command-line overrides.
+
+    reinforge train recipes/x.yaml algo.clip_high=0.28 train.steps=50
+
+Unknown keys and bad values are rejected before any work starts, with the dotted name of the
+field and the allowed values. The fully resolved config is saved in the run directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from reinforge.errors import ConfigError
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+DEFAULT_RECIPE = "default"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_registered(kind: str, name: str) -> str:
+    from reinforge.algo import REGISTRIES  # torch import, deferred until a config is built
+
+    registry = REGISTRIES[kind]
+    if name not in registry:
+        raise ValueError(f"unknown {registry.kind} {name!r}; allowed: {', '.join(registry.names())}")
+    return name
+
+
+class ModelConfig(_Strict):
+    path: str = Field("tiny-base", description="HF model directory, or a shipped alias ('tiny-base')")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("cpu", description="torch device for learner and rollout, e.g. 'cpu' or 'cuda'")
+
+
+class TaskConfig(_Strict):
+    kind: Literal["arithmetic", "jsonl"] = "arithmetic"
+    verifier: Literal["exact_match", "numeric_match"] = "exact_match"
+    heldout_size: int = Field(500, ge=1)
+    seed: int = Field(1234, description="seed of the train/held-out split")
+    # arithmetic
+    digits: int = Field(2, ge=1, le=3)
+    ops: str = "+"
+    # jsonl
+    path: str | None = None
+    heldout_path: str | None = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    system_prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _jsonl_needs_path(self) -> TaskConfig:
+        if self.kind == "jsonl" and not self.path:
+            raise ValueError("task.kind=jsonl needs task.path (a JSONL file with prompt and answer columns)")
+        return self
+
+
+class RolloutConfig(_Strict):
+    prompts_per_step: int = Field(16, ge=1)
+    group_size: int = Field(8, ge=1, description="samples per prompt (G)")
+    max_new_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    stop: list[str] = Field(default_factory=list, description="stop strings (the stop string is kept)")
+
+
+class KLConfig(_Strict):
+    estimator: str = "k3"
+    coef: float = Field(0.0, ge=0, description="0 disables the KL term and the reference model is not loaded")
+    placement: Literal["loss"] = "loss"
+
+    @field_validator("estimator")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return _check_registered("kl_estimator", v)
+
+
+class AlgoConfig(_Strict):
+    advantage: str = "grpo"
+    scale_by_std: bool = True
+    adv_eps: float = Field(1e-6, gt=0)
+    policy_loss: str = "ppo_clip"
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    loss_agg: str = "token_mean"
+    max_len_norm: float = Field(0.0, ge=0, description="L_max for seq_mean_token_sum_norm; 0 = rollout.max_new_tokens")
+    kl: KLConfig = Field(default_factory=KLConfig)
+    entropy_coef: float = Field(0.0, description="entropy bonus coefficient (loss -= coef * entropy)")
+    skip_equal_reward_groups: bool = Field(True, description="drop groups whose rewards are all equal (zero advantage)")
+
+    @field_validator("advantage")
+    @classmethod
+    def _adv(cls, v: str) -> str:
+        return _check_registered("advantage", v)
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _pl(cls, v: str) -> str:
+        return _check_registered("policy_loss", v)
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _agg(cls, v: str) -> str:
+        return _check_registered("loss_agg", v)
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(200, ge=1, description="RL steps (rollout batch + updates)")
+    lr: float = Field(5e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0)
+    minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a rollout batch")
+    epochs: int = Field(1, ge=1, description="passes over each rollout batch")
+    micro_batch_tokens: int = Field(8192, ge=1, description="token budget of one forward/backward")
+    time_limit_s: float = Field(0.0, ge=0, description="stop after this many seconds of training (0 = no limit)")
+
+
+class EvalConfig(_Strict):
+    every: int = Field(20, ge=0, description="held-out evaluation every N steps (0 = only before and after)")
+    max_new_tokens: int | None = Field(None, description="default: rollout.max_new_tokens")
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(100, ge=0, description="checkpoint every N steps (0 = only at the end)")
+    keep: int = Field(2, ge=1, description="keep the last K checkpoints")
+
+
+class LogConfig(_Strict):
+    samples_per_step: int = Field(4, ge=0, description="completions written to samples.jsonl per step")
+    console_every: int = Field(10, ge=1, description="print a metrics line every N steps when not on a terminal")
+
+
+class RunConfig(_Strict):
+    name: str | None = Field(None, description="run directory name under output_dir (default: a fresh name)")
+    output_dir: str = "runs"
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key" + _allowed_keys_hint(e["loc"])
+        elif e["type"] == "literal_error":
+            msg = msg.replace("Input should be", "allowed values:")
+        lines.append(f"  {field}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"  {field}: {msg}")
+    return "\n".join(lines)
+
+
+def _allowed_keys_hint(loc: tuple) -> str:
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return ""
+        model = ann
+    return f"; allowed keys here: {', '.join(model.model_fields)}"
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.path=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: bad key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def resolve_recipe_path(recipe: str | None) -> Path:
+    """A recipe file path, or the name of a shipped recipe (``default``)."""
+    if recipe is None:
+        recipe = DEFAULT_RECIPE
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    shipped = RECIPES_DIR / f"{recipe.removesuffix('.yaml')}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    raise ConfigError(f"recipe {recipe!r} is neither a file nor a shipped recipe (shipped: {', '.join(names)})")
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Recipe YAML (or a shipped recipe name, default ``default``) + dotted overrides -> RunConfig."""
+    path = resolve_recipe_path(str(recipe) if recipe is not None else None)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    data = apply_overrides(data, overrides or [])
+    return config_from_dict(data, source=str(path))
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

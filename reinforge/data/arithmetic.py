@@ -1,0 +1,69 @@
+"""Built-in procedural task: integer arithmetic ``a+b=`` with an exact answer.
+
+Every problem is an index into the full grid of (operator, a, b); a seeded random subset of
+indices is the held-out split and the train split is the rest, so the two never overlap.
+The prompt is one user message whose content is ``"{a}{op}{b}="``; the answer is the
+decimal result (e.g. ``"46"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import overload
+
+import numpy as np
+
+from reinforge.data.base import Task, TaskSplits
+
+OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
+
+
+def arithmetic_problem(index: int, digits: int, ops: str) -> Task:
+    """The problem at ``index`` of the grid ops x [0, 10^digits) x [0, 10^digits)."""
+    n = 10**digits
+    op_index, rest = divmod(index, n * n)
+    a, b = divmod(rest, n)
+    op = ops[op_index]
+    return Task(
+        id=f"arith-{index}",
+        prompt=[{"role": "user", "content": f"{a}{op}{b}="}],
+        answer=str(OPERATORS[op](a, b)),
+        metadata={"a": a, "b": b, "op": op},
+    )
+
+
+class _ArithmeticSplit(Sequence[Task]):
+    def __init__(self, indices: np.ndarray, digits: int, ops: str) -> None:
+        self.indices, self.digits, self.ops = indices, digits, ops
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Task]: ...
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, slice):
+            return [arithmetic_problem(int(j), self.digits, self.ops) for j in self.indices[i]]
+        return arithmetic_problem(int(self.indices[i]), self.digits, self.ops)
+
+
+def arithmetic_splits(digits: int = 2, ops: str = "+", heldout_size: int = 500, seed: int = 1234) -> TaskSplits:
+    """Disjoint train / held-out splits of the arithmetic grid (seeded)."""
+    if digits < 1 or digits > 3:
+        raise ValueError(f"digits must be in 1..3, got {digits}")
+    bad = [o for o in ops if o not in OPERATORS]
+    if bad or not ops:
+        raise ValueError(f"ops must be a non-empty string of {sorted(OPERATORS)}, got {ops!r}")
+    total = len(ops) * 10 ** (2 * digits)
+    if not 0 < heldout_size < total:
+        raise ValueError(f"heldout_size must be in 1..{total - 1}, got {heldout_size}")
+    perm = np.random.default_rng(seed).permutation(total)
+    heldout = np.sort(perm[:heldout_size])
+    train = np.sort(perm[heldout_size:])
+    return TaskSplits(
+        train=_ArithmeticSplit(train, digits, ops),
+        heldout=_ArithmeticSplit(heldout, digits, ops),
+        name=f"arithmetic(digits={digits}, ops={ops})",
+    )

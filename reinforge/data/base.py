@@ -1,0 +1,73 @@
+"""The `Task` record and a seeded, resumable sampler over a split."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt with what its verifier needs.
+
+    ``prompt`` is either raw text or a list of chat messages (``{"role", "content"}``).
+    """
+
+    id: str
+    prompt: str | Messages
+    answer: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskSplits:
+    """Disjoint train and held-out splits of one task source."""
+
+    train: Sequence[Task]
+    heldout: Sequence[Task]
+    name: str
+
+
+class TaskSampler:
+    """Draws training tasks without replacement, reshuffling every epoch from its own seed.
+
+    The order depends only on the seed; ``state_dict`` saves the position so a resumed run
+    draws exactly the tasks the uninterrupted run would have drawn.
+    """
+
+    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
+        if len(tasks) == 0:
+            raise ValueError("cannot sample from an empty task split")
+        self.tasks = tasks
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
+
+    def next_batch(self, n: int) -> list[Task]:
+        out: list[Task] = []
+        while len(out) < n:
+            if self.position == len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            take = min(n - len(out), len(self._order) - self.position)
+            idx = self._order[self.position : self.position + take]
+            out.extend(self.tasks[int(i)] for i in idx)
+            self.position += take
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
+        self._order = self._permutation(self.epoch)

@@ -1,0 +1,23 @@
+"""The Environment protocol of shared/DESIGN.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from reinforge.data.base import Task
+
+Message = dict[str, str]
+
+
+@dataclass
+class StepResult:
+    observation: list[Message]
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(Protocol):
+    def reset(self, task: Task, seed: int) -> list[Message] | str: ...
+    def step(self, assistant: Message) -> StepResult: ...

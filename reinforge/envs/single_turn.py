@@ -1,0 +1,27 @@
+"""Single-turn environment: one completion, scored by a verifier, then done."""
+
+from __future__ import annotations
+
+from reinforge.data.base import Task
+from reinforge.envs.base import Message, StepResult
+from reinforge.rewards.verifiers import Verifier
+from reinforge.rollout.prompts import prompt_messages
+
+
+class SingleTurnEnv:
+    """reset -> the task's prompt (with the optional system prompt); step -> verifier reward, done."""
+
+    def __init__(self, verifier: Verifier, system_prompt: str | None = None) -> None:
+        self.verifier = verifier
+        self.system_prompt = system_prompt
+        self.task: Task | None = None
+
+    def reset(self, task: Task, seed: int = 0) -> list[Message] | str:
+        self.task = task
+        return prompt_messages(task.prompt, self.system_prompt)
+
+    def step(self, assistant: Message) -> StepResult:
+        if self.task is None:
+            raise RuntimeError("step() before reset()")
+        result = self.verifier(self.task, assistant["content"])
+        return StepResult(observation=[], reward=result.reward, done=True, info={"correct": result.correct})

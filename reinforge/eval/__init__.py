@@ -1,0 +1,1 @@
+"""Evaluation: held-out accuracy, pass@k."""

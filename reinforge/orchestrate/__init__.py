@@ -1,0 +1,1 @@
+"""Orchestration: the loop that connects tasks, rollout, rewards, advantages and the learner."""

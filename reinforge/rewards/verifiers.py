@@ -1,0 +1,45 @@
+"""Verifiers: pure functions ``(task, completion) -> RewardResult``, registered by name."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+
+from reinforge.algo.registry import Registry
+from reinforge.data.base import Task
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    reward: float
+    correct: bool
+
+
+Verifier = Callable[[Task, str], RewardResult]
+VERIFIERS: Registry[Verifier] = Registry("verifier")
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+
+@VERIFIERS.register("exact_match", formula="r = 1 if completion.strip() == answer.strip() else 0", paper="-")
+def exact_match(task: Task, completion: str) -> RewardResult:
+    """1 when the whitespace-stripped completion equals the answer exactly."""
+    ok = completion.strip() == task.answer.strip()
+    return RewardResult(float(ok), ok)
+
+
+@VERIFIERS.register(
+    "numeric_match", formula="r = 1 if the last number in the completion equals the answer numerically", paper="-"
+)
+def numeric_match(task: Task, completion: str) -> RewardResult:
+    """1 when the last number (integer, decimal or a/b fraction) in the completion equals the answer."""
+    found = _NUMBER.findall(completion)
+    if not found:
+        return RewardResult(0.0, False)
+    try:
+        ok = Fraction(found[-1]) == Fraction(task.answer.strip())
+    except (ValueError, ZeroDivisionError):
+        ok = False
+    return RewardResult(float(ok), ok)

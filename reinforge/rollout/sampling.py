@@ -1,0 +1,46 @@
+"""Token sampling on tensors: temperature, top-k, top-p (nucleus), greedy."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def restrict_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Set to -inf every logit outside the top-k and outside the smallest nucleus of mass >= top_p."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p (the top token always stays)
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_tokens(
+    logits: Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    greedy: bool,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """Draw one token per row; return (token ids [B], log-probs [B] under softmax(logits / T)).
+
+    Greedy decoding reports log-probs under softmax(logits) (T = 1).
+    """
+    logits = logits.float()
+    if greedy:
+        tokens = logits.argmax(-1)
+        logp = torch.log_softmax(logits, -1)
+    else:
+        scaled = logits / temperature
+        logp = torch.log_softmax(scaled, -1)
+        restricted = restrict_logits(scaled, top_k, top_p)
+        probs = torch.softmax(restricted, -1)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

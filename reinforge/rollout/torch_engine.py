@@ -1,0 +1,148 @@
+"""Batched sampling with a KV cache over any HF causal LM, in plain torch.
+
+All sequences of a chunk advance together: one forward per decode step for the whole batch,
+sampling on tensors, finished rows masked. Prompts are left-padded; position ids come from the
+attention mask, so every row sees exactly the positions it would see alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from reinforge.rollout.sampling import sample_tokens
+from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+
+
+class TorchRolloutEngine:
+    """Rollout engine over an HF causal LM that it owns (a copy of the learner's weights).
+
+    ``update_weights`` copies new weights into the engine's model in place (no reload, no
+    reallocation) and bumps the policy version that every generation carries.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        max_batch_sequences: int = 512,
+    ) -> None:
+        self.model = model.to(device).eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.max_batch_sequences = max_batch_sequences
+        self.version = 0
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def update_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        """Copy ``state`` (a state dict or a module with the same parameter names) in place."""
+        source = dict(state.named_parameters()) if isinstance(state, nn.Module) else state
+        for name, param in self.model.named_parameters():
+            param.copy_(source[name])
+        self.version = version
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Generation]:
+        """``params.n`` completions for every request, in request order (sample index fastest)."""
+        flat = [(req, i) for req in requests for i in range(params.n)]
+        out: list[Generation] = []
+        for start in range(0, len(flat), self.max_batch_sequences):
+            chunk = flat[start : start + self.max_batch_sequences]
+            out.extend(self._generate_chunk(chunk, params))
+        return out
+
+    @torch.no_grad()
+    def _generate_chunk(self, chunk: list[tuple[GenerationRequest, int]], params: SamplingParams) -> list[Generation]:
+        prompts = [req.prompt_ids for req, _ in chunk]
+        input_ids, attention = _left_pad(prompts, self.pad_id, self.device)
+        batch = input_ids.shape[0]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        eos = torch.tensor(sorted(self.eos_ids), device=self.device)
+
+        tokens = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros(batch, params.max_new_tokens, device=self.device)
+        lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=self.device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        next_pos = positions[:, -1:] + 1
+        steps_done = 0
+        for t in range(params.max_new_tokens):
+            tok, lp = sample_tokens(
+                logits, params.temperature, params.top_k, params.top_p, params.greedy, self.generator
+            )
+            tok = torch.where(finished, self.pad_id, tok)
+            tokens[:, t], logprobs[:, t] = tok, torch.where(finished, 0.0, lp)
+            newly_done = ~finished & torch.isin(tok, eos)
+            if params.stop:
+                newly_done |= ~finished & self._hits_stop(tokens[:, : t + 1], params.stop)
+            lengths = torch.where(newly_done, t + 1, lengths)
+            finished |= newly_done
+            steps_done = t + 1
+            if bool(finished.all()) or t + 1 == params.max_new_tokens:
+                break
+            attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
+            out = self.model(
+                input_ids=tok[:, None], attention_mask=attention, position_ids=next_pos,
+                past_key_values=cache, use_cache=True,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1]
+            next_pos = next_pos + 1
+        return self._collect(chunk, tokens[:, :steps_done], logprobs[:, :steps_done], lengths, finished)
+
+    def _hits_stop(self, tokens: Tensor, stop: Iterable[str]) -> Tensor:
+        texts = self.tokenizer.batch_decode(tokens[:, -8:].tolist(), skip_special_tokens=True)
+        return torch.tensor([any(text.endswith(s) for s in stop) for text in texts], device=self.device)
+
+    def _collect(self, chunk, tokens: Tensor, logprobs: Tensor, lengths: Tensor, finished: Tensor) -> list[Generation]:
+        lengths_l, finished_l = lengths.tolist(), finished.tolist()
+        token_rows, logprob_rows = tokens.tolist(), logprobs.tolist()
+        ids = [row[:n] for row, n in zip(token_rows, lengths_l, strict=True)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return [
+            Generation(
+                request_id=req.request_id,
+                prompt_ids=req.prompt_ids,
+                token_ids=ids[i],
+                logprobs=logprob_rows[i][: lengths_l[i]],
+                finish_reason="stop" if finished_l[i] else "length",
+                version=self.version,
+                text=texts[i],
+                sample_index=sample_index,
+            )
+            for i, (req, sample_index) in enumerate(chunk)
+        ]
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError("empty prompt: a prompt needs at least one token (e.g. BOS)")
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen_cfg = getattr(model, "generation_config", None)
+    for value in (getattr(gen_cfg, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise ValueError("the model and tokenizer define no EOS token; generation could never stop")
+    return ids

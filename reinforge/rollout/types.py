@@ -1,0 +1,44 @@
+"""Plain data passed to and from a rollout engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``n`` completions per request; ``greedy`` ignores temperature/top-p/top-k.
+
+    Log-probabilities are those of the temperature-scaled distribution softmax(z / T) (what the
+    learner recomputes); top-p and top-k only restrict which tokens can be drawn.
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    greedy: bool = False
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    request_id: str = ""
+
+
+@dataclass
+class Generation:
+    """One completion: its tokens, their sampling log-probabilities and the policy version."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    version: int
+    text: str = ""
+    sample_index: int = 0
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Metric sinks: console progress, JSONL files, plots."""

@@ -1,0 +1,195 @@
+"""The learner: policy-gradient updates on a rollout batch.
+
+For each rollout batch: ``epochs`` passes, each split into ``minibatches`` optimizer steps; each
+mini-batch is cut into micro-batches by a token budget and gradients accumulate. Loss
+denominators (``AggNorm``) are computed over the whole mini-batch, so the gradient does not
+depend on the micro-batch split. The old log-probs of the PPO ratio come from the same forward
+when there is a single update per batch (exactly on-policy, no extra pass), and from a no-grad
+recomputation before the first update otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from reinforge.algo import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, AggNorm
+from reinforge.config import RunConfig
+from reinforge.errors import TrainingDiverged
+from reinforge.train.logprobs import token_logprobs
+from reinforge.types import Batch
+
+
+def micro_batches(lengths: Tensor, budget_tokens: int) -> Iterator[list[int]]:
+    """Consecutive row groups whose padded size (rows x longest row) stays within ``budget_tokens``.
+
+    A single row longer than the budget forms a micro-batch of its own.
+    """
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths.tolist()):
+        if current and (len(current) + 1) * max(longest, n) > budget_tokens:
+            yield current
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        yield current
+
+
+class MetricSums:
+    """Masked-token sums of per-token statistics, reported as means over all tokens seen."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, float] = defaultdict(float)
+
+    def add_tokens(self, name: str, values: Tensor, mask: Tensor) -> None:
+        self.sums[name] += float((values.detach() * mask).sum())
+        self.counts[name] += float(mask.sum())
+
+    def add_scalar(self, name: str, value: float) -> None:
+        self.sums[name] += value
+        self.counts[name] += 1
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / max(self.counts[k], 1.0) for k in self.sums}
+
+
+class Learner:
+    """Owns the trainable policy, the optional frozen reference policy and the optimizer."""
+
+    def __init__(self, model: nn.Module, cfg: RunConfig, ref_model: nn.Module | None = None) -> None:
+        self.model = model.train()
+        self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
+        self.cfg = cfg
+        self.algo = cfg.algo
+        self.policy_loss = POLICY_LOSSES.get(cfg.algo.policy_loss)
+        self.aggregate = LOSS_AGG.get(cfg.algo.loss_agg)
+        self.kl_estimator = KL_ESTIMATORS.get(cfg.algo.kl.estimator)
+        self.max_len_norm = cfg.algo.max_len_norm or float(cfg.rollout.max_new_tokens)
+        self.temperature = cfg.rollout.temperature
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)
+        self.step = 0
+
+    def _lr_factor(self, step: int) -> float:
+        t = self.cfg.train
+        if step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        if t.lr_schedule == "cosine":
+            progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: Batch) -> dict[str, float]:
+        """All optimizer steps for one rollout batch; returns metrics averaged over them."""
+        self.step += 1
+        t = self.cfg.train
+        stats = MetricSums()
+        n_updates = t.epochs * min(t.minibatches, len(batch))
+        old_logp = self._recompute_old_logprobs(batch, stats) if n_updates > 1 else None
+        for _ in range(t.epochs):
+            order = torch.randperm(len(batch), generator=self.shuffle) if n_updates > 1 else torch.arange(len(batch))
+            for mb_index in torch.tensor_split(order, min(t.minibatches, len(batch))):
+                self._optimizer_step(batch, mb_index, old_logp, stats)
+        self.scheduler.step()
+        out = stats.means()
+        out["lr"] = self.scheduler.get_last_lr()[0]
+        out["updates"] = float(n_updates)
+        return out
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(self, batch: Batch, stats: MetricSums) -> Tensor:
+        old = torch.zeros_like(batch.sampling_logprobs)
+        for rows in micro_batches(batch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens):
+            mb = batch.select(rows)
+            logp, _ = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+            old[rows, : logp.shape[1]] = logp
+            _add_mismatch(stats, logp, mb)
+        return old
+
+    def _optimizer_step(self, batch: Batch, rows: Tensor, old_logp: Tensor | None, stats: MetricSums) -> None:
+        minibatch = batch.select(rows)
+        norm = AggNorm.of(minibatch.loss_mask, self.max_len_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        lengths = minibatch.attention_mask.sum(-1)
+        total_loss = total_pg = 0.0
+        for micro_rows in micro_batches(lengths, self.cfg.train.micro_batch_tokens):
+            micro = minibatch.select(micro_rows)
+            micro_old = old_logp[rows][micro_rows, : micro.input_ids.shape[1]] if old_logp is not None else None
+            loss, pg_loss = self._micro_loss(micro, micro_old, norm, stats)
+            total_loss, total_pg = total_loss + float(loss), total_pg + pg_loss
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(
+                    f"step {self.step}: the loss is {loss.item()} (non-finite). Batch statistics: "
+                    f"{_batch_summary(micro)}. Hint: lower train.lr, check rewards for NaN, or enable grad clipping."
+                )
+            loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        if not torch.isfinite(grad_norm):
+            raise TrainingDiverged(
+                f"step {self.step}: the gradient norm is {grad_norm.item()} (non-finite). Batch statistics: "
+                f"{_batch_summary(minibatch)}. Hint: lower train.lr or train.grad_clip."
+            )
+        stats.add_scalar("grad_norm", float(grad_norm))
+        stats.add_scalar("loss", total_loss)
+        stats.add_scalar("pg_loss", total_pg)
+        self.optimizer.step()
+
+    def _micro_loss(
+        self, mb: Batch, old_logp: Tensor | None, norm: AggNorm, stats: MetricSums
+    ) -> tuple[Tensor, float]:
+        """This micro-batch's share of the mini-batch loss (global denominators in ``norm``)."""
+        algo = self.algo
+        logp, entropy = token_logprobs(
+            self.model, mb.input_ids, mb.attention_mask, self.temperature,
+            entropy=True, entropy_grad=algo.entropy_coef != 0,
+        )
+        mask = mb.loss_mask
+        if old_logp is None:  # single update per batch: pi_old is exactly the current policy
+            old_logp = logp.detach()
+            _add_mismatch(stats, logp.detach(), mb)
+        pg, pg_metrics = self.policy_loss(logp, old_logp, mb.advantages, mask, algo)
+        pg_loss = self.aggregate(pg, mask, norm)
+        loss = pg_loss
+        if self.ref_model is not None and algo.kl.coef > 0:
+            with torch.no_grad():
+                ref_logp, _ = token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, self.temperature)
+            kl = self.kl_estimator(logp, ref_logp)
+            loss = loss + algo.kl.coef * self.aggregate(kl, mask, norm)
+            stats.add_tokens("kl_ref", kl, mask)
+        assert entropy is not None
+        if algo.entropy_coef != 0:
+            loss = loss - algo.entropy_coef * self.aggregate(entropy, mask, norm)
+        stats.add_tokens("entropy", entropy, mask)
+        for name, values in pg_metrics.items():
+            stats.add_tokens(name, values, mask)
+        return loss, float(pg_loss)
+
+
+def _add_mismatch(stats: MetricSums, logp: Tensor, mb: Batch) -> None:
+    """|log pi_learner - log pi_sampler| on generated tokens: the rollout/training mismatch."""
+    diff = (logp - mb.sampling_logprobs).abs()
+    stats.add_tokens("logprob_mismatch", diff, mb.loss_mask)
+    masked = diff * mb.loss_mask
+    stats.sums["logprob_mismatch_max"] = max(stats.sums.get("logprob_mismatch_max", 0.0), float(masked.max()))
+    stats.counts["logprob_mismatch_max"] = 1.0
+
+
+def _batch_summary(mb: Batch) -> str:
+    adv = mb.advantages[mb.loss_mask > 0]
+    return (
+        f"{len(mb)} sequences, {int(mb.loss_mask.sum())} trained tokens, "
+        f"advantage min/max {adv.min().item() if adv.numel() else 0:.3g}/{adv.max().item() if adv.numel() else 0:.3g}, "
+        f"sampling log-prob min {mb.sampling_logprobs.min().item():.3g}"
+    )

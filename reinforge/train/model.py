@@ -1,0 +1,47 @@
+"""Load a causal LM and its tokenizer from a local directory (or a shipped alias)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from reinforge.assets import resolve_model_path
+from reinforge.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    directory = _existing_model_dir(path)
+    tok = AutoTokenizer.from_pretrained(directory)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    directory = _existing_model_dir(path)
+    hf_logging.disable_progress_bar()
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
+    finally:
+        hf_logging.set_verbosity(previous)
+    logging.getLogger(__name__).debug("loaded %s", directory)
+    return model.to(device)
+
+
+def _existing_model_dir(path: str) -> str:
+    directory = resolve_model_path(path)
+    if not directory.is_dir():
+        raise ConfigError(f"model.path: {path!r} is not a directory with an HF model (or a shipped alias: tiny-base)")
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"model.path: {directory} has no config.json; is it a Hugging Face model directory?")
+    return str(directory)
