@@ -90,6 +90,20 @@ class Learner:
             return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
         return 1.0
 
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "shuffle": self.shuffle.get_state(),
+            "step": self.step,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.shuffle.set_state(state["shuffle"])
+        self.step = state["step"]
+
     # ------------------------------------------------------------------ update
     def update(self, batch: Batch) -> dict[str, float]:
         """All optimizer steps for one rollout batch; returns metrics averaged over them."""
@@ -128,7 +142,7 @@ class Learner:
             micro = minibatch.select(micro_rows)
             micro_old = old_logp[rows][micro_rows, : micro.input_ids.shape[1]] if old_logp is not None else None
             loss, pg_loss = self._micro_loss(micro, micro_old, norm, stats)
-            total_loss, total_pg = total_loss + float(loss), total_pg + pg_loss
+            total_loss, total_pg = total_loss + float(loss.detach()), total_pg + pg_loss
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"step {self.step}: the loss is {loss.item()} (non-finite). Batch statistics: "
@@ -174,7 +188,7 @@ class Learner:
         stats.add_tokens("entropy", entropy, mask)
         for name, values in pg_metrics.items():
             stats.add_tokens(name, values, mask)
-        return loss, float(pg_loss)
+        return loss, float(pg_loss.detach())
 
 
 def _add_mismatch(stats: MetricSums, logp: Tensor, mb: Batch) -> None:

@@ -1,0 +1,121 @@
+"""`reinforge train | eval | algos`: one entry point. Heavy modules are imported inside commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="reinforge: reinforcement-learning post-training for language models.",
+)
+
+
+def _fail(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _run_guarded(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    from reinforge.errors import ReinforgeError
+
+    try:
+        return fn(*args, **kwargs)
+    except ReinforgeError as e:
+        _fail(str(e))
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(help="[RECIPE] [key.path=value ...]: a recipe file or shipped name (default: 'default'), "
+                       "then dotted overrides, e.g. algo.clip_high=0.28 train.steps=50"),
+    ] = None,
+    resume: Annotated[Path | None, typer.Option(help="continue the run in this run directory")] = None,
+) -> None:
+    """Train a policy with RL. With no arguments: the default CPU recipe (GRPO, tiny model, arithmetic)."""
+    args = args or []
+    overrides = [a for a in args if "=" in a]
+    recipes = [a for a in args if "=" not in a]
+    if len(recipes) > 1:
+        _fail(f"expected at most one recipe, got {recipes}; overrides look like key.path=value")
+    if resume is not None and recipes:
+        _fail("--resume continues a run with its saved config; give overrides only, not a recipe")
+
+    def go() -> None:
+        from rich.console import Console
+
+        from reinforge.config import load_config
+        from reinforge.orchestrate.sync_loop import train as run_train
+
+        console = Console()
+        cfg = None if resume is not None else load_config(recipes[0] if recipes else None, overrides)
+        result = run_train(cfg, resume=resume, overrides=overrides)
+        before = f"{result.heldout_before:.3f}" if result.heldout_before is not None else "n/a (resumed)"
+        console.print(
+            f"\n[bold]done[/] after {result.steps} steps. held-out greedy accuracy: {before} -> "
+            f"[bold]{result.heldout_after:.3f}[/]\nrun directory: {result.run_dir}", highlight=False,
+        )
+
+    _run_guarded(go)
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[str, typer.Option(help="HF model directory, a run directory (latest checkpoint) or 'tiny-base'")],
+    task: Annotated[str, typer.Option(help="task source: arithmetic | jsonl")] = "arithmetic",
+    data: Annotated[Path | None, typer.Option(help="JSONL file of prompts and answers (task=jsonl)")] = None,
+    samples: Annotated[int, typer.Option(help="samples per prompt for pass@k (0 = greedy only)")] = 16,
+    temperature: Annotated[float, typer.Option(help="sampling temperature for pass@k")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option()] = 8,
+    heldout_size: Annotated[int, typer.Option(help="held-out prompts (arithmetic, or a split of --data)")] = 500,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Path | None, typer.Option(help="write the results as JSON here")] = None,
+) -> None:
+    """Held-out greedy accuracy and pass@k (unbiased estimator, Chen et al. 2021) of a model."""
+
+    def go() -> None:
+        from reinforge.eval.cli_eval import run_eval
+
+        result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed)
+        if out is not None:
+            out.write_text(json.dumps(result, indent=2) + "\n")
+
+    _run_guarded(go)
+
+
+@app.command()
+def algos() -> None:
+    """List every registered algorithm part with its formula and paper."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from reinforge.algo import REGISTRIES
+
+    console = Console()
+    for kind, registry in REGISTRIES.items():
+        table = Table(title=f"{kind} ({registry.kind})", show_lines=False, title_justify="left")
+        table.add_column("name", style="bold")
+        table.add_column("formula")
+        table.add_column("paper")
+        for e in registry.entries():
+            table.add_row(e.name, e.formula, e.paper)
+        console.print(table)
+
+
+def main() -> None:
+    app(prog_name="reinforge")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

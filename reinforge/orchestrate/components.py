@@ -1,0 +1,68 @@
+"""Everything a run needs, built from its config: tokenizer, learner, rollout engine, tasks, environment."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from reinforge.config import RunConfig
+from reinforge.data.base import TaskSampler, TaskSplits
+from reinforge.data.sources import build_task_splits
+from reinforge.envs.base import Environment
+from reinforge.envs.single_turn import SingleTurnEnv
+from reinforge.rewards.verifiers import VERIFIERS, Verifier
+from reinforge.rollout.torch_engine import TorchRolloutEngine
+from reinforge.rollout.types import SamplingParams
+from reinforge.train.learner import Learner
+from reinforge.train.model import load_model, load_tokenizer
+
+
+@dataclass
+class Components:
+    cfg: RunConfig
+    tokenizer: object
+    learner: Learner
+    engine: TorchRolloutEngine
+    splits: TaskSplits
+    sampler: TaskSampler
+    verifier: Verifier
+    make_env: Callable[[], Environment]
+
+    def sampling_params(self) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            n=r.group_size, stop=tuple(r.stop),
+        )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_components(cfg: RunConfig) -> Components:
+    seed_everything(cfg.seed)
+    splits = build_task_splits(cfg.task)  # fail on bad data before loading any model
+    tokenizer = load_tokenizer(cfg.model.path)
+    policy = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
+    ref = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device) if cfg.algo.kl.coef > 0 else None
+    engine = TorchRolloutEngine(copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
+    verifier = VERIFIERS.get(cfg.task.verifier)
+    system_prompt = cfg.task.system_prompt
+    return Components(
+        cfg=cfg,
+        tokenizer=tokenizer,
+        learner=Learner(policy, cfg, ref),
+        engine=engine,
+        splits=splits,
+        sampler=TaskSampler(splits.train, seed=cfg.seed),
+        verifier=verifier,
+        make_env=lambda: SingleTurnEnv(verifier, system_prompt),
+    )

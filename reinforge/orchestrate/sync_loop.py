@@ -1,0 +1,201 @@
+"""The synchronous RL loop (shared/DESIGN.md, section 1), one step at a time:
+
+    tasks -> prompts -> rollout -> trajectories -> rewards -> advantages -> batch -> update -> weight sync
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reinforge.config import RunConfig, dump_config, load_config
+from reinforge.errors import ReinforgeError
+from reinforge.eval.heldout import evaluate
+from reinforge.orchestrate.components import Components, build_components
+from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
+from reinforge.orchestrate.run_dir import create_run_dir
+from reinforge.track.console import ConsoleProgress
+from reinforge.track.jsonl import JsonlSink
+from reinforge.track.plots import plot_run
+from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from reinforge.types import Trajectory
+
+COLLAPSE_PATIENCE = 5  # steps in a row with no reward spread in any group before we warn
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    heldout_before: float | None
+    heldout_after: float
+
+
+def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: list[str] | None = None,
+          progress_every: int | None = None) -> TrainResult:
+    """Run (or resume) a training run; returns where it went and the held-out accuracy before/after."""
+    if resume is not None:
+        cfg, run_dir = _resumed_config(resume, overrides or [])
+    else:
+        cfg = cfg or load_config(None, overrides)
+        run_dir = None
+    c = build_components(cfg)
+    run_dir = run_dir or create_run_dir(cfg)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    start = _restore(c, run_dir) if resume is not None else 0
+    loop = _Loop(c, run_dir, start, progress_every or cfg.log.console_every)
+    return loop.run()
+
+
+def _resumed_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, Path]:
+    if not (run_dir / "config.yaml").is_file():
+        raise ReinforgeError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+    return load_config(run_dir / "config.yaml", overrides), run_dir
+
+
+def _restore(c: Components, run_dir: Path) -> int:
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ReinforgeError(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
+    from reinforge.train.model import load_model
+
+    model = load_model(str(ckpt), c.cfg.model.dtype, c.cfg.model.device)
+    c.learner.model.load_state_dict(model.state_dict())
+    trainer_state, state = load_checkpoint(ckpt, c.engine.generator)
+    c.learner.load_state_dict(trainer_state)
+    c.sampler.load_state_dict(state["sampler"])
+    c.engine.update_weights(c.learner.model, state["policy_version"])
+    step = int(state["step"])
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        JsonlSink(run_dir / name).truncate_after_step(step)
+    return step
+
+
+class _Loop:
+    def __init__(self, c: Components, run_dir: Path, start: int, progress_every: int) -> None:
+        self.c, self.cfg, self.run_dir, self.start = c, c.cfg, run_dir, start
+        self.metrics = JsonlSink(run_dir / "metrics.jsonl")
+        self.samples = JsonlSink(run_dir / "samples.jsonl")
+        self.progress_every = progress_every
+        self.flat_steps = 0
+        self.collapse_warned = False
+
+    def run(self) -> TrainResult:
+        cfg, t0 = self.cfg, time.perf_counter()
+        before = self._evaluate_and_log(0) if self.start == 0 else None
+        step, last_eval = self.start, None
+        with ConsoleProgress(cfg.train.steps, self.start, self.progress_every) as progress:
+            progress.print(f"run directory: {self.run_dir}")
+            for step in range(self.start + 1, cfg.train.steps + 1):
+                metrics = self.train_step(step)
+                out_of_time = cfg.train.time_limit_s > 0 and time.perf_counter() - t0 > cfg.train.time_limit_s
+                last = step == cfg.train.steps or out_of_time
+                if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+                    last_eval = self._evaluate(step)
+                    metrics.update(last_eval)
+                self.metrics.write(metrics)
+                progress.update(step, metrics)
+                self._warn_on_collapse(progress, metrics)
+                if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
+                    self.save(step)
+                if out_of_time:
+                    progress.print(f"time limit of {cfg.train.time_limit_s:.0f} s reached at step {step}")
+                    break
+        after = last_eval["eval/heldout_acc"] if last_eval else self._evaluate(step)["eval/heldout_acc"]
+        plot_run(self.run_dir)
+        return TrainResult(self.run_dir, step, before, after)
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, step: int) -> dict[str, Any]:
+        c, cfg = self.c, self.cfg
+        t_start = time.perf_counter()
+        tasks = c.sampler.next_batch(cfg.rollout.prompts_per_step)
+        envs, generations = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=step)
+        t_gen = time.perf_counter()
+        trajs = score_single_turn(tasks, envs, generations, cfg.rollout.group_size)
+        t_reward = time.perf_counter()
+        batch, bstats = build_batch(trajs, cfg.algo, c.engine.pad_id)
+        train_metrics: dict[str, float] = {}
+        if batch is not None:
+            train_metrics = c.learner.update(batch)
+            c.engine.update_weights(c.learner.model, c.engine.version + 1)
+        t_end = time.perf_counter()
+        self._write_samples(step, trajs)
+        generated = sum(t.num_generated for t in trajs)
+        metrics: dict[str, Any] = {"step": step, "policy_version": c.engine.version}
+        metrics.update(rollout_metrics(trajs))
+        metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+        metrics.update({
+            "groups/kept_frac": bstats.groups_kept / bstats.groups,
+            "batch/sequences": bstats.sequences_kept,
+            "time/generate_s": t_gen - t_start,
+            "time/reward_s": t_reward - t_gen,
+            "time/train_s": t_end - t_reward,
+            "time/step_s": t_end - t_start,
+            "perf/tokens_per_s": generated / max(t_end - t_start, 1e-9),
+            "perf/gen_tokens_per_s": generated / max(t_gen - t_start, 1e-9),
+        })
+        if batch is not None:
+            adv = batch.advantages[batch.loss_mask > 0]
+            metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
+                            "adv/abs_mean": adv.abs().mean().item()})
+        return metrics
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        result = evaluate(
+            self.c.engine, self.c.splits.heldout, self.c.verifier,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            system_prompt=cfg.task.system_prompt,
+        )
+        return result.as_metrics()
+
+    def _evaluate_and_log(self, step: int) -> float:
+        metrics = self._evaluate(step)
+        self.metrics.write({"step": step, **metrics})
+        return metrics["eval/heldout_acc"]
+
+    def save(self, step: int) -> None:
+        c = self.c
+        save_checkpoint(
+            self.run_dir, step, c.learner.model, c.tokenizer, c.learner.state_dict(), c.engine.generator,
+            {"sampler": c.sampler.state_dict(), "policy_version": c.engine.version}, keep=self.cfg.checkpoint.keep,
+        )
+
+    def _write_samples(self, step: int, trajs: list[Trajectory]) -> None:
+        n = self.cfg.log.samples_per_step
+        stride = max(1, len(trajs) // max(n, 1))
+        for t in trajs[::stride][:n]:
+            prompt_ids = [tok for tok, m in zip(t.token_ids, t.loss_mask, strict=True) if not m]
+            self.samples.write({
+                "step": step, "task_id": t.task_id,
+                "prompt": self.c.tokenizer.decode(prompt_ids, skip_special_tokens=True),
+                "completion": t.completion_text, "reward": t.reward, "finish_reason": t.finish_reason,
+            })
+
+    def _warn_on_collapse(self, progress: ConsoleProgress, metrics: dict[str, Any]) -> None:
+        """Say so when no group has reward spread for several steps and reward is not saturated."""
+        flat = metrics["groups/kept_frac"] == 0 and metrics["reward/mean"] < 1.0
+        self.flat_steps = self.flat_steps + 1 if flat else 0
+        if self.flat_steps >= COLLAPSE_PATIENCE and not self.collapse_warned:
+            self.collapse_warned = True
+            progress.print(
+                f"[bold red]warning:[/] step {metrics['step']}: no group has had any reward spread for "
+                f"{self.flat_steps} steps (mean reward {metrics['reward/mean']:.3f}): there is no gradient and "
+                "the policy has likely collapsed. Lower train.lr, raise rollout.temperature, or add algo.kl.coef."
+            )
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    n = len(trajs)
+    rewards = [t.reward for t in trajs]
+    mean = sum(rewards) / n
+    return {
+        "reward/mean": mean,
+        "reward/std": (sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)) ** 0.5,
+        "reward/accuracy": sum(bool(t.metadata.get("correct")) for t in trajs) / n,
+        "response/length_mean": sum(t.num_generated for t in trajs) / n,
+        "response/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
+    }
