@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
+from reinforge.rollout.lean_llama import LeanLlama
+from reinforge.rollout.lean_llama import supports as lean_supports
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 
@@ -30,6 +32,7 @@ class TorchRolloutEngine:
         device: str | torch.device = "cpu",
         seed: int = 0,
         max_batch_sequences: int = 512,
+        use_lean_forward: bool = True,
     ) -> None:
         self.model = model.to(device).eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -39,6 +42,7 @@ class TorchRolloutEngine:
         self.version = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.lean = LeanLlama(self.model) if use_lean_forward and lean_supports(self.model) else None
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -47,23 +51,26 @@ class TorchRolloutEngine:
         source = dict(state.named_parameters()) if isinstance(state, nn.Module) else state
         for name, param in self.model.named_parameters():
             param.copy_(source[name])
+        if self.lean is not None:
+            self.lean.sync()
         self.version = version
 
     # ------------------------------------------------------------------ generation
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Generation]:
         """``params.n`` completions for every request, in request order (sample index fastest)."""
-        flat = [(req, i) for req in requests for i in range(params.n)]
+        per_chunk = max(1, self.max_batch_sequences // params.n)
         out: list[Generation] = []
-        for start in range(0, len(flat), self.max_batch_sequences):
-            chunk = flat[start : start + self.max_batch_sequences]
-            out.extend(self._generate_chunk(chunk, params))
+        for start in range(0, len(requests), per_chunk):
+            out.extend(self._generate_chunk(requests[start : start + per_chunk], params))
         return out
 
     @torch.no_grad()
-    def _generate_chunk(self, chunk: list[tuple[GenerationRequest, int]], params: SamplingParams) -> list[Generation]:
-        prompts = [req.prompt_ids for req, _ in chunk]
-        input_ids, attention = _left_pad(prompts, self.pad_id, self.device)
-        batch = input_ids.shape[0]
+    def _generate_chunk(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Generation]:
+        """Sample ``params.n`` completions per request; each prompt is prefilled once and its cache shared."""
+        chunk = [(req, i) for req in requests for i in range(params.n)]
+        unique_ids, unique_attention = _left_pad([req.prompt_ids for req in requests], self.pad_id, self.device)
+        attention = unique_attention.repeat_interleave(params.n, dim=0)
+        batch = attention.shape[0]
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
 
@@ -72,8 +79,8 @@ class TorchRolloutEngine:
         lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
 
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        decoder = self._decoder(len(requests), unique_ids.shape[1] + params.max_new_tokens)
+        logits = decoder.start(unique_ids, unique_attention, params.n)
         next_pos = positions[:, -1:] + 1
         steps_done = 0
         for t in range(params.max_new_tokens):
@@ -91,13 +98,14 @@ class TorchRolloutEngine:
             if bool(finished.all()) or t + 1 == params.max_new_tokens:
                 break
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-            out = self.model(
-                input_ids=tok[:, None], attention_mask=attention, position_ids=next_pos,
-                past_key_values=cache, use_cache=True,
-            )
-            cache, logits = out.past_key_values, out.logits[:, -1]
+            logits = decoder.step(tok[:, None], attention, next_pos)
             next_pos = next_pos + 1
         return self._collect(chunk, tokens[:, :steps_done], logprobs[:, :steps_done], lengths, finished)
+
+    def _decoder(self, prompts: int, max_len: int) -> _HFDecoder | _LeanDecoder:
+        if self.lean is not None:
+            return _LeanDecoder(self.lean, prompts, max_len)
+        return _HFDecoder(self.model)
 
     def _hits_stop(self, tokens: Tensor, stop: Iterable[str]) -> Tensor:
         texts = self.tokenizer.batch_decode(tokens[:, -8:].tolist(), skip_special_tokens=True)
@@ -121,6 +129,47 @@ class TorchRolloutEngine:
             )
             for i, (req, sample_index) in enumerate(chunk)
         ]
+
+
+class _HFDecoder:
+    """Decode steps through the HF model's own forward and cache (any causal LM)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.cache = model, None
+
+    def start(self, ids: Tensor, attention: Tensor, repeat: int) -> Tensor:
+        """Prefill each prompt once, then share its cache among its ``repeat`` samples."""
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        self.cache = out.past_key_values
+        if repeat > 1:
+            self.cache.batch_repeat_interleave(repeat)
+        return out.logits[:, -1].repeat_interleave(repeat, dim=0)
+
+    def step(self, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
+        out = self.model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=self.cache, use_cache=True
+        )
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+
+class _LeanDecoder:
+    """Decode steps through ``LeanLlama`` with a cache preallocated for the whole generation."""
+
+    def __init__(self, lean: LeanLlama, prompts: int, max_len: int) -> None:
+        self.lean, self.cache = lean, lean.new_cache(prompts, max_len)
+
+    def start(self, ids: Tensor, attention: Tensor, repeat: int) -> Tensor:
+        """Prefill each prompt once, then share its cache among its ``repeat`` samples."""
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        logits = self.lean.forward(ids, positions, attention.bool(), self.cache)
+        if repeat > 1:
+            self.cache.repeat_interleave(repeat)
+        return logits.repeat_interleave(repeat, dim=0)
+
+    def step(self, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
+        return self.lean.forward(ids, positions, attention.bool(), self.cache)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,136 @@
+"""A lean inference forward for Llama-family HF models (Llama, Qwen2), reading the HF weights directly.
+
+Like nanoGPT's model.py: the whole transformer on one screen, plain torch, no module hooks.
+Q/K/V and gate/up projections are fused into one matmul each, the KV cache is preallocated
+once per batch, and rotary tables come from the HF model's own ``rotary_emb`` (so static rope
+scalings match). Used by the rollout engine for supported architectures; everything else falls
+back to the HF forward. A parity test checks its logits against HF.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SUPPORTED_MODEL_TYPES = {"llama", "qwen2"}
+
+
+def supports(model: nn.Module) -> bool:
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return False
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") in {"dynamic", "longrope"}:
+        return False
+    if getattr(cfg, "mlp_bias", False) or getattr(cfg, "hidden_act", "silu") != "silu":
+        return False
+    return getattr(cfg, "sliding_window", None) is None or not getattr(cfg, "use_sliding_window", False)
+
+
+class KVCache:
+    """Preallocated keys and values: [layers, batch, kv_heads, max_len, head_dim] each."""
+
+    def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, like: Tensor) -> None:
+        shape = (layers, batch, kv_heads, max_len, head_dim)
+        self.k = like.new_zeros(shape)
+        self.v = like.new_zeros(shape)
+        self.length = 0
+
+    def repeat_interleave(self, repeats: int) -> None:
+        """Give every sequence ``repeats`` copies of its cache (shared-prefix group sampling)."""
+        self.k = self.k.repeat_interleave(repeats, dim=1)
+        self.v = self.v.repeat_interleave(repeats, dim=1)
+
+
+class LeanLlama:
+    """Inference-only forward over an HF Llama/Qwen2 model's weights (fused copies refreshed by ``sync``)."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        if not supports(hf_model):
+            raise ValueError(f"LeanLlama does not support model_type {hf_model.config.model_type!r}")
+        self.hf = hf_model
+        cfg = hf_model.config
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.eps = cfg.rms_norm_eps
+        self.n_layers = cfg.num_hidden_layers
+        rotary = hf_model.model.rotary_emb
+        self.inv_freq = rotary.inv_freq.float()
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.sync()
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """Rebuild the fused weights from the HF parameters (after they were updated in place)."""
+        self.layers = []
+        for layer in self.hf.model.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            qkv_bias = None
+            if at.q_proj.bias is not None:
+                qkv_bias = torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+            self.layers.append({
+                "ln1": layer.input_layernorm.weight,
+                "wqkv": torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
+                "bqkv": qkv_bias,
+                "wo": at.o_proj.weight,
+                "bo": at.o_proj.bias,
+                "ln2": layer.post_attention_layernorm.weight,
+                "w_gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                "w_down": mlp.down_proj.weight,
+            })
+        self.embed = self.hf.model.embed_tokens.weight
+        self.norm = self.hf.model.norm.weight
+        self.lm_head = self.hf.lm_head.weight
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache(self.n_layers, batch, self.n_kv, max_len, self.head_dim, self.embed)
+
+    def _rms(self, x: Tensor, w: Tensor) -> Tensor:
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.rope_scale).to(dtype)[:, None], (emb.sin() * self.rope_scale).to(dtype)[:, None]
+
+    @staticmethod
+    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.no_grad()
+    def forward(self, ids: Tensor, positions: Tensor, key_mask: Tensor, cache: KVCache) -> Tensor:
+        """Logits of the last position for ``ids`` [B, T] appended to ``cache``.
+
+        ``positions`` [B, T] are rotary positions; ``key_mask`` [B, cache.length + T] is True for
+        keys that may be attended to (False for padding); causality inside the new block is added here.
+        """
+        b, t = ids.shape
+        start, end = cache.length, cache.length + t
+        x = F.embedding(ids, self.embed)
+        cos, sin = self._rope(positions, x.dtype)
+        causal = torch.ones(t, end, dtype=torch.bool, device=ids.device).tril(start)
+        # every query may see its own key, so padded queries never have an all-masked row (NaN in SDPA)
+        own_key = torch.arange(end, device=ids.device) == torch.arange(start, end, device=ids.device)[:, None]
+        mask = (key_mask[:, None, None, :end] & causal) | own_key
+        hq, hk, d = self.n_heads, self.n_kv, self.head_dim
+        for i, w in enumerate(self.layers):
+            h = self._rms(x, w["ln1"])
+            qkv = F.linear(h, w["wqkv"], w["bqkv"])
+            q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+            q = self._rotate(q.view(b, t, hq, d).transpose(1, 2), cos, sin)
+            k = self._rotate(k.view(b, t, hk, d).transpose(1, 2), cos, sin)
+            cache.k[i, :, :, start:end] = k
+            cache.v[i, :, :, start:end] = v.view(b, t, hk, d).transpose(1, 2)
+            att = F.scaled_dot_product_attention(
+                q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask, enable_gqa=hq != hk
+            )
+            x = x + F.linear(att.transpose(1, 2).reshape(b, t, hq * d), w["wo"], w["bo"])
+            gate, up = F.linear(self._rms(x, w["ln2"]), w["w_gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w["w_down"])
+        cache.length = end
+        return F.linear(self._rms(x[:, -1], self.norm), self.lm_head)
