@@ -122,6 +122,9 @@ class TrainConfig(_Strict):
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a rollout batch")
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     micro_batch_tokens: int = Field(8192, ge=1, description="token budget of one forward/backward")
+    shared_prefix: bool = Field(
+        True, description="compute each group's shared prompt once in the training forward (Llama/Qwen2; exact)"
+    )
     time_limit_s: float = Field(0.0, ge=0, description="stop after this many seconds of training (0 = no limit)")
 
 

@@ -42,13 +42,20 @@ class Trajectory:
 
 @dataclass
 class Batch:
-    """Right-padded tensors [N, L]; position t holds token t and (for masked positions) its log-prob."""
+    """Right-padded tensors [N, L]; position t holds token t and (for masked positions) its log-prob.
+
+    ``prefix_len`` [N] counts the tokens before the first generated one (the prompt) and
+    ``group_index`` [N] names the group; rows of one group normally share that prefix, which
+    lets the learner compute it once per group.
+    """
 
     input_ids: Tensor
     attention_mask: Tensor
     loss_mask: Tensor
     sampling_logprobs: Tensor
     advantages: Tensor
+    prefix_len: Tensor
+    group_index: Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -57,9 +64,11 @@ class Batch:
         """Rows ``index``, trimmed to their longest sequence."""
         index = torch.as_tensor(index, dtype=torch.long)
         width = int(self.attention_mask[index].sum(-1).max().item()) if len(index) else 0
-        return Batch(*(t[index, :width] for t in self.tensors()))
+        rows = (t[index, :width] for t in self.tensors())
+        return Batch(*rows, self.prefix_len[index], self.group_index[index])
 
     def tensors(self) -> tuple[Tensor, ...]:
+        """The [N, L] tensors."""
         return (self.input_ids, self.attention_mask, self.loss_mask, self.sampling_logprobs, self.advantages)
 
     @classmethod
@@ -77,4 +86,6 @@ class Batch:
             attn[i, :k] = 1
             mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.float32)
             logp[i, :k] = torch.tensor(t.logprobs, dtype=torch.float32)
-        return cls(ids, attn, mask, logp, advantages[:, :width] * mask)
+        prefix = torch.tensor([t.loss_mask.index(1) if 1 in t.loss_mask else len(t.loss_mask) for t in trajs])
+        groups = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
+        return cls(ids, attn, mask, logp, advantages[:, :width] * mask, prefix, groups)

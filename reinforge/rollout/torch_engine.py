@@ -108,7 +108,9 @@ class TorchRolloutEngine:
         return _HFDecoder(self.model)
 
     def _hits_stop(self, tokens: Tensor, stop: Iterable[str]) -> Tensor:
-        texts = self.tokenizer.batch_decode(tokens[:, -8:].tolist(), skip_special_tokens=True)
+        """Rows whose text ends with a stop string (a token holds >= 1 character, so the window suffices)."""
+        window = max(len(s) for s in stop)
+        texts = self.tokenizer.batch_decode(tokens[:, -window:].tolist(), skip_special_tokens=True)
         return torch.tensor([any(text.endswith(s) for s in stop) for text in texts], device=self.device)
 
     def _collect(self, chunk, tokens: Tensor, logprobs: Tensor, lengths: Tensor, finished: Tensor) -> list[Generation]:

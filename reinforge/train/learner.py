@@ -20,7 +20,9 @@ from torch import Tensor, nn
 from reinforge.algo import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, AggNorm
 from reinforge.config import RunConfig
 from reinforge.errors import TrainingDiverged
+from reinforge.rollout.lean_llama import supports as shared_prefix_supported
 from reinforge.train.logprobs import token_logprobs
+from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 from reinforge.types import Batch
 
 
@@ -80,6 +82,9 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)
         self.step = 0
+        self.shared_prefix = (
+            SharedPrefixForward(model) if t.shared_prefix and shared_prefix_supported(model) else None
+        )
 
     def _lr_factor(self, step: int) -> float:
         t = self.cfg.train
@@ -127,7 +132,7 @@ class Learner:
         old = torch.zeros_like(batch.sampling_logprobs)
         for rows in micro_batches(batch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens):
             mb = batch.select(rows)
-            logp, _ = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+            logp, _ = self._logprobs(self.model, mb)
             old[rows, : logp.shape[1]] = logp
             _add_mismatch(stats, logp, mb)
         return old
@@ -160,15 +165,26 @@ class Learner:
         stats.add_scalar("pg_loss", total_pg)
         self.optimizer.step()
 
+    def _logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Per-token log-probs (and entropies) of ``mb`` under ``model``; each group's prompt computed
+        once when the shared-prefix forward applies, else the model's own forward."""
+        if self.shared_prefix is not None:
+            fwd = self.shared_prefix if model is self.model else SharedPrefixForward(model)
+            out = shared_prefix_logprobs(
+                fwd, mb.input_ids, mb.attention_mask, mb.prefix_len, mb.group_index, self.temperature, entropy
+            )
+            if out is not None:
+                return out
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, entropy, entropy_grad=True)
+
     def _micro_loss(
         self, mb: Batch, old_logp: Tensor | None, norm: AggNorm, stats: MetricSums
     ) -> tuple[Tensor, float]:
         """This micro-batch's share of the mini-batch loss (global denominators in ``norm``)."""
         algo = self.algo
-        logp, entropy = token_logprobs(
-            self.model, mb.input_ids, mb.attention_mask, self.temperature,
-            entropy=True, entropy_grad=algo.entropy_coef != 0,
-        )
+        logp, entropy = self._logprobs(self.model, mb, entropy=True)
+        if algo.entropy_coef == 0:
+            entropy = entropy.detach()
         mask = mb.loss_mask
         if old_logp is None:  # single update per batch: pi_old is exactly the current policy
             old_logp = logp.detach()
@@ -178,7 +194,7 @@ class Learner:
         loss = pg_loss
         if self.ref_model is not None and algo.kl.coef > 0:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, self.temperature)
+                ref_logp, _ = self._logprobs(self.ref_model, mb)
             kl = self.kl_estimator(logp, ref_logp)
             loss = loss + algo.kl.coef * self.aggregate(kl, mask, norm)
             stats.add_tokens("kl_ref", kl, mask)

@@ -1,0 +1,146 @@
+"""Training forward for Llama-family models that computes each group's shared prompt once.
+
+The G samples of one prompt share it token for token, so the prompt's hidden states, keys and
+values are identical across the group. This forward runs the prompt once per group and lets
+every completion attend to its group's prompt keys/values (gathered by index, so gradients from
+all G completions accumulate into the one prompt pass). The result — log-probs, entropies and
+their gradients — equals the ordinary forward over the G full sequences (tested against HF to
+1e-5), at the cost of (prompt + G x completion) instead of G x (prompt + completion) tokens.
+
+Reads the HF module's parameters directly (plain torch ops, autograd works); architectures other
+than those ``LeanLlama`` supports use the HF forward instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from reinforge.algo.losses import entropy_from_logits
+from reinforge.rollout.lean_llama import supports
+
+
+def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class SharedPrefixForward:
+    """Differentiable forward over (unique prompts, completions) for an HF Llama/Qwen2 model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        if not supports(model):
+            raise ValueError(f"shared-prefix training does not support model_type {model.config.model_type!r}")
+        cfg = model.config
+        self.model = model
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.eps = cfg.rms_norm_eps
+
+    def _cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        rotary = self.model.model.rotary_emb
+        freqs = positions[..., None].float() * rotary.inv_freq.float()
+        emb = torch.cat([freqs, freqs], dim=-1)
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        return (emb.cos() * scale).to(dtype)[:, None], (emb.sin() * scale).to(dtype)[:, None]
+
+    def _qkv(self, attn: nn.Module, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = h.shape
+        d = self.head_dim
+        q = _rope(attn.q_proj(h).view(b, t, self.n_heads, d).transpose(1, 2), cos, sin)
+        k = _rope(attn.k_proj(h).view(b, t, self.n_kv, d).transpose(1, 2), cos, sin)
+        v = attn.v_proj(h).view(b, t, self.n_kv, d).transpose(1, 2)
+        return q, k, v
+
+    def __call__(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
+        group: Tensor, temperature: float = 1.0, entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropies) of every completion token.
+
+        ``prompt_ids`` [U, P] left-padded unique prompts (``prompt_mask`` 1 on real tokens);
+        ``completion_ids`` [N, C] right-padded; ``group`` [N] the prompt row of each completion.
+        Returns ([N, C], [N, C] or None): position j scores completion token j.
+        """
+        m = self.model.model
+        u, p = prompt_ids.shape
+        n, c = completion_ids.shape
+        pmask = prompt_mask.bool()
+        p_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        c_pos = prompt_mask.sum(-1)[group][:, None] + torch.arange(c, device=group.device)
+        xp, xc = m.embed_tokens(prompt_ids), m.embed_tokens(completion_ids)
+        cos_p, sin_p = self._cos_sin(p_pos, xp.dtype)
+        cos_c, sin_c = self._cos_sin(c_pos, xc.dtype)
+        own = torch.eye(p, dtype=torch.bool, device=group.device)
+        mask_p = (pmask[:, None, None, :] & torch.ones(p, p, dtype=torch.bool, device=group.device).tril()) | own
+        causal_c = torch.ones(c, c, dtype=torch.bool, device=group.device).tril()
+        mask_c = torch.cat([pmask[group][:, None, None, :].expand(n, 1, c, p), causal_c.expand(n, 1, c, c)], dim=-1)
+        gqa = self.n_heads != self.n_kv
+        for layer in m.layers:
+            at = layer.self_attn
+            qp, kp, vp = self._qkv(at, layer.input_layernorm(xp), cos_p, sin_p)
+            qc, kc, vc = self._qkv(at, layer.input_layernorm(xc), cos_c, sin_c)
+            att_p = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask_p, enable_gqa=gqa)
+            keys, values = torch.cat([kp[group], kc], dim=2), torch.cat([vp[group], vc], dim=2)
+            att_c = F.scaled_dot_product_attention(qc, keys, values, attn_mask=mask_c, enable_gqa=gqa)
+            xp = xp + at.o_proj(att_p.transpose(1, 2).reshape(u, p, -1))
+            xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(n, c, -1))
+            xp = xp + layer.mlp(layer.post_attention_layernorm(xp))
+            xc = xc + layer.mlp(layer.post_attention_layernorm(xc))
+        # token j of a completion is predicted from the position before it: the prompt's last for j = 0
+        hidden = torch.cat([xp[group, -1:], xc[:, :-1]], dim=1)
+        logits = self.model.lm_head(m.norm(hidden)).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)
+        ent = None
+        if entropy:
+            ent = entropy_from_logits(logits)
+        return logp * completion_mask, ent
+
+
+def shared_prefix_logprobs(
+    fwd: SharedPrefixForward, input_ids: Tensor, attention_mask: Tensor, prefix_len: Tensor, group_index: Tensor,
+    temperature: float = 1.0, entropy: bool = False,
+) -> tuple[Tensor, Tensor | None] | None:
+    """``token_logprobs``-compatible output ([N, L], column t scores token t) via the shared-prefix forward.
+
+    Returns None when rows of one group do not share their prefix token for token (the caller
+    then uses the ordinary forward).
+    """
+    n, width = input_ids.shape
+    dev = input_ids.device
+    groups, inverse = torch.unique(group_index, return_inverse=True)
+    first = torch.full((len(groups),), n, dtype=torch.long, device=dev).scatter_reduce(
+        0, inverse, torch.arange(n, device=dev), "amin"
+    )
+    plen = prefix_len[first]
+    if not torch.equal(prefix_len, plen[inverse]) or int(plen.min()) < 1:
+        return None
+    p = int(plen.max())
+    cols = torch.arange(p, device=dev)
+    src = (cols - (p - plen)[:, None]).clamp(min=0)
+    prompt_ids = input_ids[first].gather(1, src)
+    prompt_mask = (cols >= (p - plen)[:, None]).long()
+    mine = input_ids.gather(1, (cols - (p - prefix_len)[:, None]).clamp(min=0))
+    if not torch.equal(mine * prompt_mask[inverse], prompt_ids[inverse] * prompt_mask[inverse]):
+        return None
+    lengths = attention_mask.sum(-1)
+    c = int((lengths - prefix_len).max())
+    if c <= 0:
+        zeros = input_ids.new_zeros(input_ids.shape, dtype=torch.float32)
+        return zeros, (zeros.clone() if entropy else None)
+    j = torch.arange(c, device=dev)
+    pos = (prefix_len[:, None] + j).clamp(max=width - 1)
+    cmask = (j < (lengths - prefix_len)[:, None]).float()
+    completion_ids = input_ids.gather(1, pos) * cmask.long()
+    logp_c, ent_c = fwd(prompt_ids, prompt_mask, completion_ids, cmask, inverse, temperature, entropy)
+    logp = logp_c.new_zeros(n, width).scatter_add(1, pos, logp_c * cmask)
+    ent = logp_c.new_zeros(n, width).scatter_add(1, pos, ent_c * cmask) if ent_c is not None else None
+    return logp, ent
