@@ -151,7 +151,7 @@ class Learner:
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"step {self.step}: the loss is {loss.item()} (non-finite). Batch statistics: "
-                    f"{_batch_summary(micro)}. Hint: lower train.lr, check rewards for NaN, or enable grad clipping."
+                    f"{_batch_summary(micro)}. Hint: lower train.lr and check the rewards for NaN/inf."
                 )
             loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
