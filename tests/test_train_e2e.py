@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.sync_loop import _Loop, train
 from reinforge.track.jsonl import read_jsonl
 
 TIMING = ("time/", "perf/")
@@ -25,13 +25,28 @@ def _untimed(records):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
 
 
-def test_resume_is_exact(tmp_path):
-    common = ("eval.every=3", "checkpoint.every=3", "train.minibatches=2", "train.epochs=2")
-    straight = train(_cfg(tmp_path, "straight", "train.steps=6", *common))
-    first = train(_cfg(tmp_path, "split", "train.steps=3", *common))
-    assert first.steps == 3
-    resumed = train(resume=first.run_dir, overrides=["train.steps=6"])
-    assert resumed.steps == 6
+class Killed(Exception):
+    """Stands for the process being killed right after the step-3 checkpoint."""
+
+
+def test_resume_is_exact(tmp_path, monkeypatch):
+    """6 steps straight == 3 steps, a kill, and a resume (cosine schedule, 2 epochs x 2 mini-batches)."""
+    common = ("train.steps=6", "eval.every=3", "checkpoint.every=3", "train.minibatches=2", "train.epochs=2",
+              "train.lr_schedule=cosine")
+    straight = train(_cfg(tmp_path, "straight", *common))
+    save = _Loop.save
+
+    def save_then_die(self, step):
+        save(self, step)
+        if step == 3:
+            raise Killed
+
+    monkeypatch.setattr(_Loop, "save", save_then_die)
+    with pytest.raises(Killed):
+        train(_cfg(tmp_path, "split", *common))
+    monkeypatch.undo()
+    resumed = train(resume=tmp_path / "split")
+    assert resumed.steps == 6 and resumed.heldout_before is None
     a = _untimed(read_jsonl(straight.run_dir / "metrics.jsonl"))
     b = _untimed(read_jsonl(resumed.run_dir / "metrics.jsonl"))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5, 6]

@@ -1,0 +1,60 @@
+"""The command line: fast help, clear errors without tracebacks, eval and algos output."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "reinforge.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_help_is_fast_and_lists_commands():
+    _run("--help")  # warm the filesystem cache
+    t0 = time.perf_counter()
+    out = _run("--help")
+    elapsed = time.perf_counter() - t0
+    assert out.returncode == 0
+    for cmd in ("train", "eval", "algos"):
+        assert cmd in out.stdout
+    assert elapsed < 1.0, f"reinforge --help took {elapsed:.2f} s"
+
+
+def test_bad_override_fails_before_work_with_one_message(tmp_path):
+    out = _run("train", "algo.clip_hgh=0.3", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "algo.clip_hgh" in out.stderr and "clip_high" in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_model_and_bad_data_messages(tmp_path):
+    out = _run("train", "model.path=/no/such/model", cwd=tmp_path)
+    assert out.returncode == 2 and "model.path" in out.stderr and "Traceback" not in out.stderr
+    bad = tmp_path / "d.jsonl"
+    bad.write_text('{"prompt": "1+1=", "answer": "2"}\n[1, 2]\n')
+    out = _run("train", "task.kind=jsonl", f"task.path={bad}", "task.heldout_size=1", cwd=tmp_path)
+    assert out.returncode == 2 and "d.jsonl:2" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_algos_lists_registered_parts():
+    out = _run("algos")
+    assert out.returncode == 0
+    for name in ("grpo", "ppo_clip", "token_mean", "k3"):
+        assert name in out.stdout
+
+
+@pytest.mark.slow
+def test_eval_reports_greedy_and_pass_at_k(tmp_path):
+    out_file = tmp_path / "eval.json"
+    out = _run("eval", "--model", "tiny-base", "--samples", "4", "--heldout-size", "100", "--out", str(out_file))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out_file.read_text())
+    assert set(result["pass_at_k"]) == {"1", "2", "4"}
+    p = result["pass_at_k"]
+    assert 0 < p["1"] <= p["2"] <= p["4"] <= 1
+    assert 0.1 < result["greedy_accuracy"] < 0.7  # the shipped base is promising but imperfect
+    assert "pass@4" in out.stdout
