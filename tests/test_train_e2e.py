@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
-from reinforge.orchestrate.sync_loop import _Loop, train
+from reinforge.orchestrate.sync_loop import CollapseDetector, _Loop, train
 from reinforge.track.jsonl import read_jsonl
 
 TIMING = ("time/", "perf/")
@@ -118,3 +118,28 @@ def test_bad_inputs_give_one_clear_message(tmp_path):
         train(_cfg(tmp_path, "j", "task.kind=jsonl", f"task.path={bad}", "task.heldout_size=1"))
     with pytest.raises(ReinforgeError, match="no config.yaml"):
         train(resume=tmp_path / "nothing-here")
+
+
+def test_collapse_is_reported_once_and_saturation_is_not():
+    d = CollapseDetector(patience=3)
+    flat = {"groups/kept_frac": 0.0, "reward/mean": 0.0}
+    assert d.update({"step": 1, **flat}) is None
+    assert d.update({"step": 2, "groups/kept_frac": 0.5, "reward/mean": 0.3}) is None  # spread resets the count
+    assert [d.update({"step": s, **flat}) for s in (3, 4)] == [None, None]
+    msg = d.update({"step": 5, **flat})
+    assert msg is not None and "step 5" in msg and "3 steps" in msg and "collapsed" in msg
+    assert d.update({"step": 6, **flat}) is None  # said once
+    solved = CollapseDetector(patience=2)
+    assert all(solved.update({"step": s, "groups/kept_frac": 0.0, "reward/mean": 1.0}) is None for s in range(5))
+
+
+def test_kl_penalty_loads_reference_and_is_reported(tmp_path):
+    result = train(_cfg(tmp_path, "kl", "train.steps=3", "eval.every=0", "algo.kl.coef=0.5", "train.lr=3e-4",
+                        "algo.skip_equal_reward_groups=false"))
+    rows = [r for r in read_jsonl(result.run_dir / "metrics.jsonl") if "train/kl_ref" in r]
+    assert len(rows) == 3
+    assert rows[0]["train/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == reference
+    assert rows[-1]["train/kl_ref"] > 1e-5  # after updates the policy has moved away
+    assert rows[-1]["train/loss"] != rows[-1]["train/pg_loss"]
+    no_kl = train(_cfg(tmp_path, "nokl", "train.steps=1", "eval.every=0"))
+    assert "train/kl_ref" not in read_jsonl(no_kl.run_dir / "metrics.jsonl")[-1]

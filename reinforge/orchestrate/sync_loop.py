@@ -79,8 +79,7 @@ class _Loop:
         self.metrics = JsonlSink(run_dir / "metrics.jsonl")
         self.samples = JsonlSink(run_dir / "samples.jsonl")
         self.progress_every = progress_every
-        self.flat_steps = 0
-        self.collapse_warned = False
+        self.collapse = CollapseDetector()
 
     def run(self) -> TrainResult:
         cfg, t0 = self.cfg, time.perf_counter()
@@ -176,16 +175,30 @@ class _Loop:
             })
 
     def _warn_on_collapse(self, progress: ConsoleProgress, metrics: dict[str, Any]) -> None:
-        """Say so when no group has reward spread for several steps and reward is not saturated."""
+        warning = self.collapse.update(metrics)
+        if warning:
+            progress.print(f"[bold red]warning:[/] {warning}")
+
+
+class CollapseDetector:
+    """Says so (once) when no group has had any reward spread for ``patience`` steps in a row while
+    the mean reward is below 1: every advantage is then 0, there is no gradient, and a collapsed
+    policy cannot recover by itself."""
+
+    def __init__(self, patience: int = COLLAPSE_PATIENCE) -> None:
+        self.patience, self.flat_steps, self.warned = patience, 0, False
+
+    def update(self, metrics: dict[str, Any]) -> str | None:
         flat = metrics["groups/kept_frac"] == 0 and metrics["reward/mean"] < 1.0
         self.flat_steps = self.flat_steps + 1 if flat else 0
-        if self.flat_steps >= COLLAPSE_PATIENCE and not self.collapse_warned:
-            self.collapse_warned = True
-            progress.print(
-                f"[bold red]warning:[/] step {metrics['step']}: no group has had any reward spread for "
-                f"{self.flat_steps} steps (mean reward {metrics['reward/mean']:.3f}): there is no gradient and "
-                "the policy has likely collapsed. Lower train.lr, raise rollout.temperature, or add algo.kl.coef."
-            )
+        if self.flat_steps < self.patience or self.warned:
+            return None
+        self.warned = True
+        return (
+            f"step {metrics['step']}: no group has had any reward spread for {self.flat_steps} steps "
+            f"(mean reward {metrics['reward/mean']:.3f}): there is no gradient and the policy has likely "
+            "collapsed. Lower train.lr, raise rollout.temperature, or add algo.kl.coef."
+        )
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
