@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -118,4 +117,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    sys.exit(0)

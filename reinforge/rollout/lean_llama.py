@@ -28,6 +28,19 @@ def supports(model: nn.Module) -> bool:
     return getattr(cfg, "sliding_window", None) is None or not getattr(cfg, "use_sliding_window", False)
 
 
+def rotary_cos_sin(inv_freq: Tensor, scale: float, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """HF-convention rotary tables for ``positions`` [B, T]: cos, sin of shape [B, 1, T, head_dim]."""
+    freqs = positions[..., None].float() * inv_freq.float()
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return (emb.cos() * scale).to(dtype)[:, None], (emb.sin() * scale).to(dtype)[:, None]
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half(x) = [-x2, x1] (HF Llama convention)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
 class KVCache:
     """Preallocated keys and values: [layers, batch, kv_heads, max_len, head_dim] each."""
 
@@ -91,16 +104,6 @@ class LeanLlama:
         xf = x.float()
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
-    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.rope_scale).to(dtype)[:, None], (emb.sin() * self.rope_scale).to(dtype)[:, None]
-
-    @staticmethod
-    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
 
     @torch.no_grad()
     def forward(self, ids: Tensor, positions: Tensor, key_mask: Tensor, cache: KVCache) -> Tensor:
@@ -112,7 +115,7 @@ class LeanLlama:
         b, t = ids.shape
         start, end = cache.length, cache.length + t
         x = F.embedding(ids, self.embed)
-        cos, sin = self._rope(positions, x.dtype)
+        cos, sin = rotary_cos_sin(self.inv_freq, self.rope_scale, positions, x.dtype)
         causal = torch.ones(t, end, dtype=torch.bool, device=ids.device).tril(start)
         # every query may see its own key, so padded queries never have an all-masked row (NaN in SDPA)
         own_key = torch.arange(end, device=ids.device) == torch.arange(start, end, device=ids.device)[:, None]
@@ -122,8 +125,8 @@ class LeanLlama:
             h = self._rms(x, w["ln1"])
             qkv = F.linear(h, w["wqkv"], w["bqkv"])
             q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
-            q = self._rotate(q.view(b, t, hq, d).transpose(1, 2), cos, sin)
-            k = self._rotate(k.view(b, t, hk, d).transpose(1, 2), cos, sin)
+            q = apply_rotary(q.view(b, t, hq, d).transpose(1, 2), cos, sin)
+            k = apply_rotary(k.view(b, t, hk, d).transpose(1, 2), cos, sin)
             cache.k[i, :, :, start:end] = k
             cache.v[i, :, :, start:end] = v.view(b, t, hk, d).transpose(1, 2)
             att = F.scaled_dot_product_attention(

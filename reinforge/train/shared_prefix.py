@@ -18,17 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reinforge.algo.losses import entropy_from_logits
-from reinforge.rollout.lean_llama import supports
-
-
-def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+from reinforge.rollout.lean_llama import apply_rotary, rotary_cos_sin, supports
 
 
 class SharedPrefixForward:
@@ -41,20 +31,16 @@ class SharedPrefixForward:
         self.model = model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
-        self.eps = cfg.rms_norm_eps
 
     def _cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         rotary = self.model.model.rotary_emb
-        freqs = positions[..., None].float() * rotary.inv_freq.float()
-        emb = torch.cat([freqs, freqs], dim=-1)
-        scale = float(getattr(rotary, "attention_scaling", 1.0))
-        return (emb.cos() * scale).to(dtype)[:, None], (emb.sin() * scale).to(dtype)[:, None]
+        return rotary_cos_sin(rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)), positions, dtype)
 
     def _qkv(self, attn: nn.Module, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = h.shape
         d = self.head_dim
-        q = _rope(attn.q_proj(h).view(b, t, self.n_heads, d).transpose(1, 2), cos, sin)
-        k = _rope(attn.k_proj(h).view(b, t, self.n_kv, d).transpose(1, 2), cos, sin)
+        q = apply_rotary(attn.q_proj(h).view(b, t, self.n_heads, d).transpose(1, 2), cos, sin)
+        k = apply_rotary(attn.k_proj(h).view(b, t, self.n_kv, d).transpose(1, 2), cos, sin)
         v = attn.v_proj(h).view(b, t, self.n_kv, d).transpose(1, 2)
         return q, k, v
 
