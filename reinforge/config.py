@@ -89,6 +89,7 @@ class AlgoConfig(_Strict):
     policy_loss: str = "ppo_clip"
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0)
+    tis_cap: float = Field(0.0, ge=0, description="truncated importance-sampling cap C for policy_loss=reinforce (0 = off)")
     loss_agg: str = "token_mean"
     max_len_norm: float = Field(0.0, ge=0, description="L_max for seq_mean_token_sum_norm; 0 = rollout.max_new_tokens")
     kl: KLConfig = Field(default_factory=KLConfig)

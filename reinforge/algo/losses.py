@@ -67,6 +67,82 @@ def ppo_clip_loss(
     return loss, metrics
 
 
+def _masked_seq_mean(values: Tensor, mask: Tensor) -> Tensor:
+    return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+@POLICY_LOSSES.register(
+    "gspo",
+    formula="s_i = exp(mean_t log(pi/pi_old)); L_i = -min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i) (token form)",
+    paper="Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071)",
+)
+def gspo_loss(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: a sequence-level importance ratio with sequence-level clipping, in the paper's GSPO-token form.
+
+    s_i = exp((1/|y_i|) sum_t (log pi(y_it) - log pi_old(y_it))) over the sequence's masked tokens;
+    s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)] (equal to s_i in value, gradient s_i grad log pi(y_it));
+    L_it = max(-A_it s_it, -A_it clip(s_it, 1 - clip_low, 1 + clip_high)), the clip decided by s_i.
+    With a per-sequence advantage and ``loss_agg: seq_mean_token_mean`` this is exactly the paper's
+    sequence objective (1/G) sum_i min(s_i A_i, clip(s_i) A_i); the paper's clip ranges are ~3e-4/4e-4.
+    """
+    seq_log_ratio = _masked_seq_mean(logp - old_logp, mask)
+    s_seq = torch.exp(seq_log_ratio).detach()[:, None]
+    s_tok = s_seq * torch.exp(logp - logp.detach())
+    unclipped = -advantages * s_tok
+    clipped = -advantages * torch.clamp(s_tok, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    with torch.no_grad():
+        metrics = {"clip_frac": (clipped > unclipped).to(logp.dtype), "ratio": s_seq.expand_as(logp).clone()}
+    return loss, metrics
+
+
+@POLICY_LOSSES.register(
+    "cispo",
+    formula="L_t = -sg(clip(rho_t, 1-eps_low, 1+eps_high)) A_t log pi(a_t)",
+    paper="MiniMax 2025, MiniMax-M1 (CISPO) (arXiv:2506.13585)",
+)
+def cispo_loss(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO: clip the importance-sampling weight, not the update, so every token keeps a gradient.
+
+    rho_t = pi(a_t) / pi_old(a_t); L_t = -sg(clip(rho_t, 1 - clip_low, 1 + clip_high)) A_t log pi(a_t).
+    The gradient is -clip(rho_t) A_t grad log pi(a_t) for every token, clipped or not (PPO-clip drops
+    the tokens outside its trust region). The paper effectively disables the lower bound (large clip_low).
+    """
+    ratio = torch.exp(logp - old_logp)
+    weight = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high).detach()
+    loss = -weight * advantages * logp
+    with torch.no_grad():
+        metrics = {"clip_frac": (weight != ratio).to(logp.dtype), "ratio": ratio.detach()}
+    return loss, metrics
+
+
+@POLICY_LOSSES.register(
+    "reinforce",
+    formula="L_t = -w_t A_t log pi(a_t), w_t = sg(min(pi/pi_old, C)) with truncated IS (C = tis_cap), else 1",
+    paper="Williams 1992, REINFORCE; truncated IS: Espeholt et al. 2018, IMPALA (arXiv:1802.01561)",
+)
+def reinforce_loss(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Plain policy gradient: L_t = -w_t A_t log pi(a_t).
+
+    w_t = 1 (on-policy) or, with ``tis_cap`` C > 0, the truncated importance weight
+    sg(min(pi(a_t) / pi_old(a_t), C)), which bounds the variance of off-policy updates.
+    """
+    ratio = torch.exp(logp - old_logp)
+    cap = getattr(cfg, "tis_cap", 0.0)
+    weight = torch.clamp(ratio, max=cap).detach() if cap > 0 else torch.ones_like(ratio)
+    loss = -weight * advantages * logp
+    with torch.no_grad():
+        metrics = {"clip_frac": (ratio > cap).to(logp.dtype) if cap > 0 else torch.zeros_like(ratio),
+                   "ratio": ratio.detach()}
+    return loss, metrics
+
+
 @dataclass(frozen=True)
 class AggNorm:
     """Global denominators of one optimizer mini-batch.
