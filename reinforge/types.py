@@ -73,7 +73,7 @@ class Batch:
 
     @classmethod
     def from_trajectories(cls, trajs: list[Trajectory], advantages: Tensor, pad_id: int) -> Batch:
-        """Pad trajectories; ``advantages`` is [N, L_max] aligned with the padded tokens."""
+        """Pad trajectories; ``advantages`` is [N, L_max] aligned with the padded tokens, or [N, 1] to broadcast."""
         width = max(len(t.token_ids) for t in trajs)
         n = len(trajs)
         ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -88,4 +88,4 @@ class Batch:
             logp[i, :k] = torch.tensor(t.logprobs, dtype=torch.float32)
         prefix = torch.tensor([t.loss_mask.index(1) if 1 in t.loss_mask else len(t.loss_mask) for t in trajs])
         groups = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
-        return cls(ids, attn, mask, logp, advantages[:, :width] * mask, prefix, groups)
+        return cls(ids, attn, mask, logp, (advantages[:, :width] * mask).contiguous(), prefix, groups)

@@ -86,10 +86,7 @@ def build_batch(trajs: list[Trajectory], algo: AlgoConfig, pad_id: int) -> tuple
     stats = BatchStats(groups=n_groups, groups_kept=len({t.group_id for t in kept}), sequences_kept=len(kept))
     if not kept:
         return None, stats
-    width = max(len(t.token_ids) for t in kept)
-    mask = torch.zeros(len(kept), width)
-    for i, t in enumerate(kept):
-        mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+    batch = Batch.from_trajectories(kept, torch.zeros(len(kept), 1), pad_id)
     _, dense_groups = torch.unique(groups[keep], return_inverse=True)
-    advantages = ADVANTAGES.get(algo.advantage)(rewards[keep], dense_groups, mask, None, algo)
-    return Batch.from_trajectories(kept, advantages, pad_id), stats
+    batch.advantages = ADVANTAGES.get(algo.advantage)(rewards[keep], dense_groups, batch.loss_mask, None, algo)
+    return batch, stats
