@@ -94,13 +94,22 @@ def eval_cmd(
 
 @app.command()
 def algos() -> None:
-    """List every registered algorithm part with its formula and paper."""
+    """List the algorithm presets and every registered part with its formula and paper."""
     from rich.console import Console
     from rich.table import Table
 
     from reinforge.algo import REGISTRIES
+    from reinforge.config import config_from_dict, preset_names, preset_summary
 
     console = Console()
+    presets = Table(title="presets (recipe key `preset: NAME`, or `reinforge train preset=NAME`)", title_justify="left")
+    for column in ("name", "advantage", "policy loss", "aggregation", "KL", "paper and notes"):
+        presets.add_column(column, style="bold" if column == "name" else None)
+    for name in preset_names():
+        a = config_from_dict({"preset": name}, source=f"preset {name}").algo
+        kl = f"{a.kl.estimator} x {a.kl.coef:g} in {a.kl.placement}" if a.kl.coef > 0 else "-"
+        presets.add_row(name, a.advantage, a.policy_loss, a.loss_agg, kl, preset_summary(name))
+    console.print(presets)
     for kind, registry in REGISTRIES.items():
         table = Table(title=f"{kind} ({registry.kind})", show_lines=False, title_justify="left")
         table.add_column("name", style="bold")

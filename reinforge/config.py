@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from reinforge.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+PRESETS_DIR = RECIPES_DIR / "presets"
 DEFAULT_RECIPE = "default"
 
 
@@ -73,13 +74,33 @@ class RolloutConfig(_Strict):
 
 class KLConfig(_Strict):
     estimator: str = "k3"
-    coef: float = Field(0.0, ge=0, description="0 disables the KL term and the reference model is not loaded")
-    placement: Literal["loss"] = "loss"
+    coef: float = Field(0.0, ge=0, description="initial KL coefficient; 0 disables the KL term (no reference model)")
+    placement: Literal["loss", "reward"] = Field(
+        "loss", description="'loss': coef * KL added to the loss; 'reward': -coef * KL per token added to the reward"
+    )
+    target: float = Field(0.0, ge=0, description="target KL of the adaptive controller (0 = fixed coefficient)")
+    horizon: int = Field(10000, ge=1, description="adaptive controller horizon (Ziegler et al. 2019)")
 
     @field_validator("estimator")
     @classmethod
     def _registered(cls, v: str) -> str:
         return _check_registered("kl_estimator", v)
+
+
+class MismatchConfig(_Strict):
+    mode: Literal["none", "token_tis", "seq_tis", "token_mask", "seq_mask"] = Field(
+        "none", description="rollout/training mismatch correction (the statistics are reported in every mode)"
+    )
+    cap: float = Field(2.0, gt=1, description="truncation cap C (TIS) or masking threshold (ratio outside [1/C, C])")
+
+
+class CriticConfig(_Strict):
+    path: str | None = Field(None, description="critic initialisation (HF model dir); default: the policy's weights")
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    value_clip: float = Field(0.2, ge=0, description="value-loss clipping range around the old values (0 = off)")
+    warmup_steps: int = Field(0, ge=0, description="first N steps train only the critic (the policy is frozen)")
 
 
 class AlgoConfig(_Strict):
@@ -92,9 +113,23 @@ class AlgoConfig(_Strict):
     tis_cap: float = Field(0.0, ge=0, description="truncated importance-sampling cap C for policy_loss=reinforce (0 = off)")
     loss_agg: str = "token_mean"
     max_len_norm: float = Field(0.0, ge=0, description="L_max for seq_mean_token_sum_norm; 0 = rollout.max_new_tokens")
+    dual_clip: float = Field(0.0, ge=0, description="PPO dual-clip constant c > 1 for A < 0 (0 = off)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount of per-token rewards (gae, returns-to-go)")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     kl: KLConfig = Field(default_factory=KLConfig)
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient (loss -= coef * entropy)")
+    mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
     skip_equal_reward_groups: bool = Field(True, description="drop groups whose rewards are all equal (zero advantage)")
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: keep sampling prompts until the batch has prompts_per_step groups with reward spread"
+    )
+    dynamic_sampling_max_rounds: int = Field(4, ge=1, description="cap on rollout rounds per step (dynamic sampling)")
+    overlong_buffer: float = Field(
+        0.0, ge=0, lt=1, description="DAPO soft overlong penalty zone as a fraction of max_new_tokens (0 = off)"
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="penalty at max length (soft overlong punishment)")
+    overlong_filter: bool = Field(False, description="DAPO overlong filtering: no loss on truncated responses")
 
     @field_validator("advantage")
     @classmethod
@@ -110,6 +145,13 @@ class AlgoConfig(_Strict):
     @classmethod
     def _agg(cls, v: str) -> str:
         return _check_registered("loss_agg", v)
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip(cls, v: float) -> float:
+        if 0 < v <= 1:
+            raise ValueError("must be 0 (off) or a constant c > 1 (e.g. 3.0)")
+        return v
 
 
 class TrainConfig(_Strict):
@@ -145,6 +187,7 @@ class LogConfig(_Strict):
 
 
 class RunConfig(_Strict):
+    preset: str | None = Field(None, description="algorithm preset the recipe builds on (reinforge algos lists them)")
     name: str | None = Field(None, description="run directory name under output_dir (default: a fresh name)")
     output_dir: str = "runs"
     seed: int = 0
@@ -224,7 +267,11 @@ def resolve_recipe_path(recipe: str | None) -> Path:
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Recipe YAML (or a shipped recipe name, default ``default``) + dotted overrides -> RunConfig."""
+    """Recipe YAML (or a shipped recipe name, default ``default``) + dotted overrides -> RunConfig.
+
+    Precedence, lowest first: the recipe's own ``preset``, the recipe, a ``preset=NAME`` override
+    (switching the algorithm replaces the recipe's keys that the preset sets), the other overrides.
+    """
     path = resolve_recipe_path(str(recipe) if recipe is not None else None)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -232,11 +279,58 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
-    data = apply_overrides(data, overrides or [])
+    overrides = list(overrides or [])
+    switched = [o for o in overrides if o.split("=", 1)[0].strip() == "preset"]
+    if switched:  # a preset named on the command line switches the algorithm: its keys replace the recipe's
+        data = apply_overrides(data, switched[-1:])
+        data = deep_merge(data, load_preset(str(data["preset"])))
+    data = apply_overrides(data, [o for o in overrides if o not in switched])
     return config_from_dict(data, source=str(path))
 
 
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"preset: unknown preset {name!r}; allowed: {', '.join(preset_names())}")
+    return path
+
+
+def preset_summary(name: str) -> str:
+    """The preset's leading comment: the algorithm, its paper and what it combines."""
+    lines = []
+    for line in preset_path(name).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").rstrip())
+    return " ".join(lines)
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    return yaml.safe_load(preset_path(name).read_text()) or {}
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, section by section (neither is modified)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def config_from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a recipe mapping; a ``preset: NAME`` key puts that preset's sections under the recipe's."""
+    preset = data.get("preset")
+    if preset is not None:
+        if not isinstance(preset, str):
+            raise ConfigError(f"invalid config ({source}):\n  preset: must be a preset name (got {preset!r})")
+        data = deep_merge(load_preset(preset), data)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:

@@ -89,7 +89,10 @@ def test_update_weights_in_place_and_version(tiny_model, tiny_tokenizer):
 def test_batch_select_trims_padding():
     ids = torch.tensor([[1, 2, 3, 0], [1, 2, 0, 0]])
     attn = (ids != 0).long()
-    b = Batch(ids, attn, attn.float(), torch.zeros(2, 4), torch.ones(2, 4), torch.tensor([1, 1]), torch.tensor([0, 1]))
+    b = Batch(ids, attn, attn.float(), torch.zeros(2, 4), torch.tensor([1, 1]), torch.tensor([0, 1]),
+              rewards=torch.tensor([0.5, 1.0]), advantages=torch.ones(2, 4))
     assert b.select([1]).input_ids.tolist() == [[1, 2]]
     assert b.select([1]).group_index.tolist() == [1]
+    assert b.select([1]).rewards.tolist() == [1.0] and b.select([1]).advantages.shape == (1, 2)
+    assert b.select([1]).values is None
     assert b.select([0, 1]).input_ids.shape == (2, 3)

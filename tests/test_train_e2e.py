@@ -122,15 +122,15 @@ def test_bad_inputs_give_one_clear_message(tmp_path):
 
 def test_collapse_is_reported_once_and_saturation_is_not():
     d = CollapseDetector(patience=3)
-    flat = {"groups/kept_frac": 0.0, "reward/mean": 0.0}
+    flat = {"groups/spread_frac": 0.0, "reward/mean": 0.0}
     assert d.update({"step": 1, **flat}) is None
-    assert d.update({"step": 2, "groups/kept_frac": 0.5, "reward/mean": 0.3}) is None  # spread resets the count
+    assert d.update({"step": 2, "groups/spread_frac": 0.5, "reward/mean": 0.3}) is None  # spread resets the count
     assert [d.update({"step": s, **flat}) for s in (3, 4)] == [None, None]
     msg = d.update({"step": 5, **flat})
     assert msg is not None and "step 5" in msg and "3 steps" in msg and "collapsed" in msg
     assert d.update({"step": 6, **flat}) is None  # said once
     solved = CollapseDetector(patience=2)
-    assert all(solved.update({"step": s, "groups/kept_frac": 0.0, "reward/mean": 1.0}) is None for s in range(5))
+    assert all(solved.update({"step": s, "groups/spread_frac": 0.0, "reward/mean": 1.0}) is None for s in range(5))
 
 
 def test_kl_penalty_loads_reference_and_is_reported(tmp_path):

@@ -1,11 +1,22 @@
 """Pure tensor math of RL post-training: advantage estimators, policy losses, aggregation, KL.
 
-Every part is a plain function registered by name; see ``reinforge algos`` for the list.
+Every part is a plain function registered by name; see ``reinforge algos`` for the list. The
+helpers outside the registries (value loss, KL controller, mismatch correction, reward shaping)
+are exported here too.
 """
 
-from reinforge.algo.advantages import ADVANTAGES
+from reinforge.algo.advantages import (
+    ADVANTAGES,
+    gae_advantages_and_returns,
+    outcome_token_rewards,
+    returns_to_go,
+)
 from reinforge.algo.kl import KL_ESTIMATORS
+from reinforge.algo.kl_control import KLController
 from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm, entropy_from_logits
+from reinforge.algo.mismatch import MISMATCH_MODES, mismatch_correction
+from reinforge.algo.shaping import soft_overlong_penalty
+from reinforge.algo.value import clipped_value_loss, explained_variance
 
 REGISTRIES = {
     "advantage": ADVANTAGES,
@@ -14,4 +25,21 @@ REGISTRIES = {
     "kl_estimator": KL_ESTIMATORS,
 }
 
-__all__ = ["ADVANTAGES", "KL_ESTIMATORS", "LOSS_AGG", "POLICY_LOSSES", "REGISTRIES", "AggNorm", "entropy_from_logits"]
+__all__ = [
+    "ADVANTAGES",
+    "KL_ESTIMATORS",
+    "LOSS_AGG",
+    "MISMATCH_MODES",
+    "POLICY_LOSSES",
+    "REGISTRIES",
+    "AggNorm",
+    "KLController",
+    "clipped_value_loss",
+    "entropy_from_logits",
+    "explained_variance",
+    "gae_advantages_and_returns",
+    "mismatch_correction",
+    "outcome_token_rewards",
+    "returns_to_go",
+    "soft_overlong_penalty",
+]

@@ -40,27 +40,48 @@ POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 @POLICY_LOSSES.register(
     "ppo_clip",
-    formula="L_t = -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t), rho_t = pi(a_t)/pi_old(a_t)",
-    paper="Schulman et al. 2017, PPO (arXiv:1707.06347); clip-higher: Yu et al. 2025, DAPO (arXiv:2503.14476)",
+    formula=(
+        "L_t = -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t), rho_t = pi(a_t)/pi_old(a_t); "
+        "dual clip (c > 1): L_t <- min(L_t, -c A_t) for A_t < 0"
+    ),
+    paper=(
+        "Schulman et al. 2017, PPO (arXiv:1707.06347); clip-higher: Yu et al. 2025, DAPO (arXiv:2503.14476); "
+        "dual clip: Ye et al. 2020, Mastering Complex Control in MOBA Games with Deep RL (arXiv:1912.09729)"
+    ),
 )
 def ppo_clip_loss(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate with separate lower and upper clip ranges (clip-higher).
+    """PPO clipped surrogate with separate lower and upper clip ranges (clip-higher) and optional dual clip.
 
     rho_t = exp(log pi(a_t) - log pi_old(a_t));
     L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high)).
-    Metrics: ``clip_frac`` (tokens where the clipped term is the active one), ``ratio``,
+    Dual clip (``cfg.dual_clip`` = c > 1, 0 = off): for A_t < 0 the loss above grows without bound
+    with rho_t (the unclipped term is active when rho_t > 1 + clip_high), so it is capped:
+    L_t = min(max(-A_t rho_t, -A_t clip(rho_t, ...)), -c A_t), i.e. rho_t is effectively clipped
+    at c; a token on the cap gets no gradient. Tokens with A_t >= 0 are unchanged.
+    Metrics: ``clip_frac`` (tokens where the clipped term is the active one), ``dual_clip_frac``
+    (tokens where the dual-clip cap is the active term; all zeros when off), ``ratio``,
     ``approx_kl_old`` (k3 between pi_old and pi).
     """
+    dual = float(getattr(cfg, "dual_clip", 0.0) or 0.0)
+    if 0.0 < dual <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or 0 to disable), got {dual}")
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     loss = torch.maximum(unclipped, clipped)
+    if dual > 0.0:
+        cap = -advantages * dual
+        dual_active = (advantages < 0) & (cap < loss)
+        loss = torch.where(dual_active, cap.to(loss.dtype), loss)
+    else:
+        dual_active = torch.zeros_like(loss, dtype=torch.bool)
     with torch.no_grad():
         metrics = {
             "clip_frac": (clipped > unclipped).to(logp.dtype),
+            "dual_clip_frac": dual_active.to(logp.dtype),
             "ratio": ratio.detach(),
             "approx_kl_old": torch.expm1(-log_ratio) + log_ratio,
         }

@@ -18,6 +18,7 @@ from reinforge.envs.single_turn import SingleTurnEnv
 from reinforge.rewards.verifiers import VERIFIERS, Verifier
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
+from reinforge.train.critic import build_critic
 from reinforge.train.learner import Learner
 from reinforge.train.model import load_model, load_tokenizer
 
@@ -53,13 +54,17 @@ def build_components(cfg: RunConfig) -> Components:
     tokenizer = load_tokenizer(cfg.model.path)
     policy = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     ref = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device) if cfg.algo.kl.coef > 0 else None
+    critic = (
+        build_critic(cfg.model.path, cfg.algo.critic, cfg.model.dtype, cfg.model.device)
+        if cfg.algo.advantage == "gae" else None
+    )
     engine = TorchRolloutEngine(copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
     verifier = VERIFIERS.get(cfg.task.verifier)
     system_prompt = cfg.task.system_prompt
     return Components(
         cfg=cfg,
         tokenizer=tokenizer,
-        learner=Learner(policy, cfg, ref),
+        learner=Learner(policy, cfg, ref, critic),
         engine=engine,
         splits=splits,
         sampler=TaskSampler(splits.train, seed=cfg.seed),

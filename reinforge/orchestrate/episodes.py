@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from reinforge.algo import ADVANTAGES
+from reinforge.algo.shaping import soft_overlong_penalty
 from reinforge.config import AlgoConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
@@ -30,9 +31,11 @@ def generate_single_turn(
 
 
 def score_single_turn(
-    tasks: Sequence[Task], envs: list[Environment], generations: list[Generation], group_size: int
+    tasks: Sequence[Task], envs: list[Environment], generations: list[Generation], group_size: int,
+    group_offset: int = 0,
 ) -> list[Trajectory]:
-    """Step each environment with its completions; one trajectory per completion, group id = task index."""
+    """Step each environment with its completions; one trajectory per completion, group id =
+    ``group_offset`` + task index."""
     trajectories = []
     for i, gen in enumerate(generations):
         group = i // group_size
@@ -50,7 +53,7 @@ def score_single_turn(
                 loss_mask=[0] * n_prompt + [1] * len(gen.token_ids),
                 logprobs=[0.0] * n_prompt + gen.logprobs,
                 version=gen.version,
-                group_id=group,
+                group_id=group_offset + group,
                 task_id=tasks[group].id,
                 reward=result.reward,
                 finish_reason=gen.finish_reason,
@@ -61,6 +64,30 @@ def score_single_turn(
     return trajectories
 
 
+def greedy_baseline_rewards(
+    tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams, seed: int
+) -> list[float]:
+    """ReMax's baseline: the reward of one greedy completion per task."""
+    greedy = dataclasses.replace(params, greedy=True, n=1)
+    envs, generations = generate_single_turn(tasks, engine, make_env, greedy, seed)
+    return [t.reward for t in score_single_turn(tasks, envs, generations, group_size=1)]
+
+
+def shape_overlong(trajs: list[Trajectory], algo: AlgoConfig, max_new_tokens: int) -> None:
+    """DAPO's data-side length handling, in place: the soft overlong penalty is added to the reward
+    (``metadata['overlong_penalty']``) and, with overlong filtering, truncated responses get no loss."""
+    if algo.overlong_buffer > 0:
+        buffer = max(1, round(algo.overlong_buffer * max_new_tokens))
+        lengths = torch.tensor([t.num_generated for t in trajs])
+        penalty = soft_overlong_penalty(lengths, max_new_tokens, buffer, algo.overlong_penalty).tolist()
+        for t, p in zip(trajs, penalty, strict=True):
+            t.reward += p
+            t.metadata["overlong_penalty"] = p
+    if algo.overlong_filter:
+        for t in trajs:
+            t.trainable = not t.truncated
+
+
 @dataclass
 class BatchStats:
     groups: int
@@ -68,25 +95,32 @@ class BatchStats:
     sequences_kept: int
 
 
-def build_batch(trajs: list[Trajectory], algo: AlgoConfig, pad_id: int) -> tuple[Batch | None, BatchStats]:
-    """Advantages by the configured estimator, then padded tensors.
+def groups_with_spread(trajs: list[Trajectory]) -> set[int]:
+    """Group ids whose rewards are not all equal (the others have zero group-relative advantage)."""
+    seen: dict[int, set[float]] = {}
+    for t in trajs:
+        seen.setdefault(t.group_id, set()).add(t.reward)
+    return {g for g, rewards in seen.items() if len(rewards) > 1}
+
+
+def build_batch(
+    trajs: list[Trajectory], algo: AlgoConfig, pad_id: int, baseline: list[float] | None = None
+) -> tuple[Batch | None, BatchStats]:
+    """Padded tensors, rewards and (ReMax) baselines; the learner computes the advantages.
 
     With ``algo.skip_equal_reward_groups`` the groups whose rewards are all equal (zero
     advantage under group baselines) are dropped; ``None`` when nothing is left to train on.
     """
-    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
-    groups = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
-    n_groups = int(groups.max()) + 1
-    keep = torch.ones(len(trajs), dtype=torch.bool)
+    n_groups = len({t.group_id for t in trajs})
+    keep = [True] * len(trajs)
     if algo.skip_equal_reward_groups:
-        g_max = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, groups, rewards, "amax")
-        g_min = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, groups, rewards, "amin")
-        keep = (g_max > g_min)[groups]
-    kept = [t for t, k in zip(trajs, keep.tolist(), strict=True) if k]
+        spread = groups_with_spread(trajs)
+        keep = [t.group_id in spread for t in trajs]
+    kept = [t for t, k in zip(trajs, keep, strict=True) if k]
     stats = BatchStats(groups=n_groups, groups_kept=len({t.group_id for t in kept}), sequences_kept=len(kept))
     if not kept:
         return None, stats
-    batch = Batch.from_trajectories(kept, torch.zeros(len(kept), 1), pad_id)
-    _, dense_groups = torch.unique(groups[keep], return_inverse=True)
-    batch.advantages = ADVANTAGES.get(algo.advantage)(rewards[keep], dense_groups, batch.loss_mask, None, algo)
-    return batch, stats
+    base = None
+    if baseline is not None:
+        base = torch.tensor([b for b, k in zip(baseline, keep, strict=True) if k], dtype=torch.float32)
+    return Batch.from_trajectories(kept, pad_id, base), stats

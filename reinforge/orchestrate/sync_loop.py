@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,14 @@ from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
 from reinforge.eval.heldout import evaluate
 from reinforge.orchestrate.components import Components, build_components
-from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
+from reinforge.orchestrate.episodes import (
+    build_batch,
+    generate_single_turn,
+    greedy_baseline_rewards,
+    groups_with_spread,
+    score_single_turn,
+    shape_overlong,
+)
 from reinforge.orchestrate.run_dir import create_run_dir
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
@@ -23,6 +30,17 @@ from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint, save_
 from reinforge.types import Trajectory
 
 COLLAPSE_PATIENCE = 5  # steps in a row with no reward spread in any group before we warn
+
+
+@dataclass
+class Rollout:
+    """What one step sampled (``sampled``, for metrics) and what it trains on (``kept``)."""
+
+    sampled: list[Trajectory] = field(default_factory=list)
+    kept: list[Trajectory] = field(default_factory=list)
+    baseline: list[float] | None = None
+    rounds: int = 0
+    reward_s: float = 0.0
 
 
 @dataclass
@@ -110,37 +128,75 @@ class _Loop:
     def train_step(self, step: int) -> dict[str, Any]:
         c, cfg = self.c, self.cfg
         t_start = time.perf_counter()
-        tasks = c.sampler.next_batch(cfg.rollout.prompts_per_step)
-        envs, generations = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=step)
+        rollout = self.collect(step)
         t_gen = time.perf_counter()
-        trajs = score_single_turn(tasks, envs, generations, cfg.rollout.group_size)
-        t_reward = time.perf_counter()
-        batch, bstats = build_batch(trajs, cfg.algo, c.engine.pad_id)
+        batch, bstats = build_batch(rollout.kept, cfg.algo, c.engine.pad_id, rollout.baseline)
         train_metrics: dict[str, float] = {}
         if batch is not None:
             train_metrics = c.learner.update(batch)
             c.engine.update_weights(c.learner.model, c.engine.version + 1)
         t_end = time.perf_counter()
+        trajs = rollout.sampled
+        n_groups = len({t.group_id for t in trajs})
         self._write_samples(step, trajs)
         generated = sum(t.num_generated for t in trajs)
         metrics: dict[str, Any] = {"step": step, "policy_version": c.engine.version}
         metrics.update(rollout_metrics(trajs))
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         metrics.update({
-            "groups/kept_frac": bstats.groups_kept / bstats.groups,
+            "groups/spread_frac": len(groups_with_spread(trajs)) / n_groups,
+            "groups/kept_frac": bstats.groups_kept / n_groups,
             "batch/sequences": bstats.sequences_kept,
-            "time/generate_s": t_gen - t_start,
-            "time/reward_s": t_reward - t_gen,
-            "time/train_s": t_end - t_reward,
+            "rollout/rounds": rollout.rounds,
+            "time/generate_s": t_gen - t_start - rollout.reward_s,
+            "time/reward_s": rollout.reward_s,
+            "time/train_s": t_end - t_gen,
             "time/step_s": t_end - t_start,
             "perf/tokens_per_s": generated / max(t_end - t_start, 1e-9),
-            "perf/gen_tokens_per_s": generated / max(t_gen - t_start, 1e-9),
+            "perf/gen_tokens_per_s": generated / max(t_gen - t_start - rollout.reward_s, 1e-9),
         })
-        if batch is not None:
+        if batch is not None and batch.advantages is not None:
             adv = batch.advantages[batch.loss_mask > 0]
-            metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
-                            "adv/abs_mean": adv.abs().mean().item()})
+            if adv.numel():
+                metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
+                                "adv/abs_mean": adv.abs().mean().item()})
         return metrics
+
+    def collect(self, step: int) -> Rollout:
+        """One rollout batch: ``prompts_per_step`` groups, scored and shaped.
+
+        With DAPO's dynamic sampling, groups without reward spread are set aside and more prompts
+        are sampled until ``prompts_per_step`` groups with spread are in hand, for at most
+        ``dynamic_sampling_max_rounds`` rounds (then the batch is what was found)."""
+        c, cfg = self.c, self.cfg
+        algo, n_prompts, g = cfg.algo, cfg.rollout.prompts_per_step, cfg.rollout.group_size
+        out = Rollout()
+        while True:
+            out.rounds += 1
+            tasks = c.sampler.next_batch(n_prompts)
+            envs, generations = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=step)
+            t0 = time.perf_counter()
+            offset = out.rounds * n_prompts - n_prompts
+            trajs = score_single_turn(tasks, envs, generations, g, group_offset=offset)
+            shape_overlong(trajs, algo, cfg.rollout.max_new_tokens)
+            out.reward_s += time.perf_counter() - t0
+            baseline = None
+            if algo.advantage == "remax":
+                greedy = greedy_baseline_rewards(tasks, c.engine, c.make_env, c.sampling_params(), seed=step)
+                baseline = [greedy[t.group_id - offset] for t in trajs]
+            out.sampled += trajs
+            if not algo.dynamic_sampling:
+                out.kept, out.baseline = trajs, baseline
+                return out
+            spread = groups_with_spread(trajs)
+            room = n_prompts - len({t.group_id for t in out.kept})
+            take = set(sorted(spread)[:room])
+            out.kept += [t for t in trajs if t.group_id in take]
+            if baseline is not None:
+                out.baseline = (out.baseline or []) + [b for t, b in zip(trajs, baseline, strict=True)
+                                                      if t.group_id in take]
+            if len(take) == room or out.rounds >= algo.dynamic_sampling_max_rounds:
+                return out
 
     def _evaluate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
@@ -189,7 +245,7 @@ class CollapseDetector:
         self.patience, self.flat_steps, self.warned = patience, 0, False
 
     def update(self, metrics: dict[str, Any]) -> str | None:
-        flat = metrics["groups/kept_frac"] == 0 and metrics["reward/mean"] < 1.0
+        flat = metrics["groups/spread_frac"] == 0 and metrics["reward/mean"] < 1.0
         self.flat_steps = self.flat_steps + 1 if flat else 0
         if self.flat_steps < self.patience or self.warned:
             return None

@@ -3,9 +3,14 @@
 For each rollout batch: ``epochs`` passes, each split into ``minibatches`` optimizer steps; each
 mini-batch is cut into micro-batches by a token budget and gradients accumulate. Loss
 denominators (``AggNorm``) are computed over the whole mini-batch, so the gradient does not
-depend on the micro-batch split. The old log-probs of the PPO ratio come from the same forward
-when there is a single update per batch (exactly on-policy, no extra pass), and from a no-grad
-recomputation before the first update otherwise.
+depend on the micro-batch split.
+
+At the start of an update (``_prepare``), no-grad passes give what the update holds fixed: the
+old log-probs of the PPO ratio (skipped when there is a single update per batch and the KL is
+not in the reward: they then come from the same forward, exactly on-policy), the reference
+log-probs (KL), the critic's values (PPO); then the advantages. The rollout/training mismatch
+(learner pi_old vs the engine's sampling log-probs) is reported every step and, if configured,
+corrected by truncated or masked importance weights on the per-token policy loss.
 """
 
 from __future__ import annotations
@@ -17,10 +22,15 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from reinforge.algo import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, AggNorm
+from reinforge.algo import ADVANTAGES, KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, AggNorm
+from reinforge.algo.advantages import gae_advantages_and_returns, outcome_token_rewards
+from reinforge.algo.kl_control import KLController
+from reinforge.algo.mismatch import mismatch_correction
+from reinforge.algo.value import clipped_value_loss, explained_variance
 from reinforge.config import RunConfig
-from reinforge.errors import TrainingDiverged
+from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.rollout.lean_llama import supports as shared_prefix_supported
+from reinforge.train.critic import Critic
 from reinforge.train.logprobs import token_logprobs
 from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 from reinforge.types import Batch
@@ -63,16 +73,23 @@ class MetricSums:
 
 
 class Learner:
-    """Owns the trainable policy, the optional frozen reference policy and the optimizer."""
+    """Owns the trainable policy, the optional frozen reference policy, the optional critic and the optimizers."""
 
-    def __init__(self, model: nn.Module, cfg: RunConfig, ref_model: nn.Module | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, cfg: RunConfig, ref_model: nn.Module | None = None, critic: Critic | None = None
+    ) -> None:
         self.model = model.train()
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
+        self.critic = critic
         self.cfg = cfg
         self.algo = cfg.algo
         self.policy_loss = POLICY_LOSSES.get(cfg.algo.policy_loss)
         self.aggregate = LOSS_AGG.get(cfg.algo.loss_agg)
+        self.advantage = ADVANTAGES.get(cfg.algo.advantage)
         self.kl_estimator = KL_ESTIMATORS.get(cfg.algo.kl.estimator)
+        self.kl_ctl = KLController(cfg.algo.kl.coef, cfg.algo.kl.target, cfg.algo.kl.horizon)
+        if cfg.algo.advantage == "gae" and critic is None:
+            raise ConfigError("algo.advantage=gae needs a critic (a value model); it is built by build_components")
         self.max_len_norm = cfg.algo.max_len_norm or float(cfg.rollout.max_new_tokens)
         self.temperature = cfg.rollout.temperature
         t = cfg.train
@@ -86,6 +103,10 @@ class Learner:
             SharedPrefixForward(model) if t.shared_prefix and shared_prefix_supported(model) else None
         )
 
+    @property
+    def uses_kl(self) -> bool:
+        return self.ref_model is not None and self.algo.kl.coef > 0
+
     def _lr_factor(self, step: int) -> float:
         t = self.cfg.train
         if step < t.warmup_steps:
@@ -96,18 +117,25 @@ class Learner:
         return 1.0
 
     def state_dict(self) -> dict:
-        return {
+        state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "shuffle": self.shuffle.get_state(),
             "step": self.step,
+            "kl_ctl": self.kl_ctl.state_dict(),
         }
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.shuffle.set_state(state["shuffle"])
         self.step = state["step"]
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
 
     # ------------------------------------------------------------------ update
     def update(self, batch: Batch) -> dict[str, float]:
@@ -116,37 +144,73 @@ class Learner:
         t = self.cfg.train
         stats = MetricSums()
         n_updates = t.epochs * min(t.minibatches, len(batch))
-        old_logp = self._recompute_old_logprobs(batch, stats) if n_updates > 1 else None
+        self._prepare(batch, stats, recompute_old=n_updates > 1 or self.algo.kl.placement == "reward")
+        train_policy = self.critic is None or self.step > self.algo.critic.warmup_steps
         for _ in range(t.epochs):
             order = torch.randperm(len(batch), generator=self.shuffle) if n_updates > 1 else torch.arange(len(batch))
             for mb_index in torch.tensor_split(order, min(t.minibatches, len(batch))):
-                self._optimizer_step(batch, mb_index, old_logp, stats)
-        self.scheduler.step()
+                self._optimizer_step(batch.select(mb_index), stats, train_policy)
+        if train_policy:
+            self.scheduler.step()
         out = stats.means()
+        if self.uses_kl:
+            self.kl_ctl.update(out.get("kl_ref", 0.0), n_steps=len(batch))
+            out["kl_coef"] = self.kl_ctl.value
+        if self.critic is not None:
+            out["critic/explained_variance"] = explained_variance(batch.values, batch.returns, batch.loss_mask)
         out["lr"] = self.scheduler.get_last_lr()[0]
-        out["updates"] = float(n_updates)
+        out["updates"] = float(n_updates if train_policy else 0)
         return out
 
     @torch.no_grad()
-    def _recompute_old_logprobs(self, batch: Batch, stats: MetricSums) -> Tensor:
-        old = torch.zeros_like(batch.sampling_logprobs)
+    def _prepare(self, batch: Batch, stats: MetricSums, recompute_old: bool) -> None:
+        """No-grad passes at the start of the update (pi_old, pi_ref, critic values), then advantages.
+
+        With the KL in the reward, r_t gains -beta * KL_t (per token, before advantages)."""
+        algo = self.algo
+        n, width = batch.input_ids.shape
+        old = torch.zeros(n, width) if recompute_old else None
+        ref = torch.zeros(n, width) if self.uses_kl else None
+        values = torch.zeros(n, width) if self.critic is not None else None
         for rows in micro_batches(batch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens):
             mb = batch.select(rows)
-            logp, _ = self._logprobs(self.model, mb)
-            old[rows, : logp.shape[1]] = logp
-            _add_mismatch(stats, logp, mb)
-        return old
+            cols = mb.input_ids.shape[1]
+            if old is not None:
+                logp, _ = self._logprobs(self.model, mb)
+                old[rows, :cols] = logp
+                _add_mismatch(stats, logp, mb)
+            if ref is not None:
+                ref[rows, :cols] = self._logprobs(self.ref_model, mb)[0]
+            if values is not None:
+                values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
+        batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
+        token_rewards = None
+        if ref is not None and algo.kl.placement == "reward":
+            kl = self.kl_estimator(old, ref) * batch.loss_mask
+            token_rewards = -self.kl_ctl.value * kl
+            stats.add_tokens("kl_ref", kl, batch.loss_mask)
+        batch.advantages = self.advantage(
+            batch.rewards, batch.group_index, batch.loss_mask, values, algo,
+            token_rewards=token_rewards, baseline=batch.baseline,
+        ).to(torch.float32)
+        if values is not None:
+            token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)
+            _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, algo.gamma, algo.lam)
+            batch.returns = batch.returns.to(torch.float32)
 
-    def _optimizer_step(self, batch: Batch, rows: Tensor, old_logp: Tensor | None, stats: MetricSums) -> None:
-        minibatch = batch.select(rows)
+    def _optimizer_step(self, minibatch: Batch, stats: MetricSums, train_policy: bool) -> None:
         norm = AggNorm.of(minibatch.loss_mask, self.max_len_norm)
         self.optimizer.zero_grad(set_to_none=True)
-        lengths = minibatch.attention_mask.sum(-1)
+        if self.critic is not None:
+            self.critic.optimizer.zero_grad(set_to_none=True)
         total_loss = total_pg = 0.0
-        for micro_rows in micro_batches(lengths, self.cfg.train.micro_batch_tokens):
+        for micro_rows in micro_batches(minibatch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens):
             micro = minibatch.select(micro_rows)
-            micro_old = old_logp[rows][micro_rows, : micro.input_ids.shape[1]] if old_logp is not None else None
-            loss, pg_loss = self._micro_loss(micro, micro_old, norm, stats)
+            if self.critic is not None:
+                self._critic_backward(micro, AggNorm.of(minibatch.loss_mask), stats)
+            if not train_policy:
+                continue
+            loss, pg_loss = self._micro_loss(micro, norm, stats)
             total_loss, total_pg = total_loss + float(loss.detach()), total_pg + pg_loss
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
@@ -154,6 +218,12 @@ class Learner:
                     f"{_batch_summary(micro)}. Hint: lower train.lr and check the rewards for NaN/inf."
                 )
             loss.backward()
+        if self.critic is not None:
+            grad = torch.nn.utils.clip_grad_norm_(self.critic.model.parameters(), self.critic.cfg.grad_clip)
+            stats.add_scalar("critic/grad_norm", float(grad))
+            self.critic.optimizer.step()
+        if not train_policy:
+            return
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
         if not torch.isfinite(grad_norm):
             raise TrainingDiverged(
@@ -164,6 +234,20 @@ class Learner:
         stats.add_scalar("loss", total_loss)
         stats.add_scalar("pg_loss", total_pg)
         self.optimizer.step()
+
+    def _critic_backward(self, mb: Batch, norm: AggNorm, stats: MetricSums) -> None:
+        """Clipped value loss of this micro-batch (token mean over the mini-batch), backward into the critic."""
+        assert self.critic is not None and mb.values is not None and mb.returns is not None
+        values = self.critic.model(mb.input_ids, mb.attention_mask)
+        loss_t, metrics = clipped_value_loss(values, mb.values, mb.returns, self.algo.critic.value_clip)
+        loss = LOSS_AGG.get("token_mean")(loss_t, mb.loss_mask, norm)
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(f"step {self.step}: the value loss is {loss.item()} (non-finite)")
+        loss.backward()
+        stats.add_tokens("critic/value_loss", loss_t, mb.loss_mask)
+        stats.add_tokens("critic/values", values, mb.loss_mask)
+        for name, v in metrics.items():
+            stats.add_tokens(f"critic/{name}", v, mb.loss_mask)
 
     def _logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (and entropies) of ``mb`` under ``model``; each group's prompt computed
@@ -177,33 +261,35 @@ class Learner:
                 return out
         return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, entropy, entropy_grad=True)
 
-    def _micro_loss(
-        self, mb: Batch, old_logp: Tensor | None, norm: AggNorm, stats: MetricSums
-    ) -> tuple[Tensor, float]:
+    def _micro_loss(self, mb: Batch, norm: AggNorm, stats: MetricSums) -> tuple[Tensor, float]:
         """This micro-batch's share of the mini-batch loss (global denominators in ``norm``)."""
         algo = self.algo
         logp, entropy = self._logprobs(self.model, mb, entropy=True)
+        assert entropy is not None and mb.advantages is not None
         if algo.entropy_coef == 0:
             entropy = entropy.detach()
         mask = mb.loss_mask
+        old_logp = mb.old_logprobs
         if old_logp is None:  # single update per batch: pi_old is exactly the current policy
             old_logp = logp.detach()
-            _add_mismatch(stats, logp.detach(), mb)
+            _add_mismatch(stats, old_logp, mb)
+        is_weight, mismatch_metrics = mismatch_correction(
+            old_logp, mb.sampling_logprobs, mask, algo.mismatch.mode, algo.mismatch.cap
+        )
         pg, pg_metrics = self.policy_loss(logp, old_logp, mb.advantages, mask, algo)
-        pg_loss = self.aggregate(pg, mask, norm)
+        pg_loss = self.aggregate(pg * is_weight, mask, norm)
         loss = pg_loss
-        if self.ref_model is not None and algo.kl.coef > 0:
-            with torch.no_grad():
-                ref_logp, _ = self._logprobs(self.ref_model, mb)
-            kl = self.kl_estimator(logp, ref_logp)
-            loss = loss + algo.kl.coef * self.aggregate(kl, mask, norm)
+        if self.uses_kl and algo.kl.placement == "loss":
+            kl = self.kl_estimator(logp, mb.ref_logprobs)
+            loss = loss + self.kl_ctl.value * self.aggregate(kl, mask, norm)
             stats.add_tokens("kl_ref", kl, mask)
-        assert entropy is not None
         if algo.entropy_coef != 0:
             loss = loss - algo.entropy_coef * self.aggregate(entropy, mask, norm)
         stats.add_tokens("entropy", entropy, mask)
         for name, values in pg_metrics.items():
             stats.add_tokens(name, values, mask)
+        for name, values in mismatch_metrics.items():
+            stats.add_tokens(f"mismatch/{name}", values, mask)
         return loss, float(pg_loss.detach())
 
 

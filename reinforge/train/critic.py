@@ -1,0 +1,58 @@
+"""The critic of PPO: a separate value model, V(s_t) for every token position.
+
+Choice: a *separate* model (the policy architecture's trunk, initialised from the policy or from
+``algo.critic.path``, plus a zero-initialised linear head), not a value head on the policy's
+trunk. A shared trunk would save one forward/backward, but the value loss would then pull on
+the policy's representation (the two losses need a mixing weight that interacts with the
+learning rate), and the critic could not have its own optimizer settings or warm up while the
+policy is frozen. InstructGPT, verl and OpenRLHF make the same choice; the cost is a second
+trunk in memory and one more forward/backward per micro-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from reinforge.config import CriticConfig
+
+
+class ValueModel(nn.Module):
+    """values[:, t] = w . h_{t-1} + b: the value of the state in which token t is chosen (column 0 is 0),
+    aligned with the per-token log-probs of ``token_logprobs``."""
+
+    def __init__(self, causal_lm: nn.Module) -> None:
+        super().__init__()
+        self.trunk = causal_lm.base_model
+        self.config = causal_lm.config
+        self.head = nn.Linear(causal_lm.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        self.head.to(device=next(self.trunk.parameters()).device, dtype=next(self.trunk.parameters()).dtype)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        values = self.head(hidden[:, :-1]).squeeze(-1).float()
+        return torch.cat([values.new_zeros(values.shape[0], 1), values], dim=1)
+
+
+class Critic:
+    """The value model and its own optimizer (AdamW, constant learning rate)."""
+
+    def __init__(self, model: ValueModel, cfg: CriticConfig) -> None:
+        self.model = model.train()
+        self.cfg = cfg
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def build_critic(policy_path: str, cfg: CriticConfig, dtype: str, device: str) -> Critic:
+    from reinforge.train.model import load_model
+
+    return Critic(ValueModel(load_model(cfg.path or policy_path, dtype, device)), cfg)
