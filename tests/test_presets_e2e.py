@@ -1,8 +1,9 @@
 """One tiny training run per algorithm preset on the shipped model: the reward must improve.
 
 Each run: 40 steps of 16 prompts x 8 samples of 2-digit addition (about 10-20 s on 2 CPU cores).
-Training is deterministic on CPU for a fixed seed, so these are not flaky; the margins are about
-half of what the runs reach (recorded in docs/algorithms.md).
+Training is deterministic on CPU for a fixed seed, so these are not flaky; the runs reach +0.06 to
++0.15 held-out accuracy and +0.05 to +0.10 mean reward (docs/algorithms.md), the asserted margins
+are +0.03 and +0.02.
 """
 
 import pytest
@@ -34,8 +35,8 @@ def test_preset_improves_reward(tmp_path, preset):
     assert cfg.preset == preset
     first = sum(m["reward/mean"] for m in metrics[:10]) / 10
     last = sum(m["reward/mean"] for m in metrics[-10:]) / 10
-    assert last > first + 0.05, (preset, first, last)
-    assert result.heldout_after >= result.heldout_before + 0.04, (preset, result.heldout_before, result.heldout_after)
+    assert last > first + 0.02, (preset, first, last)
+    assert result.heldout_after >= result.heldout_before + 0.03, (preset, result.heldout_before, result.heldout_after)
     assert all(m["train/logprob_mismatch"] < 1e-3 for m in metrics if "train/logprob_mismatch" in m)
     if cfg.algo.kl.coef > 0:
         assert all("train/kl_ref" in m for m in metrics if "train/loss" in m)

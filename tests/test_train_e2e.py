@@ -29,10 +29,15 @@ class Killed(Exception):
     """Stands for the process being killed right after the step-3 checkpoint."""
 
 
-def test_resume_is_exact(tmp_path, monkeypatch):
+@pytest.mark.parametrize("algo", [
+    (),
+    # critic + its optimizer, adaptive KL controller, KL in the reward, dynamic sampling: all resumed exactly
+    ("preset=ppo", "algo.kl.target=0.001", "algo.dynamic_sampling=true", "algo.overlong_buffer=0.25"),
+], ids=["grpo", "ppo_adaptive_kl_dynamic"])
+def test_resume_is_exact(tmp_path, monkeypatch, algo):
     """6 steps straight == 3 steps, a kill, and a resume (cosine schedule, 2 epochs x 2 mini-batches)."""
-    common = ("train.steps=6", "eval.every=3", "checkpoint.every=3", "train.minibatches=2", "train.epochs=2",
-              "train.lr_schedule=cosine")
+    common = (*algo, "train.steps=6", "eval.every=3", "checkpoint.every=3", "train.minibatches=2",
+              "train.epochs=2", "train.lr_schedule=cosine")
     straight = train(_cfg(tmp_path, "straight", *common))
     save = _Loop.save
 
@@ -58,6 +63,8 @@ def test_resume_is_exact(tmp_path, monkeypatch):
         assert torch.equal(wa[k], wb[k]), k
     # the PPO machinery really ran: several updates, old log-probs recomputed, ratios moved
     assert a[-1]["train/updates"] == 4.0 and a[-1]["train/approx_kl_old"] > 0
+    if algo:
+        assert a[-1]["train/kl_coef"] != 0.01 and "train/critic/value_loss" in a[-1]
 
 
 def test_checkpoints_are_pruned_and_config_saved(tmp_path):
