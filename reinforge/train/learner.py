@@ -172,7 +172,8 @@ class Learner:
         old = torch.zeros(n, width) if recompute_old else None
         ref = torch.zeros(n, width) if self.uses_kl else None
         values = torch.zeros(n, width) if self.critic is not None else None
-        for rows in micro_batches(batch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens):
+        passes = old is not None or ref is not None or values is not None
+        for rows in micro_batches(batch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens) if passes else ():
             mb = batch.select(rows)
             cols = mb.input_ids.shape[1]
             if old is not None:
@@ -204,10 +205,11 @@ class Learner:
         if self.critic is not None:
             self.critic.optimizer.zero_grad(set_to_none=True)
         total_loss = total_pg = 0.0
+        value_norm = AggNorm.of(minibatch.loss_mask)
         for micro_rows in micro_batches(minibatch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens):
             micro = minibatch.select(micro_rows)
             if self.critic is not None:
-                self._critic_backward(micro, AggNorm.of(minibatch.loss_mask), stats)
+                self._critic_backward(micro, value_norm, stats)
             if not train_policy:
                 continue
             loss, pg_loss = self._micro_loss(micro, norm, stats)
