@@ -93,6 +93,37 @@ def eval_cmd(
 
 
 @app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="HF model directory, a run directory (latest checkpoint) or 'tiny-base'")],
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+    served_name: Annotated[str | None, typer.Option(help="model name clients send (default: --model)")] = None,
+    device: Annotated[str, typer.Option()] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
+    max_batch_sequences: Annotated[int, typer.Option(help="rows of one engine batch")] = 256,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """An OpenAI-compatible HTTP server over the rollout engine (/v1/models, /v1/completions, /v1/chat/completions)."""
+
+    def go() -> None:
+        from rich.console import Console
+
+        from reinforge.errors import ReinforgeError
+        from reinforge.serve.launch import build_server_app
+
+        try:
+            import uvicorn
+        except ImportError:
+            raise ReinforgeError("reinforge serve needs the serve extra: pip install 'reinforge[serve]'") from None
+        app_ = build_server_app(model, served_name, device, dtype, max_batch_sequences, seed)
+        name = app_.state.server.model_name
+        Console().print(f"serving [bold]{name}[/] at http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
+        uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+    _run_guarded(go)
+
+
+@app.command()
 def algos() -> None:
     """List the algorithm presets and every registered part with its formula and paper."""
     from rich.console import Console

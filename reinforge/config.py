@@ -70,6 +70,18 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 = off")
     stop: list[str] = Field(default_factory=list, description="stop strings (the stop string is kept)")
+    engine: Literal["torch", "openai"] = Field(
+        "torch", description="'torch': the in-process engine; 'openai': any OpenAI-compatible server at server_url"
+    )
+    server_url: str | None = Field(None, description="base URL of the server for engine=openai, e.g. http://host:8000/v1")
+    server_model: str | None = Field(None, description="model name the server expects (default: model.path)")
+    sync_weights: bool = Field(True, description="engine=openai: push new weights to the server after each update")
+
+    @model_validator(mode="after")
+    def _openai_needs_url(self) -> RolloutConfig:
+        if self.engine == "openai" and not self.server_url:
+            raise ValueError("rollout.engine=openai needs rollout.server_url (e.g. http://127.0.0.1:8000/v1)")
+        return self
 
 
 class KLConfig(_Strict):

@@ -16,6 +16,7 @@ from reinforge.data.sources import build_task_splits
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import SingleTurnEnv
 from reinforge.rewards.verifiers import VERIFIERS, Verifier
+from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
 from reinforge.train.critic import build_critic
@@ -28,7 +29,7 @@ class Components:
     cfg: RunConfig
     tokenizer: object
     learner: Learner
-    engine: TorchRolloutEngine
+    engine: TorchRolloutEngine | OpenAIRolloutEngine
     splits: TaskSplits
     sampler: TaskSampler
     verifier: Verifier
@@ -48,6 +49,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer) -> TorchRolloutEngine | OpenAIRolloutEngine:
+    """The rollout engine: in process (a copy of the policy), or a server driven over HTTP whose
+    weights are set to the policy's before the first rollout."""
+    r = cfg.rollout
+    if r.engine == "openai":
+        assert r.server_url is not None
+        engine = OpenAIRolloutEngine(r.server_url, r.server_model or cfg.model.path, tokenizer, seed=cfg.seed,
+                                     sync_weights=r.sync_weights)
+        engine.update_weights(policy, 0)
+        return engine
+    return TorchRolloutEngine(copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
+
+
 def build_components(cfg: RunConfig) -> Components:
     seed_everything(cfg.seed)
     splits = build_task_splits(cfg.task)  # fail on bad data before loading any model
@@ -58,7 +72,7 @@ def build_components(cfg: RunConfig) -> Components:
         build_critic(cfg.model.path, cfg.algo.critic, cfg.model.dtype, cfg.model.device)
         if cfg.algo.advantage == "gae" else None
     )
-    engine = TorchRolloutEngine(copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
+    engine = build_engine(cfg, policy, tokenizer)
     verifier = VERIFIERS.get(cfg.task.verifier)
     system_prompt = cfg.task.system_prompt
     return Components(

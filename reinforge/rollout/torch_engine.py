@@ -7,7 +7,7 @@ attention mask, so every row sees exactly the positions it would see alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -16,6 +16,11 @@ from reinforge.rollout.lean_llama import LeanLlama
 from reinforge.rollout.lean_llama import supports as lean_supports
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+
+StepCallback = Callable[[int, int, Tensor, Tensor, Tensor, Tensor], None]
+"""``on_step(row_offset, t, logits, tokens, logprobs, active)`` after every decode step: rows
+``row_offset + i`` of ``generate``'s output order sampled ``tokens[i]`` (log-prob ``logprobs[i]``) at
+step ``t`` from ``logits[i]``; ``active[i]`` is False for rows that had already finished."""
 
 
 class TorchRolloutEngine:
@@ -56,16 +61,32 @@ class TorchRolloutEngine:
         self.version = version
 
     # ------------------------------------------------------------------ generation
-    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Generation]:
-        """``params.n`` completions for every request, in request order (sample index fastest)."""
+    def generate(
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        on_step: StepCallback | None = None,
+    ) -> list[Generation]:
+        """``params.n`` completions for every request, in request order (sample index fastest).
+
+        ``generator`` replaces the engine's own (e.g. a per-request seed); ``on_step`` sees every
+        decode step (streaming, top log-probs)."""
         per_chunk = max(1, self.max_batch_sequences // params.n)
         out: list[Generation] = []
         for start in range(0, len(requests), per_chunk):
-            out.extend(self._generate_chunk(requests[start : start + per_chunk], params))
+            out.extend(self._generate_chunk(requests[start : start + per_chunk], params, generator, on_step, len(out)))
         return out
 
     @torch.no_grad()
-    def _generate_chunk(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Generation]:
+    def _generate_chunk(
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        on_step: StepCallback | None = None,
+        row_offset: int = 0,
+    ) -> list[Generation]:
         """Sample ``params.n`` completions per request; each prompt is prefilled once and its cache shared."""
         chunk = [(req, i) for req in requests for i in range(params.n)]
         unique_ids, unique_attention = _left_pad([req.prompt_ids for req in requests], self.pad_id, self.device)
@@ -85,10 +106,12 @@ class TorchRolloutEngine:
         steps_done = 0
         for t in range(params.max_new_tokens):
             tok, lp = sample_tokens(
-                logits, params.temperature, params.top_k, params.top_p, params.greedy, self.generator
+                logits, params.temperature, params.top_k, params.top_p, params.greedy, generator or self.generator
             )
             tok = torch.where(finished, self.pad_id, tok)
             tokens[:, t], logprobs[:, t] = tok, torch.where(finished, 0.0, lp)
+            if on_step is not None:
+                on_step(row_offset, t, logits, tok, lp, ~finished)
             newly_done = ~finished & torch.isin(tok, eos)
             if params.stop:
                 newly_done |= ~finished & self._hits_stop(tokens[:, : t + 1], params.stop)

@@ -1,0 +1,128 @@
+"""Rollouts through any OpenAI-compatible server (``reinforge serve``, vLLM, SGLang).
+
+One ``/v1/completions`` request per chunk of prompts, prompts sent as token ids (no
+re-tokenisation), ``n`` samples each, ``logprobs=0`` for the sampled tokens' log-probabilities.
+The completion token ids come from the ``return_token_ids`` extension where the server has it
+(reinforge, recent vLLM); otherwise the text is re-tokenised, which is not token-exact, and the
+engine says so once. Each request carries a seed drawn from ``generator``, so a run is
+reproducible (and resumable exactly) when the server honours seeds.
+
+Weights: ``update_weights`` posts the learner's weights (safetensors) to ``/reinforge/weights``,
+which a reinforge server applies between generations; with ``sync_weights=False`` (a server
+whose weights are managed elsewhere) it only bumps the policy version.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import Tensor, nn
+
+from reinforge.errors import ReinforgeError
+from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+
+
+class OpenAIRolloutEngine:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer,
+        api_key: str = "EMPTY",
+        seed: int = 0,
+        prompts_per_request: int = 64,
+        concurrency: int = 4,
+        timeout_s: float = 600.0,
+        sync_weights: bool = True,
+    ) -> None:
+        try:
+            import openai
+        except ImportError:
+            raise ReinforgeError("rollout.engine=openai needs the openai package: pip install 'reinforge[serve]'") \
+                from None
+        self.base_url = base_url.rstrip("/")
+        self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=timeout_s, max_retries=2)
+        self.model_name = model
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.generator = torch.Generator().manual_seed(seed)
+        self.prompts_per_request = prompts_per_request
+        self.concurrency = concurrency
+        self.sync_weights = sync_weights
+        self.version = 0
+        self._warned_retokenise = False
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        if self.sync_weights:
+            import httpx
+            from safetensors.torch import save
+
+            tensors = {k: v.detach().contiguous().cpu() for k, v in
+                       (state.named_parameters() if isinstance(state, nn.Module) else state.items())}
+            root = self.base_url.removesuffix("/v1")
+            try:
+                r = httpx.post(f"{root}/reinforge/weights", params={"version": version}, content=save(tensors),
+                               timeout=self.client.timeout)
+            except httpx.HTTPError as e:
+                raise ReinforgeError(f"weight update to {root} failed: {e}") from None
+            if r.status_code != 200:
+                raise ReinforgeError(f"weight update to {root} failed ({r.status_code}): {r.text[:300]}. "
+                                     "Only a reinforge server takes weights; set rollout.sync_weights=false "
+                                     "for a server whose weights are managed elsewhere.")
+        self.version = version
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Generation]:
+        """``params.n`` completions for every request, in request order (sample index fastest)."""
+        chunks = [requests[i : i + self.prompts_per_request] for i in range(0, len(requests), self.prompts_per_request)]
+        seeds = torch.randint(0, 2**31 - 1, (len(chunks),), generator=self.generator).tolist()
+        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(chunks)))) as pool:
+            results = list(pool.map(lambda a: self._request(*a, params), zip(chunks, seeds, strict=True)))
+        return [g for chunk in results for g in chunk]
+
+    def _request(self, chunk: list[GenerationRequest], seed: int, params: SamplingParams) -> list[Generation]:
+        import openai
+
+        try:
+            response = self.client.completions.create(
+                model=self.model_name, prompt=[r.prompt_ids for r in chunk], n=params.n,
+                max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
+                top_p=params.top_p, stop=list(params.stop) or None, logprobs=0, seed=seed,
+                extra_body={"return_token_ids": True, **({"top_k": params.top_k} if params.top_k else {})},
+            )
+        except openai.OpenAIError as e:
+            raise ReinforgeError(f"rollout request to {self.base_url} failed: {e}") from None
+        choices = sorted(response.choices, key=lambda c: c.index)
+        if len(choices) != len(chunk) * params.n:
+            raise ReinforgeError(f"{self.base_url} returned {len(choices)} choices for {len(chunk)} prompts x "
+                                 f"n={params.n}")
+        out = []
+        for i, choice in enumerate(choices):
+            req = chunk[i // params.n]
+            extra = choice.model_extra or {}
+            token_ids = extra.get("token_ids")
+            text = choice.text
+            if token_ids is None:
+                token_ids = self._retokenise(choice.text)
+            else:  # the text the tokens make, stop sequence included (as the torch engine returns it)
+                text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            logprobs = list(choice.logprobs.token_logprobs) if choice.logprobs else [0.0] * len(token_ids)
+            if len(logprobs) != len(token_ids):
+                raise ReinforgeError(f"{self.base_url}: {len(logprobs)} log-probs for {len(token_ids)} tokens")
+            out.append(Generation(
+                request_id=req.request_id, prompt_ids=req.prompt_ids, token_ids=list(token_ids), logprobs=logprobs,
+                finish_reason="stop" if choice.finish_reason == "stop" else "length", version=self.version,
+                text=text, sample_index=i % params.n,
+            ))
+        return out
+
+    def _retokenise(self, text: str) -> list[int]:
+        if not self._warned_retokenise:
+            warnings.warn(f"{self.base_url} does not return token ids: completions are re-tokenised from text, "
+                          "which may not match the sampled tokens", stacklevel=3)
+            self._warned_retokenise = True
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,1 @@
+"""OpenAI-compatible serving of the rollout engine: ``reinforge serve --model PATH``."""

@@ -1,0 +1,294 @@
+"""An OpenAI-compatible HTTP server over the rollout engine (FastAPI).
+
+Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with
+``n``, ``stop``, ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``seed``,
+``logprobs``, streaming), plus ``GET /reinforge/info`` and ``POST /reinforge/weights`` (new weights
+as a safetensors body, ``?version=N``) for a trainer that drives rollouts through this server.
+
+Stop sequences end the completion and are not part of the returned text (OpenAI semantics); the
+``token_ids`` extension returns every sampled token, so they include the stop sequence's tokens.
+Log-probabilities are those of the sampling distribution softmax(z / T) before top-p/top-k.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from reinforge.rollout.torch_engine import TorchRolloutEngine
+from reinforge.rollout.types import Generation, SamplingParams
+from reinforge.serve.schema import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
+from reinforge.serve.worker import EngineWorker, Job, TokenEvent
+
+DEFAULT_COMPLETION_TOKENS = 16
+
+
+def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int = 256) -> FastAPI:
+    server = _Server(engine, model_name, max_batch_sequences)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        server.worker.close()
+
+    app = FastAPI(title="reinforge OpenAI-compatible server", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+        message = first["msg"].removeprefix("Value error, ")
+        return JSONResponse(APIError(400, f"{param}: {message}" if param else message, param).body(), 400)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(APIError(500, f"{type(e).__name__}: {e}", type_="server_error").body(), 500)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": server.created, "owned_by": "reinforge"}
+        ]}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> Any:
+        return await server.completions(req)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(req: ChatCompletionRequest) -> Any:
+        return await server.chat(req)
+
+    @app.get("/reinforge/info")
+    async def info() -> dict[str, Any]:
+        return {"model": model_name, "policy_version": engine.version, "batches_run": server.worker.batches_run,
+                "max_position_embeddings": server.max_positions}
+
+    @app.post("/reinforge/weights")
+    async def weights(request: Request, version: int) -> dict[str, Any]:
+        from safetensors.torch import load
+
+        try:
+            state = load(await request.body())
+        except Exception as e:
+            raise APIError(400, f"body: not a safetensors payload ({e})", param="body") from None
+        missing = [n for n, _ in engine.model.named_parameters() if n not in state]
+        if missing:
+            raise APIError(400, f"body: missing parameters, e.g. {missing[:3]}", param="body")
+        await asyncio.wrap_future(server.worker.update_weights(state, version))
+        return {"policy_version": version}
+
+    return app
+
+
+class _Server:
+    def __init__(self, engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int) -> None:
+        self.engine, self.model_name, self.tokenizer = engine, model_name, engine.tokenizer
+        self.worker = EngineWorker(engine, max_batch_sequences)
+        self.created = int(time.time())
+        self.max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
+
+    # ------------------------------------------------------------------ requests -> jobs
+    def _params(self, req: _Sampling, prompts: list[list[int]], default_tokens: int | None) -> SamplingParams:
+        if req.model != self.model_name:
+            raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+        longest = max(len(p) for p in prompts)
+        room = self.max_positions - longest
+        max_tokens = req.max_completion_tokens or req.max_tokens or default_tokens or room
+        if room < 1 or longest + max_tokens > self.max_positions:
+            raise APIError(400, f"max_tokens: the prompt ({longest} tokens) plus max_tokens ({max_tokens}) exceeds "
+                                f"the model's context of {self.max_positions} tokens", param="max_tokens")
+        vocab = len(self.tokenizer)
+        if any(not 0 <= t < vocab for p in prompts for t in p):
+            raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
+        return SamplingParams(
+            max_new_tokens=max_tokens, temperature=req.temperature or 1.0, top_p=req.top_p, top_k=req.top_k,
+            n=req.n, greedy=req.temperature == 0, stop=req.stop_list(),
+        )
+
+    def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        if isinstance(p, str):
+            p = [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # one prompt given as token ids
+        prompts = []
+        for x in p:
+            ids = list(x) if isinstance(x, list) else list(self.tokenizer(x, add_special_tokens=True)["input_ids"])
+            if not ids:
+                raise APIError(400, "prompt: a prompt must have at least one token", param="prompt")
+            prompts.append(ids)
+        return prompts
+
+    def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        if req.prompt_token_ids is not None:
+            if not req.prompt_token_ids:
+                raise APIError(400, "prompt_token_ids: must not be empty", param="prompt_token_ids")
+            return list(req.prompt_token_ids)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise APIError(400, "messages: this model's tokenizer has no chat template; use /v1/completions",
+                           param="messages")
+        messages = [m.model_dump(exclude_none=True) for m in req.messages or []]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=req.tools, tokenize=False, add_generation_prompt=True,
+                **(req.chat_template_kwargs or {}),
+            )
+        except Exception as e:
+            raise APIError(400, f"messages: the chat template failed: {e}", param="messages") from None
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # ------------------------------------------------------------------ endpoints
+    async def completions(self, req: CompletionRequest) -> Any:
+        prompts = self._completion_prompts(req)
+        params = self._params(req, prompts, DEFAULT_COMPLETION_TOKENS)
+        job = Job(prompts, params, req.seed, top_logprobs=req.logprobs or 0)
+        meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_name}
+        if req.stream:
+            return _sse(self._stream(job, req, meta, chat=False))
+        gens, tops = await asyncio.wrap_future(self.worker.submit(job))
+        choices = []
+        for i, (g, top) in enumerate(zip(gens, tops, strict=True)):
+            text = _strip_stop(g.text, params.stop) if g.finish_reason == "stop" else g.text
+            choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": g.finish_reason,
+                                      "logprobs": self._completion_logprobs(g, top) if req.logprobs is not None else None}
+            if req.return_token_ids:
+                choice.update(prompt_token_ids=g.prompt_ids, token_ids=g.token_ids)
+            choices.append(choice)
+        return {**meta, "object": "text_completion", "choices": choices, "usage": _usage(prompts, gens)}
+
+    async def chat(self, req: ChatCompletionRequest) -> Any:
+        prompt = self._chat_prompt(req)
+        params = self._params(req, [prompt], None)
+        job = Job([prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
+        meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_name}
+        if req.stream:
+            return _sse(self._stream(job, req, meta, chat=True))
+        gens, tops = await asyncio.wrap_future(self.worker.submit(job))
+        choices = []
+        for i, (g, top) in enumerate(zip(gens, tops, strict=True)):
+            text = _strip_stop(g.text, params.stop) if g.finish_reason == "stop" else g.text
+            choice: dict[str, Any] = {
+                "index": i, "message": {"role": "assistant", "content": text}, "finish_reason": g.finish_reason,
+                "logprobs": {"content": self._chat_logprobs(g.token_ids, g.logprobs, top)} if req.logprobs else None,
+            }
+            if req.return_token_ids:
+                choice.update(prompt_token_ids=g.prompt_ids, token_ids=g.token_ids)
+            choices.append(choice)
+        return {**meta, "object": "chat.completion", "choices": choices, "usage": _usage([prompt], gens)}
+
+    # ------------------------------------------------------------------ streaming
+    async def _stream(self, job: Job, req: _Sampling, meta: dict[str, Any], chat: bool) -> AsyncIterator[dict]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        job.on_token = lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
+        future = asyncio.wrap_future(self.worker.submit(job))
+        future.add_done_callback(lambda _: events.put_nowait(None))
+        rows = job.rows
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        pending: list[list[TokenEvent]] = [[] for _ in range(rows)]
+        emitted = [0] * rows
+        hold = max((len(s) for s in job.params.stop), default=1) - 1
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        want_logprobs = bool(getattr(req, "logprobs", None) is not None and getattr(req, "logprobs", None) is not False)
+        if chat:
+            for r in range(rows):
+                yield {**meta, "object": obj, "choices": [
+                    {"index": r, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        while (ev := await events.get()) is not None:
+            row = ev[0]
+            tokens[row].append(ev[1])
+            pending[row].append(ev)
+            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
+            safe = len(text) - hold
+            if safe > emitted[row]:
+                yield self._chunk(meta, obj, row, text[emitted[row]:safe], None, pending[row], want_logprobs, chat)
+                emitted[row], pending[row] = safe, []
+        try:
+            gens, _ = future.result()
+        except Exception as e:
+            yield APIError(500, f"{type(e).__name__}: {e}", type_="server_error").body()
+            return
+        for row, g in enumerate(gens):
+            final = _strip_stop(g.text, job.params.stop) if g.finish_reason == "stop" else g.text
+            yield self._chunk(meta, obj, row, final[emitted[row]:], g.finish_reason, pending[row], want_logprobs, chat)
+        if req.include_usage:
+            yield {**meta, "object": obj, "choices": [], "usage": _usage(job.prompts, gens)}
+
+    def _chunk(self, meta: dict, obj: str, row: int, text: str, finish: str | None, events: list[TokenEvent],
+               want_logprobs: bool, chat: bool) -> dict[str, Any]:
+        logprobs = None
+        if want_logprobs:
+            ids, lps, tops = [e[1] for e in events], [e[2] for e in events], [e[3] for e in events]
+            if chat:
+                logprobs = {"content": self._chat_logprobs(ids, lps, tops)}
+            else:
+                logprobs = self._completion_logprobs_raw(ids, lps, tops)
+        if chat:
+            return {**meta, "object": obj, "choices": [
+                {"index": row, "delta": {"content": text} if text else {}, "logprobs": logprobs,
+                 "finish_reason": finish}]}
+        return {**meta, "object": obj, "choices": [
+            {"index": row, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+
+    # ------------------------------------------------------------------ log-probs
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _completion_logprobs(self, g: Generation, top: list) -> dict[str, Any]:
+        return self._completion_logprobs_raw(g.token_ids, g.logprobs, top)
+
+    def _completion_logprobs_raw(self, ids: list[int], lps: list[float], top: list) -> dict[str, Any]:
+        texts = [self._token_text(t) for t in ids]
+        offsets, pos = [], 0
+        for t in texts:
+            offsets.append(pos)
+            pos += len(t)
+        top_dicts = [{self._token_text(a): lp for a, lp in alts} for alts in top] if top else [{} for _ in ids]
+        return {"tokens": texts, "token_logprobs": lps, "top_logprobs": top_dicts, "text_offset": offsets}
+
+    def _chat_logprobs(self, ids: list[int], lps: list[float], top: list) -> list[dict[str, Any]]:
+        out = []
+        for i, (t, lp) in enumerate(zip(ids, lps, strict=True)):
+            s = self._token_text(t)
+            alts = top[i] if i < len(top) else []
+            out.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": [
+                {"token": self._token_text(a), "logprob": alp, "bytes": list(self._token_text(a).encode())}
+                for a, alp in alts]})
+        return out
+
+
+def _strip_stop(text: str, stops: tuple[str, ...]) -> str:
+    """The completion up to (not including) the first stop sequence."""
+    cut = min((i for s in stops if (i := text.find(s)) >= 0), default=len(text))
+    return text[:cut]
+
+
+def _usage(prompts: list[list[int]], gens: list[Generation]) -> dict[str, int]:
+    prompt_tokens = sum(len(p) for p in prompts)
+    completion_tokens = sum(len(g.token_ids) for g in gens)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")

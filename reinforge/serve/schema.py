@@ -1,0 +1,118 @@
+"""Request bodies of the OpenAI-compatible API (the subset we serve) and its error body.
+
+Unknown fields are ignored, as OpenAI-compatible servers do; fields we know but cannot honour
+(penalties, ``echo``, ``best_of`` > n, ``logit_bias``) are rejected with a 400 naming the field
+rather than silently ignored. Extensions (not in OpenAI's API): ``return_token_ids`` returns the
+prompt and completion token ids of every choice; a completion ``prompt`` may be token ids (as in
+OpenAI's API), and a chat request may give ``prompt_token_ids`` instead of ``messages``, so a
+multi-turn trainer never re-tokenises (token-in/token-out).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_TOP_LOGPROBS = 20
+
+
+class APIError(Exception):
+    """An error returned to the client as an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="extension (vLLM, SGLang): 0 = off")
+    n: int = Field(1, ge=1, le=128)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    return_token_ids: bool = False
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> _Sampling:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name}: not supported by this server (must be 0)")
+        if self.logit_bias:
+            raise ValueError("logit_bias: not supported by this server")
+        if isinstance(self.stop, list) and len(self.stop) > 4:
+            raise ValueError("stop: at most 4 stop sequences")
+        return self
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(s == "" for s in stops):
+            raise APIError(400, "stop: stop sequences must not be empty", param="stop")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _completion_unsupported(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo: not supported by this server")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of: not supported by this server (omit it or set it equal to n)")
+        if self.suffix:
+            raise ValueError("suffix: not supported by this server")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt: must not be empty")
+        return self
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] | None = None
+    prompt_token_ids: list[int] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> ChatCompletionRequest:
+        if (self.messages is None) == (self.prompt_token_ids is None):
+            raise ValueError("give exactly one of messages or prompt_token_ids")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages: must not be empty")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs=true")
+        return self
