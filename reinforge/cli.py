@@ -1,4 +1,4 @@
-"""`reinforge train | eval | algos`: one entry point. Heavy modules are imported inside commands."""
+"""`reinforge train | eval | compare | serve | algos`: one entry point. Heavy modules are imported inside commands."""
 
 from __future__ import annotations
 
@@ -88,6 +88,32 @@ def eval_cmd(
         result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed)
         if out is not None:
             out.write_text(json.dumps(result, indent=2) + "\n")
+
+    _run_guarded(go)
+
+
+@app.command()
+def compare(
+    runs: Annotated[list[str], typer.Argument(help="run directories (or directories of runs), or NAME=dir1,dir2 groups")],
+    metric: Annotated[str, typer.Option(help="metric(s) to compare, comma-separated (each one a task)")] =
+        "eval/heldout_acc",
+    group_by: Annotated[str | None, typer.Option(help="config key grouping runs into algorithms (default: preset)")] =
+        None,
+    last_k: Annotated[int, typer.Option(help="a run's score: mean of the metric's last K values")] = 1,
+    out: Annotated[Path | None, typer.Option(help="write compare.json and performance_profile.png here")] = None,
+    sequential: Annotated[bool, typer.Option(help="AdaStop-style sequential test between two groups")] = False,
+    n_per_batch: Annotated[int, typer.Option(help="seeds per batch of the sequential test")] = 5,
+    max_batches: Annotated[int | None, typer.Option(help="looks of the sequential test (default: all seeds)")] = None,
+    alpha: Annotated[float, typer.Option(help="family-wise error rate")] = 0.05,
+) -> None:
+    """Compare runs over seeds: mean, median, IQM with stratified bootstrap CIs, probability of improvement,
+    performance profiles (Agarwal et al. 2021); optionally a sequential test (AdaStop)."""
+
+    def go() -> None:
+        from reinforge.eval.compare import run_compare
+
+        typer.echo(run_compare(runs, metric, group_by, last_k, str(out) if out else None, sequential, n_per_batch,
+                               alpha, max_batches=max_batches))
 
     _run_guarded(go)
 

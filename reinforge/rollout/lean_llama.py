@@ -56,6 +56,27 @@ class KVCache:
         self.v = self.v.repeat_interleave(repeats, dim=1)
 
 
+class SlotCache:
+    """Keys and values of a fixed number of slots: [layers, slots, kv_heads, max_len, head_dim] each.
+
+    Each slot holds one sequence from cache index 0, so a token's cache index is its position.
+    """
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, like: Tensor) -> None:
+        shape = (layers, slots, kv_heads, max_len, head_dim)
+        self.k = like.new_zeros(shape)
+        self.v = like.new_zeros(shape)
+
+    @property
+    def slots(self) -> int:
+        return self.k.shape[1]
+
+    def keep(self, slots: Tensor) -> None:
+        """Keep only ``slots`` (in that order): one copy that shrinks every later decode step."""
+        self.k = self.k.index_select(1, slots)
+        self.v = self.v.index_select(1, slots)
+
+
 class LeanLlama:
     """Inference-only forward over an HF Llama/Qwen2 model's weights (fused copies refreshed by ``sync``)."""
 
@@ -100,6 +121,9 @@ class LeanLlama:
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return KVCache(self.n_layers, batch, self.n_kv, max_len, self.head_dim, self.embed)
 
+    def new_slot_cache(self, slots: int, max_len: int) -> SlotCache:
+        return SlotCache(self.n_layers, slots, self.n_kv, max_len, self.head_dim, self.embed)
+
     def _rms(self, x: Tensor, w: Tensor) -> Tensor:
         xf = x.float()
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
@@ -137,3 +161,59 @@ class LeanLlama:
             x = x + F.linear(F.silu(gate) * up, w["w_down"])
         cache.length = end
         return F.linear(self._rms(x[:, -1], self.norm), self.lm_head)
+
+    @torch.no_grad()
+    def prefill_slots(self, ids: Tensor, lengths: Tensor, cache: SlotCache, slots: Tensor, source: Tensor) -> Tensor:
+        """Run right-padded prompts ``ids`` [U, P] (``lengths`` [U]) and copy prompt ``source[j]``'s keys
+        and values into slot ``slots[j]`` (one prompt may fill several slots: shared-prefix sampling).
+
+        Returns the logits after each prompt's last token, [U, vocab].
+        """
+        u, t = ids.shape
+        x = F.embedding(ids, self.embed)
+        positions = torch.arange(t, device=ids.device).expand(u, t)
+        cos, sin = rotary_cos_sin(self.inv_freq, self.rope_scale, positions, x.dtype)
+        key_ok = positions < lengths[:, None]
+        causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
+        mask = (key_ok[:, None, None, :] & causal) | torch.eye(t, dtype=torch.bool, device=ids.device)
+        hq, hk, d = self.n_heads, self.n_kv, self.head_dim
+        for i, w in enumerate(self.layers):
+            h = self._rms(x, w["ln1"])
+            q, k, v = F.linear(h, w["wqkv"], w["bqkv"]).split([hq * d, hk * d, hk * d], dim=-1)
+            q = apply_rotary(q.view(u, t, hq, d).transpose(1, 2), cos, sin)
+            k = apply_rotary(k.view(u, t, hk, d).transpose(1, 2), cos, sin)
+            v = v.view(u, t, hk, d).transpose(1, 2)
+            cache.k[i, slots, :, :t] = k[source]
+            cache.v[i, slots, :, :t] = v[source]
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hk)
+            x = x + F.linear(att.transpose(1, 2).reshape(u, t, hq * d), w["wo"], w["bo"])
+            gate, up = F.linear(self._rms(x, w["ln2"]), w["w_gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w["w_down"])
+        last = x[torch.arange(u, device=ids.device), lengths - 1]
+        return F.linear(self._rms(last, self.norm), self.lm_head)
+
+    @torch.no_grad()
+    def decode_slots(self, ids: Tensor, positions: Tensor, cache: SlotCache) -> Tensor:
+        """One token per slot: ``ids`` [S] at ``positions`` [S] (= the slot's current length); writes its
+        keys/values at that position and attends to positions <= it. Returns logits [S, vocab]."""
+        n = ids.shape[0]
+        width = int(positions.max()) + 1
+        x = F.embedding(ids[:, None], self.embed)
+        cos, sin = rotary_cos_sin(self.inv_freq, self.rope_scale, positions[:, None], x.dtype)
+        mask = (torch.arange(width, device=ids.device) <= positions[:, None])[:, None, None, :]
+        rows = torch.arange(n, device=ids.device)
+        hq, hk, d = self.n_heads, self.n_kv, self.head_dim
+        for i, w in enumerate(self.layers):
+            h = self._rms(x, w["ln1"])
+            q, k, v = F.linear(h, w["wqkv"], w["bqkv"]).split([hq * d, hk * d, hk * d], dim=-1)
+            q = apply_rotary(q.view(n, 1, hq, d).transpose(1, 2), cos, sin)
+            k = apply_rotary(k.view(n, 1, hk, d).transpose(1, 2), cos, sin)
+            cache.k[i, rows, :, positions] = k[:, :, 0]
+            cache.v[i, rows, :, positions] = v.view(n, hk, d)
+            att = F.scaled_dot_product_attention(
+                q, cache.k[i, :, :, :width], cache.v[i, :, :, :width], attn_mask=mask, enable_gqa=hq != hk
+            )
+            x = x + F.linear(att.transpose(1, 2).reshape(n, 1, hq * d), w["wo"], w["bo"])
+            gate, up = F.linear(self._rms(x, w["ln2"]), w["w_gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w["w_down"])
+        return F.linear(self._rms(x[:, 0], self.norm), self.lm_head)

@@ -17,10 +17,9 @@ from reinforge.rollout.lean_llama import supports as lean_supports
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 
-StepCallback = Callable[[int, int, Tensor, Tensor, Tensor, Tensor], None]
-"""``on_step(row_offset, t, logits, tokens, logprobs, active)`` after every decode step: rows
-``row_offset + i`` of ``generate``'s output order sampled ``tokens[i]`` (log-prob ``logprobs[i]``) at
-step ``t`` from ``logits[i]``; ``active[i]`` is False for rows that had already finished."""
+StepCallback = Callable[[Tensor, Tensor, Tensor, Tensor], None]
+"""``on_step(rows, logits, tokens, logprobs)`` after every decode step: output row ``rows[i]`` (in
+``generate``'s order) sampled ``tokens[i]`` with log-prob ``logprobs[i]`` from ``logits[i]``."""
 
 
 class TorchRolloutEngine:
@@ -38,6 +37,7 @@ class TorchRolloutEngine:
         seed: int = 0,
         max_batch_sequences: int = 512,
         use_lean_forward: bool = True,
+        continuous: bool = True,
     ) -> None:
         self.model = model.to(device).eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -48,6 +48,7 @@ class TorchRolloutEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
         self.lean = LeanLlama(self.model) if use_lean_forward and lean_supports(self.model) else None
+        self.continuous = continuous
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -72,6 +73,8 @@ class TorchRolloutEngine:
 
         ``generator`` replaces the engine's own (e.g. a per-request seed); ``on_step`` sees every
         decode step (streaming, top log-probs)."""
+        if self.lean is not None and self.continuous:
+            return self._generate_continuous(requests, params, generator or self.generator, on_step)
         per_chunk = max(1, self.max_batch_sequences // params.n)
         out: list[Generation] = []
         for start in range(0, len(requests), per_chunk):
@@ -111,7 +114,8 @@ class TorchRolloutEngine:
             tok = torch.where(finished, self.pad_id, tok)
             tokens[:, t], logprobs[:, t] = tok, torch.where(finished, 0.0, lp)
             if on_step is not None:
-                on_step(row_offset, t, logits, tok, lp, ~finished)
+                live = (~finished).nonzero().squeeze(-1)
+                on_step(live + row_offset, logits[live], tok[live], lp[live])
             newly_done = ~finished & torch.isin(tok, eos)
             if params.stop:
                 newly_done |= ~finished & self._hits_stop(tokens[:, : t + 1], params.stop)
@@ -124,6 +128,96 @@ class TorchRolloutEngine:
             logits = decoder.step(tok[:, None], attention, next_pos)
             next_pos = next_pos + 1
         return self._collect(chunk, tokens[:, :steps_done], logprobs[:, :steps_done], lengths, finished)
+
+    @torch.no_grad()
+    def _generate_continuous(
+        self, requests: list[GenerationRequest], params: SamplingParams, generator: torch.Generator,
+        on_step: StepCallback | None,
+    ) -> list[Generation]:
+        """Continuous batching over ``max_batch_sequences`` slots (lean forward only).
+
+        The requests wait in a queue; a request is admitted when ``params.n`` slots are free: its
+        prompt is prefilled once and its keys/values copied into its n slots. Every decode step
+        runs one forward over the slots; a sequence that finishes frees its slot at once and a
+        waiting request takes it at the next step. When nothing waits and at most half of the
+        slots are busy, the cache is compacted to the busy slots, so the long tail of a batch
+        costs only what is still generating.
+        """
+        n, max_new, dev = params.n, params.max_new_tokens, self.device
+        if n > self.max_batch_sequences:
+            raise ValueError(f"n={n} samples per prompt exceed max_batch_sequences={self.max_batch_sequences}")
+        if any(not r.prompt_ids for r in requests):
+            raise ValueError("empty prompt: a prompt needs at least one token (e.g. BOS)")
+        rows = len(requests) * n
+        n_slots = min(rows, self.max_batch_sequences // n * n)
+        cache = self.lean.new_slot_cache(n_slots, max(len(r.prompt_ids) for r in requests) + max_new)
+        eos = torch.tensor(sorted(self.eos_ids), device=dev)
+        out_tok = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=dev)
+        out_lp = torch.zeros(rows, max_new, device=dev)
+        out_len = torch.full((rows,), max_new, dtype=torch.long, device=dev)
+        out_stop = torch.zeros(rows, dtype=torch.bool, device=dev)
+        slot_row = torch.full((n_slots,), -1, dtype=torch.long, device=dev)  # output row held by each slot
+        slot_pos = torch.zeros(n_slots, dtype=torch.long, device=dev)  # its next position (= cache length)
+        slot_step = torch.zeros(n_slots, dtype=torch.long, device=dev)  # tokens generated so far
+        logits = torch.zeros(n_slots, self.lean.embed.shape[0], device=dev)
+        next_request = 0
+        while True:
+            # admit waiting requests into free slots (prefill once per prompt, n slots each)
+            free = (slot_row < 0).nonzero().squeeze(-1)
+            admit = min(len(free) // n, len(requests) - next_request)
+            if admit:
+                batch = requests[next_request : next_request + admit]
+                slots = free[: admit * n]
+                lengths = torch.tensor([len(r.prompt_ids) for r in batch], device=dev)
+                ids = _right_pad([r.prompt_ids for r in batch], self.pad_id, dev)
+                source = torch.arange(admit, device=dev).repeat_interleave(n)
+                prompt_logits = self.lean.prefill_slots(ids, lengths, cache, slots, source)
+                logits[slots] = prompt_logits[source].float()
+                slot_row[slots] = torch.arange(next_request * n, (next_request + admit) * n, device=dev)
+                slot_pos[slots] = lengths[source]
+                slot_step[slots] = 0
+                next_request += admit
+            busy = (slot_row >= 0).nonzero().squeeze(-1)
+            if busy.numel() == 0:
+                break
+            # sample one token for every busy slot
+            tok, lp = sample_tokens(logits[busy], params.temperature, params.top_k, params.top_p, params.greedy,
+                                    generator)
+            row, step = slot_row[busy], slot_step[busy]
+            out_tok[row, step], out_lp[row, step] = tok, lp
+            if on_step is not None:
+                on_step(row, logits[busy], tok, lp)
+            done = torch.isin(tok, eos)
+            if params.stop:
+                done |= self._rows_hit_stop(out_tok, row, step, params.stop)
+            out_stop[row] = done
+            done |= step + 1 == max_new
+            out_len[row[done]] = step[done] + 1
+            slot_row[busy[done]] = -1
+            going = busy[~done]
+            if going.numel() == 0 and next_request == len(requests):
+                break
+            # one decode step over the slots; only the continuing ones matter
+            ids = torch.full((slot_row.shape[0],), self.pad_id, dtype=torch.long, device=dev)
+            ids[going] = tok[~done]
+            positions = torch.where(slot_row >= 0, slot_pos, 0)
+            logits = self.lean.decode_slots(ids, positions, cache).float()
+            slot_pos[going] += 1
+            slot_step[going] += 1
+            if next_request == len(requests) and 2 * going.numel() <= slot_row.shape[0]:
+                cache.keep(going)
+                slot_row, slot_pos, slot_step, logits = slot_row[going], slot_pos[going], slot_step[going], logits[going]
+        chunk = [(req, i) for req in requests for i in range(n)]
+        return self._collect(chunk, out_tok, out_lp, out_len, out_stop)
+
+    def _rows_hit_stop(self, tokens: Tensor, rows: Tensor, steps: Tensor, stop: Iterable[str]) -> Tensor:
+        """For each (row, last step): does the row's text end with a stop string."""
+        window = max(len(s) for s in stop)
+        starts = (steps + 1 - window).clamp(min=0).tolist()
+        ends = (steps + 1).tolist()
+        seqs = [tokens[r, a:b].tolist() for r, a, b in zip(rows.tolist(), starts, ends, strict=True)]
+        texts = self.tokenizer.batch_decode(seqs, skip_special_tokens=True)
+        return torch.tensor([any(t.endswith(s) for s in stop) for t in texts], device=self.device)
 
     def _decoder(self, prompts: int, max_len: int) -> _HFDecoder | _LeanDecoder:
         if self.lean is not None:
@@ -195,6 +289,14 @@ class _LeanDecoder:
 
     def step(self, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
         return self.lean.forward(ids, positions, attention.bool(), self.cache)
+
+
+def _right_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tensor:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p)
+    return ids.to(device)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:

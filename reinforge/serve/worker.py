@@ -132,26 +132,26 @@ class EngineWorker:
         if jobs[0].seed is not None:
             generator = torch.Generator(device=self.engine.device).manual_seed(jobs[0].seed)
 
-        def on_step(offset: int, t: int, logits: Tensor, tokens: Tensor, logprobs: Tensor, active: Tensor) -> None:
+        owner = torch.empty(total, dtype=torch.long)  # job index of every output row
+        for j, (job, start) in enumerate(zip(jobs, starts, strict=True)):
+            owner[start : start + job.rows] = j
+
+        def on_step(rows: Tensor, logits: Tensor, tokens: Tensor, logprobs: Tensor) -> None:
             k = max(job.top_logprobs for job in jobs)
             top_ids = top_lps = None
             if k:
                 scaled = logits.float() if params.greedy else logits.float() / params.temperature
                 top = torch.log_softmax(scaled, -1).topk(min(k, logits.shape[-1]), dim=-1)
                 top_ids, top_lps = top.indices.tolist(), top.values.tolist()
-            tok_l, lp_l, act_l = tokens.tolist(), logprobs.tolist(), active.tolist()
-            for job, start in zip(jobs, starts, strict=True):
-                for r in range(job.rows):
-                    i = start + r - offset
-                    if not 0 <= i < len(tok_l) or not act_l[i]:
-                        continue
-                    alternatives = []
-                    if job.top_logprobs and top_ids is not None:
-                        alternatives = list(zip(top_ids[i][: job.top_logprobs], top_lps[i][: job.top_logprobs],
-                                                strict=True))
-                    tops[start + r].append(alternatives)
-                    if job.on_token is not None:
-                        job.on_token((r, tok_l[i], lp_l[i], alternatives))
+            for i, (row, tok, lp) in enumerate(zip(rows.tolist(), tokens.tolist(), logprobs.tolist(), strict=True)):
+                job = jobs[int(owner[row])]
+                alternatives: list[tuple[int, float]] = []
+                if job.top_logprobs and top_ids is not None and top_lps is not None:
+                    alternatives = list(zip(top_ids[i][: job.top_logprobs], top_lps[i][: job.top_logprobs],
+                                            strict=True))
+                tops[row].append(alternatives)
+                if job.on_token is not None:
+                    job.on_token((row - starts[int(owner[row])], tok, lp, alternatives))
 
         generations = self.engine.generate(requests, params, generator, on_step if want_steps else None)
         self.batches_run += 1
