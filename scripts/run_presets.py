@@ -13,11 +13,13 @@ from reinforge.config import load_config, preset_names
 from reinforge.orchestrate.sync_loop import train
 from reinforge.track.jsonl import read_jsonl
 
+LEARNING_RATE = {"remax": 5e-5}  # as tests/test_presets_e2e.py: remax is unstable at 1e-4 on this task
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=None, help="default: as tests/test_presets_e2e.py")
     parser.add_argument("--out", default=None, help="run directory root (default: a temporary directory)")
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="reinforge-presets-")
@@ -25,7 +27,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for name in preset_names():
         cfg = load_config(None, [
-            f"preset={name}", f"output_dir={out}", f"name={name}", f"train.steps={args.steps}", f"train.lr={args.lr}",
+            f"preset={name}", f"output_dir={out}", f"name={name}", f"train.steps={args.steps}", f"train.lr={args.lr or LEARNING_RATE.get(name, 1e-4)}",
             "train.lr_schedule=constant", "train.time_limit_s=0", "rollout.prompts_per_step=16",
             "rollout.group_size=8", "task.heldout_size=300", "eval.every=0", "checkpoint.every=0",
             "log.samples_per_step=0",
