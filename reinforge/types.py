@@ -22,7 +22,8 @@ class Trajectory:
     ``logprobs[t]`` is its sampling log-probability (0 elsewhere); ``version`` is the policy
     version that produced it; ``group_id`` identifies the prompt it answers. ``trainable`` false
     keeps the trajectory as a group member (for baselines) but gives it no loss (e.g. DAPO's
-    overlong filtering of truncated responses).
+    overlong filtering of truncated responses). ``token_versions[t]`` is the policy version that
+    sampled token t (-1 for prompt and environment tokens; empty when not recorded).
     """
 
     token_ids: list[int]
@@ -37,6 +38,7 @@ class Trajectory:
     completion_text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     trainable: bool = True
+    token_versions: list[int] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:

@@ -91,3 +91,12 @@ def test_n_larger_than_slots_is_refused(tiny_model, tiny_tokenizer):
     engine = TorchRolloutEngine(copy.deepcopy(tiny_model), tiny_tokenizer, max_batch_sequences=2)
     with pytest.raises(ValueError, match="exceed max_batch_sequences"):
         engine.generate([GenerationRequest([1, 5])], SamplingParams(n=3))
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_ignore_eos_and_per_token_versions(tiny_model, tiny_tokenizer, continuous):
+    engine = TorchRolloutEngine(copy.deepcopy(tiny_model), tiny_tokenizer, continuous=continuous)
+    engine.update_weights(tiny_model, version=3)
+    gens = engine.generate(_requests(tiny_tokenizer, 4), SamplingParams(max_new_tokens=9, n=2, ignore_eos=True))
+    assert all(len(g.token_ids) == 9 and g.finish_reason == "length" for g in gens)
+    assert all(g.token_versions == [3] * 9 for g in gens)

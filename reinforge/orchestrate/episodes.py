@@ -53,6 +53,7 @@ def score_single_turn(
                 loss_mask=[0] * n_prompt + [1] * len(gen.token_ids),
                 logprobs=[0.0] * n_prompt + gen.logprobs,
                 version=gen.version,
+                token_versions=[-1] * n_prompt + gen.token_versions,
                 group_id=group_offset + group,
                 task_id=tasks[group].id,
                 reward=result.reward,

@@ -116,7 +116,7 @@ class TorchRolloutEngine:
             if on_step is not None:
                 live = (~finished).nonzero().squeeze(-1)
                 on_step(live + row_offset, logits[live], tok[live], lp[live])
-            newly_done = ~finished & torch.isin(tok, eos)
+            newly_done = ~finished & torch.isin(tok, eos) & (not params.ignore_eos)
             if params.stop:
                 newly_done |= ~finished & self._hits_stop(tokens[:, : t + 1], params.stop)
             lengths = torch.where(newly_done, t + 1, lengths)
@@ -187,7 +187,7 @@ class TorchRolloutEngine:
             out_tok[row, step], out_lp[row, step] = tok, lp
             if on_step is not None:
                 on_step(row, logits[busy], tok, lp)
-            done = torch.isin(tok, eos)
+            done = torch.isin(tok, eos) if not params.ignore_eos else torch.zeros_like(tok, dtype=torch.bool)
             if params.stop:
                 done |= self._rows_hit_stop(out_tok, row, step, params.stop)
             out_stop[row] = done

@@ -21,6 +21,7 @@ class SamplingParams:
     n: int = 1
     greedy: bool = False
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,11 @@ class GenerationRequest:
 
 @dataclass
 class Generation:
-    """One completion: its tokens, their sampling log-probabilities and the policy version."""
+    """One completion: its tokens, their sampling log-probabilities and the policy version.
+
+    ``token_versions[t]`` is the policy version that sampled token t (an engine that takes new
+    weights between decode steps gives one sequence several versions); ``version`` is the version
+    of its first token."""
 
     request_id: str
     prompt_ids: list[int]
@@ -42,3 +47,8 @@ class Generation:
     text: str = ""
     sample_index: int = 0
     extra: dict = field(default_factory=dict)
+    token_versions: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.token_versions:
+            self.token_versions = [self.version] * len(self.token_ids)
