@@ -42,7 +42,7 @@ class ModelConfig(_Strict):
 
 class TaskConfig(_Strict):
     kind: Literal["arithmetic", "jsonl"] = "arithmetic"
-    verifier: Literal["exact_match", "numeric_match"] = "exact_match"
+    verifier: Literal["exact_match", "numeric_match", "code_tests"] = "exact_match"
     heldout_size: int = Field(500, ge=1)
     seed: int = Field(1234, description="seed of the train/held-out split")
     # arithmetic
