@@ -70,24 +70,32 @@ def train(
 
 @app.command("eval")
 def eval_cmd(
-    model: Annotated[str, typer.Option(help="HF model directory, a run directory (latest checkpoint) or 'tiny-base'")],
+    model: Annotated[list[str], typer.Option(help="HF model directory, a run directory (latest checkpoint) or "
+                                                  "'tiny-base'; repeat to compare several")],
     task: Annotated[str, typer.Option(help="task source: arithmetic | jsonl")] = "arithmetic",
     data: Annotated[Path | None, typer.Option(help="JSONL file of prompts and answers (task=jsonl)")] = None,
-    samples: Annotated[int, typer.Option(help="samples per prompt for pass@k (0 = greedy only)")] = 16,
-    temperature: Annotated[float, typer.Option(help="sampling temperature for pass@k")] = 1.0,
+    samples: Annotated[int, typer.Option(help="samples per prompt for mean@n, pass@k, maj@k (0 = greedy only)")] = 16,
+    ks: Annotated[str | None, typer.Option(help="comma-separated k for pass@k and maj@k (default 1,2,4,8,16 <= n)")]
+        = None,
+    temperature: Annotated[float, typer.Option(help="sampling temperature for the samples")] = 1.0,
     max_new_tokens: Annotated[int, typer.Option()] = 8,
     heldout_size: Annotated[int, typer.Option(help="held-out prompts (arithmetic, or a split of --data)")] = 500,
     seed: Annotated[int, typer.Option()] = 0,
-    out: Annotated[Path | None, typer.Option(help="write the results as JSON here")] = None,
+    out: Annotated[Path, typer.Option(help="write the results as JSON here")] = Path("eval.json"),
+    plot: Annotated[Path | None, typer.Option(help="pass@k curves of every --model on one PNG")] = None,
 ) -> None:
-    """Held-out greedy accuracy and pass@k (unbiased estimator, Chen et al. 2021) of a model."""
+    """Greedy accuracy, mean@n, pass@k (unbiased, Chen et al. 2021) and maj@k with 95% bootstrap CIs."""
 
     def go() -> None:
+        from reinforge.errors import ConfigError
         from reinforge.eval.cli_eval import run_eval
 
-        result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed)
-        if out is not None:
-            out.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            k_list = [int(k) for k in ks.split(",")] if ks else None
+        except ValueError:
+            raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}") from None
+        result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed, k_list, plot)
+        out.write_text(json.dumps(result, indent=2) + "\n")
 
     _run_guarded(go)
 

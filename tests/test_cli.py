@@ -48,13 +48,24 @@ def test_algos_lists_registered_parts():
 
 
 @pytest.mark.slow
-def test_eval_reports_greedy_and_pass_at_k(tmp_path):
-    out_file = tmp_path / "eval.json"
-    out = _run("eval", "--model", "tiny-base", "--samples", "4", "--heldout-size", "100", "--out", str(out_file))
+def test_eval_reports_greedy_pass_maj_with_intervals_and_curves(tmp_path):
+    out_file, plot = tmp_path / "eval.json", tmp_path / "passk.png"
+    out = _run("eval", "--model", "tiny-base", "--model", "tiny-base", "--samples", "4", "--heldout-size", "60",
+               "--out", str(out_file), "--plot", str(plot))
     assert out.returncode == 0, out.stderr
-    result = json.loads(out_file.read_text())
-    assert set(result["pass_at_k"]) == {"1", "2", "4"}
+    result = json.loads(out_file.read_text())["models"]["tiny-base"]
+    assert set(result["pass_at_k"]) == {"1", "2", "4"} and set(result["maj_at_k"]) == {"1", "2", "4"}
     p = result["pass_at_k"]
     assert 0 < p["1"] <= p["2"] <= p["4"] <= 1
+    assert p["1"] == pytest.approx(result["mean_at_n"])  # pass@1 is the mean correctness
     assert 0.1 < result["greedy_accuracy"] < 0.7  # the shipped base is promising but imperfect
-    assert "pass@4" in out.stdout
+    for name, (lo, hi) in result["confidence_intervals_95"].items():
+        value = result["greedy_accuracy"] if name == "greedy_accuracy" else None
+        assert 0 <= lo <= hi <= 1, name
+        if value is not None:
+            assert lo <= value <= hi
+    assert list(result["pass_curve"]) == ["1", "2", "3", "4"]
+    assert "pass@4" in out.stdout and "95% CI" in out.stdout
+    assert plot.stat().st_size > 1000
+    bad = _run("eval", "--model", "tiny-base", "--samples", "4", "--ks", "8", "--out", str(out_file))
+    assert bad.returncode == 2 and "--ks" in bad.stderr

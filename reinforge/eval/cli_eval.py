@@ -11,7 +11,7 @@ from reinforge.assets import resolve_model_path
 from reinforge.config import TaskConfig
 from reinforge.data.sources import build_task_splits
 from reinforge.errors import ConfigError
-from reinforge.eval.heldout import evaluate
+from reinforge.eval.heldout import DEFAULT_KS, EvalResult, evaluate
 from reinforge.rewards.verifiers import VERIFIERS
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.train.checkpoint import latest_checkpoint
@@ -30,34 +30,59 @@ def resolve_eval_model(model: str) -> str:
 
 
 def run_eval(
-    model: str, task: str, data: Path | None, samples: int, temperature: float, max_new_tokens: int,
-    heldout_size: int, seed: int,
+    models: list[str], task: str, data: Path | None, samples: int, temperature: float, max_new_tokens: int,
+    heldout_size: int, seed: int, ks: list[int] | None = None, plot: Path | None = None, n_boot: int = 2000,
 ) -> dict[str, Any]:
+    """Evaluate each model on the task's held-out split: print a table per model (with 95% bootstrap
+    intervals over prompts), and plot their pass@k curves on one figure if ``plot`` is given."""
     from pydantic import ValidationError
     from rich.console import Console
-    from rich.table import Table
 
     try:
         task_cfg = TaskConfig(kind=task, path=str(data) if data else None, heldout_size=heldout_size)
     except ValidationError as e:
         raise ConfigError(f"--task/--data: {e.errors()[0]['msg']}") from None
     splits = build_task_splits(task_cfg)
-    path = resolve_eval_model(model)
-    torch.manual_seed(seed)
-    engine = TorchRolloutEngine(load_model(path), load_tokenizer(path), seed=seed)
-    result = evaluate(
-        engine, splits.heldout, VERIFIERS.get(task_cfg.verifier), max_new_tokens, samples, temperature
-    )
-    Console().print(f"{path} on {splits.name}: {result.num_prompts} held-out prompts, {samples} samples each")
+    ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= samples]))
+    if any(k < 1 or k > max(samples, 1) for k in ks) and samples:
+        raise ConfigError(f"--ks: every k must be in [1, --samples={samples}], got {ks}")
+    console = Console()
+    results: dict[str, Any] = {}
+    for model in models:
+        path = resolve_eval_model(model)
+        torch.manual_seed(seed)
+        engine = TorchRolloutEngine(load_model(path), load_tokenizer(path), seed=seed)
+        result = evaluate(engine, splits.heldout, VERIFIERS.get(task_cfg.verifier), max_new_tokens, samples,
+                          temperature, ks=ks, confidence=True, n_boot=n_boot)
+        console.print(f"\n[bold]{path}[/] on {splits.name}: {result.num_prompts} held-out prompts, "
+                      f"{samples} samples each at T={temperature}", highlight=False)
+        console.print(result_table(result))
+        results[model] = {"model": path, **result.to_dict()}
+    if plot is not None and samples > 0:
+        from reinforge.eval.plots import plot_pass_curves
+
+        plot_pass_curves({m: {int(k): v for k, v in r["pass_curve"].items()} for m, r in results.items()}, plot,
+                         title=f"pass@k on {splits.name} ({samples} samples, T={temperature})")
+        console.print(f"pass@k curves: {plot}")
+    return {"task": splits.name, "samples": samples, "temperature": temperature, "seed": seed, "models": results}
+
+
+def result_table(result: EvalResult):
+    from rich.table import Table
+
     table = Table()
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_row("greedy accuracy", f"{result.greedy_accuracy:.3f}")
-    for k, v in result.pass_at_k.items():
-        table.add_row(f"pass@{k}", f"{v:.3f}")
-    Console().print(table)
-    return {
-        "model": path, "task": splits.name, "num_prompts": result.num_prompts, "samples": samples,
-        "temperature": temperature, "greedy_accuracy": result.greedy_accuracy,
-        "pass_at_k": {str(k): v for k, v in result.pass_at_k.items()},
-    }
+    for column in ("metric", "value", "95% CI"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    rows = [("greedy accuracy", result.greedy_accuracy, "greedy_accuracy")]
+    if result.mean_at_n is not None:
+        rows.append((f"mean@{result.samples}", result.mean_at_n, f"mean@{result.samples}"))
+    rows += [(f"pass@{k}", v, f"pass@{k}") for k, v in result.pass_at_k.items()]
+    rows += [(f"maj@{k}", v, f"maj@{k}") for k, v in result.maj_at_k.items()]
+    for label, value, key in rows:
+        lo, hi = result.intervals.get(key, (float("nan"), float("nan")))
+        table.add_row(label, f"{value:.3f}", f"[{lo:.3f}, {hi:.3f}]")
+    for key, groups in result.breakdown.items():
+        for group, metrics in groups.items():
+            table.add_row(f"{key}={group} ({int(metrics['prompts'])} prompts)",
+                          f"{metrics['greedy_accuracy']:.3f}", "greedy")
+    return table

@@ -1,15 +1,34 @@
-"""Held-out evaluation of a policy through a rollout engine: greedy accuracy, pass@k."""
+"""Held-out evaluation of a policy through a rollout engine.
+
+Metrics, each with a percentile bootstrap confidence interval over prompts (``eval/stats.py``):
+
+- greedy accuracy: one greedy completion per prompt;
+- mean@n: the mean correctness of the n sampled completions of a prompt, averaged over prompts;
+- pass@k: the unbiased estimator 1 - C(n - c, k) / C(n, k) of Chen et al. 2021 (c correct of n);
+- maj@k: the majority answer (as the verifier reads it) of the first k samples is correct.
+
+A completion counts only if it ended by itself (EOS or stop string), not by the length limit.
+Results are broken down by task metadata keys where the tasks carry them (e.g. ``difficulty``).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from reinforge.data.base import Task
-from reinforge.eval.passk import mean_pass_at_k
+from reinforge.eval.passk import pass_at_k
+from reinforge.eval.stats import bootstrap_ci
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.prompts import encode_prompt, prompt_messages
-from reinforge.rollout.types import GenerationRequest, SamplingParams
+from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+
+DEFAULT_KS = (1, 2, 4, 8, 16)
+BREAKDOWN_KEYS = ("task", "source", "difficulty", "level", "category")
 
 
 @dataclass
@@ -18,11 +37,28 @@ class EvalResult:
     pass_at_k: dict[int, float]
     num_prompts: int
     samples: int
+    mean_at_n: float | None = None
+    maj_at_k: dict[int, float] = field(default_factory=dict)
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    breakdown: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    pass_curve: dict[int, float] = field(default_factory=dict)
 
     def as_metrics(self, prefix: str = "eval/") -> dict[str, float]:
         out = {f"{prefix}heldout_acc": self.greedy_accuracy}
         out.update({f"{prefix}pass@{k}": v for k, v in self.pass_at_k.items()})
+        if self.mean_at_n is not None:
+            out[f"{prefix}mean@{self.samples}"] = self.mean_at_n
+        out.update({f"{prefix}maj@{k}": v for k, v in self.maj_at_k.items()})
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_prompts": self.num_prompts, "samples": self.samples, "greedy_accuracy": self.greedy_accuracy,
+            "mean_at_n": self.mean_at_n, "pass_at_k": {str(k): v for k, v in self.pass_at_k.items()},
+            "maj_at_k": {str(k): v for k, v in self.maj_at_k.items()},
+            "confidence_intervals_95": {k: list(v) for k, v in self.intervals.items()},
+            "breakdown": self.breakdown, "pass_curve": {str(k): v for k, v in self.pass_curve.items()},
+        }
 
 
 def build_requests(tasks: Sequence[Task], tokenizer, system_prompt: str | None) -> list[GenerationRequest]:
@@ -31,12 +67,29 @@ def build_requests(tasks: Sequence[Task], tokenizer, system_prompt: str | None) 
     ]
 
 
-def _correct(tasks: Sequence[Task], gens, verifier: Verifier, per_task: int) -> list[int]:
-    counts = [0] * len(tasks)
+def _score(tasks: Sequence[Task], gens: list[Generation], verifier: Verifier, per_task: int
+           ) -> tuple[np.ndarray, list[list[str | None]]]:
+    """Correctness [P, per_task] (0/1) and the verifier's answers [P][per_task]."""
+    correct = np.zeros((len(tasks), per_task))
+    answers: list[list[str | None]] = [[None] * per_task for _ in tasks]
     for i, g in enumerate(gens):
-        task = tasks[i // per_task]
-        counts[i // per_task] += int(g.finish_reason == "stop" and verifier(task, g.text).correct)
-    return counts
+        p, j = divmod(i, per_task)
+        result = verifier(tasks[p], g.text)
+        ended = g.finish_reason == "stop"
+        correct[p, j] = float(ended and result.correct)
+        answers[p][j] = (result.answer if result.answer is not None else g.text.strip()) if ended else None
+    return correct, answers
+
+
+def majority_correct(correct: np.ndarray, answers: list[list[str | None]], k: int) -> np.ndarray:
+    """Per prompt: is the most common answer among the first k samples correct (ties: first seen)."""
+    out = np.zeros(len(answers))
+    for p, row in enumerate(answers):
+        votes = Counter(a for a in row[:k] if a is not None)
+        if votes:
+            best = max(votes, key=lambda a: (votes[a], -row.index(a)))
+            out[p] = correct[p, row.index(best)]
+    return out
 
 
 def evaluate(
@@ -46,22 +99,53 @@ def evaluate(
     max_new_tokens: int,
     samples: int = 0,
     temperature: float = 1.0,
-    ks: Sequence[int] = (1, 2, 4, 8, 16),
+    ks: Sequence[int] = DEFAULT_KS,
     system_prompt: str | None = None,
+    confidence: bool = False,
+    n_boot: int = 2000,
 ) -> EvalResult:
-    """Greedy accuracy on ``tasks``; with ``samples`` > 0 also pass@k (k <= samples) at ``temperature``.
-
-    A completion counts only if it ended by itself (EOS or stop string), not by the length limit.
-    """
+    """Greedy accuracy on ``tasks``; with ``samples`` > 0 also mean@n, pass@k and maj@k (k <= samples) at
+    ``temperature``; with ``confidence`` bootstrap intervals over prompts and the metadata breakdown."""
     tasks = list(tasks)
     requests = build_requests(tasks, engine.tokenizer, system_prompt)
-    greedy = engine.generate(requests, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
-    greedy_acc = sum(_correct(tasks, greedy, verifier, 1)) / len(tasks)
-    pass_k: dict[int, float] = {}
+    greedy_gens = engine.generate(requests, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
+    greedy = _score(tasks, greedy_gens, verifier, 1)[0][:, 0]
+    per_prompt: dict[str, np.ndarray] = {"greedy_accuracy": greedy}
+    result = EvalResult(float(greedy.mean()), {}, len(tasks), samples)
     if samples > 0:
         sampled = engine.generate(
             requests, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=samples)
         )
-        counts = _correct(tasks, sampled, verifier, samples)
-        pass_k = {k: mean_pass_at_k(counts, samples, k) for k in ks if k <= samples}
-    return EvalResult(greedy_acc, pass_k, len(tasks), samples)
+        correct, answers = _score(tasks, sampled, verifier, samples)
+        counts = correct.sum(1).astype(int)
+        per_prompt[f"mean@{samples}"] = correct.mean(1)
+        result.mean_at_n = float(correct.mean())
+        for k in range(1, samples + 1):
+            per_k = np.array([pass_at_k(samples, int(c), k) for c in counts])
+            result.pass_curve[k] = float(per_k.mean())
+            if k in ks:
+                per_prompt[f"pass@{k}"] = per_k
+                result.pass_at_k[k] = float(per_k.mean())
+                maj = majority_correct(correct, answers, k)
+                per_prompt[f"maj@{k}"] = maj
+                result.maj_at_k[k] = float(maj.mean())
+    if confidence:
+        names = list(per_prompt)
+        _, low, high = bootstrap_ci(np.stack([per_prompt[n] for n in names], axis=1), n_boot=n_boot)
+        result.intervals = {n: (float(lo), float(hi)) for n, lo, hi in zip(names, low, high, strict=True)}
+        result.breakdown = _breakdown(tasks, per_prompt)
+    return result
+
+
+def _breakdown(tasks: Sequence[Task], per_prompt: dict[str, np.ndarray]) -> dict[str, dict[str, dict[str, float]]]:
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key in BREAKDOWN_KEYS:
+        values = [t.metadata.get(key) for t in tasks]
+        if all(v is None for v in values) or len({str(v) for v in values}) < 2:
+            continue
+        groups: dict[str, list[int]] = {}
+        for i, v in enumerate(values):
+            groups.setdefault(str(v), []).append(i)
+        out[key] = {g: {"prompts": float(len(idx)), **{m: float(s[idx].mean()) for m, s in per_prompt.items()}}
+                    for g, idx in sorted(groups.items())}
+    return out

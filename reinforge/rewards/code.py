@@ -211,7 +211,7 @@ def run_tests(
     reward = passed / len(cases) if mode == "fraction" else float(all_passed)
     first_failure = next((f"case {i} ({c.kind}) {c.status}: {c.detail}" for i, c in enumerate(cases)
                           if c.status not in ("pass", "skipped")), "")
-    return CodeRewardResult(reward, all_passed, tuple(cases), first_failure, isolation)
+    return CodeRewardResult(reward, all_passed, cases=tuple(cases), reason=first_failure, isolation=isolation)
 
 
 @VERIFIERS.register(

@@ -13,8 +13,12 @@ from reinforge.data.base import Task
 
 @dataclass(frozen=True)
 class RewardResult:
+    """``reward`` for training, ``correct`` for accuracy metrics, and the ``answer`` the verifier
+    read from the completion (normalised; used for majority voting, maj@k), if it has one."""
+
     reward: float
     correct: bool
+    answer: str | None = None
 
 
 Verifier = Callable[[Task, str], RewardResult]
@@ -27,7 +31,7 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 def exact_match(task: Task, completion: str) -> RewardResult:
     """1 when the whitespace-stripped completion equals the answer exactly."""
     ok = completion.strip() == task.answer.strip()
-    return RewardResult(float(ok), ok)
+    return RewardResult(float(ok), ok, completion.strip())
 
 
 @VERIFIERS.register(
@@ -39,7 +43,11 @@ def numeric_match(task: Task, completion: str) -> RewardResult:
     if not found:
         return RewardResult(0.0, False)
     try:
-        ok = Fraction(found[-1]) == Fraction(task.answer.strip())
+        value = Fraction(found[-1])
+    except (ValueError, ZeroDivisionError):
+        return RewardResult(0.0, False, found[-1])
+    try:
+        ok = value == Fraction(task.answer.strip())
     except (ValueError, ZeroDivisionError):
         ok = False
-    return RewardResult(float(ok), ok)
+    return RewardResult(float(ok), ok, str(value))

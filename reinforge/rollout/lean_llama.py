@@ -114,6 +114,14 @@ class LeanLlama:
                 "w_gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
                 "w_down": mlp.down_proj.weight,
             })
+        # decode copies with the attention scale d^-1/2 folded into the query rows (rotary is linear)
+        q_rows = self.n_heads * self.head_dim
+        scale = torch.ones(self.layers[0]["wqkv"].shape[0], 1, dtype=self.layers[0]["wqkv"].dtype,
+                           device=self.layers[0]["wqkv"].device)
+        scale[:q_rows] = self.head_dim ** -0.5
+        for w in self.layers:
+            w["wqkv_dec"] = w["wqkv"] * scale
+            w["bqkv_dec"] = w["bqkv"] * scale[:, 0] if w["bqkv"] is not None else None
         self.embed = self.hf.model.embed_tokens.weight
         self.norm = self.hf.model.norm.weight
         self.lm_head = self.hf.lm_head.weight
@@ -125,6 +133,8 @@ class LeanLlama:
         return SlotCache(self.n_layers, slots, self.n_kv, max_len, self.head_dim, self.embed)
 
     def _rms(self, x: Tensor, w: Tensor) -> Tensor:
+        if x.dtype == torch.float32:  # one fused op (the same arithmetic as below)
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         xf = x.float()
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
@@ -192,28 +202,50 @@ class LeanLlama:
         last = x[torch.arange(u, device=ids.device), lengths - 1]
         return F.linear(self._rms(last, self.norm), self.lm_head)
 
+    def rotary_table(self, max_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """cos, sin [max_len, head_dim] for positions 0..max_len-1 (computed once, grown on demand)."""
+        table = getattr(self, "_rotary_table", None)
+        if table is None or table[0].shape[0] < max_len or table[0].device != device:
+            positions = torch.arange(max_len, device=device)[None]
+            cos, sin = rotary_cos_sin(self.inv_freq.to(device), self.rope_scale, positions, self.embed.dtype)
+            self._rotary_table = table = (cos[0, 0], sin[0, 0])
+        return table
+
     @torch.no_grad()
     def decode_slots(self, ids: Tensor, positions: Tensor, cache: SlotCache) -> Tensor:
         """One token per slot: ``ids`` [S] at ``positions`` [S] (= the slot's current length); writes its
-        keys/values at that position and attends to positions <= it. Returns logits [S, vocab]."""
+        keys/values at that position and attends to positions <= it. Returns logits [S, vocab].
+
+        Decode-specific shortcuts: rotary from a precomputed table, one additive mask for all
+        layers, the cache written with a single ``index_copy_`` per tensor, attention as two
+        batched matmuls (one query per row, so no flash tiling is needed).
+        """
         n = ids.shape[0]
         width = int(positions.max()) + 1
-        x = F.embedding(ids[:, None], self.embed)
-        cos, sin = rotary_cos_sin(self.inv_freq, self.rope_scale, positions[:, None], x.dtype)
-        mask = (torch.arange(width, device=ids.device) <= positions[:, None])[:, None, None, :]
-        rows = torch.arange(n, device=ids.device)
+        x = F.embedding(ids, self.embed)  # [S, hidden]
+        cos_t, sin_t = self.rotary_table(cache.k.shape[3], ids.device)
+        cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]  # [S, 1, d]
+        bias = torch.zeros(n, 1, width, dtype=x.dtype, device=ids.device)
+        bias.masked_fill_(torch.arange(width, device=ids.device) > positions[:, None, None], float("-inf"))
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
+        group = hq // hk
+        max_len = cache.k.shape[3]
+        # flat row of (slot, kv head, position) in a [S * kv * max_len, d] view of one layer's cache
+        flat = ((torch.arange(n, device=ids.device)[:, None] * hk + torch.arange(hk, device=ids.device)) * max_len
+                + positions[:, None]).reshape(-1)
         for i, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
-            q, k, v = F.linear(h, w["wqkv"], w["bqkv"]).split([hq * d, hk * d, hk * d], dim=-1)
-            q = apply_rotary(q.view(n, 1, hq, d).transpose(1, 2), cos, sin)
-            k = apply_rotary(k.view(n, 1, hk, d).transpose(1, 2), cos, sin)
-            cache.k[i, rows, :, positions] = k[:, :, 0]
-            cache.v[i, rows, :, positions] = v.view(n, hk, d)
-            att = F.scaled_dot_product_attention(
-                q, cache.k[i, :, :, :width], cache.v[i, :, :, :width], attn_mask=mask, enable_gqa=hq != hk
-            )
-            x = x + F.linear(att.transpose(1, 2).reshape(n, 1, hq * d), w["wo"], w["bo"])
+            qkv = F.linear(h, w["wqkv_dec"], w["bqkv_dec"]).view(n, hq + 2 * hk, d)
+            qk = apply_rotary(qkv[:, : hq + hk], cos, sin)  # queries and keys in one pass
+            q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hk :]
+            kc, vc = cache.k[i], cache.v[i]
+            kc.view(-1, d).index_copy_(0, flat, k.reshape(-1, d))
+            vc.view(-1, d).index_copy_(0, flat, v.reshape(-1, d))
+            keys, values = kc[:, :, :width], vc[:, :, :width]  # [S, kv, W, d]
+            qg = q.view(n, hk, group, d)
+            scores = torch.matmul(qg, keys.transpose(-1, -2)) + bias[:, None]  # [S, kv, group, W], q pre-scaled
+            att = torch.matmul(torch.softmax(scores.float(), dim=-1).to(values.dtype), values)  # [S, kv, group, d]
+            x = x + F.linear(att.reshape(n, hq * d), w["wo"], w["bo"])
             gate, up = F.linear(self._rms(x, w["ln2"]), w["w_gate_up"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w["w_down"])
-        return F.linear(self._rms(x[:, 0], self.norm), self.lm_head)
+        return F.linear(self._rms(x, self.norm), self.lm_head)
