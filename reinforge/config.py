@@ -186,6 +186,10 @@ class TrainConfig(_Strict):
 class EvalConfig(_Strict):
     every: int = Field(20, ge=0, description="held-out evaluation every N steps (0 = only before and after)")
     max_new_tokens: int | None = Field(None, description="default: rollout.max_new_tokens")
+    final_samples: int = Field(
+        0, ge=0, description="before and after training: mean@n, pass@k, maj@k with n samples (eval.json, passk.png)"
+    )
+    final_temperature: float = Field(1.0, gt=0)
 
 
 class CheckpointConfig(_Strict):

@@ -73,6 +73,12 @@ def test_checkpoints_are_pruned_and_config_saved(tmp_path):
     assert names == ["step_3", "step_4"]
     assert load_config(result.run_dir / "config.yaml").train.steps == 4
     assert (result.run_dir / "reward.png").stat().st_size > 1000
+    final = json.loads((result.run_dir / "eval.json").read_text())  # the default recipe's final_samples: 16
+    assert set(final) == {"before", "after"}
+    assert final["before"]["greedy_accuracy"] == pytest.approx(read_jsonl(result.run_dir / "metrics.jsonl")[0]
+                                                              ["eval/heldout_acc"])
+    assert set(final["after"]["pass_at_k"]) == {"1", "2", "4", "8", "16"} and final["after"]["policy_version"] > 0
+    assert (result.run_dir / "passk.png").stat().st_size > 1000
     samples = read_jsonl(result.run_dir / "samples.jsonl")
     assert len(samples) == 4 * 4 and {"prompt", "completion", "reward"} <= samples[0].keys()
     with pytest.raises(ConfigError, match="already exists"):

@@ -102,6 +102,8 @@ class _Loop:
     def run(self) -> TrainResult:
         cfg, t0 = self.cfg, time.perf_counter()
         before = self._evaluate_and_log(0) if self.start == 0 else None
+        if self.start == 0 and cfg.eval.final_samples:
+            self._final_eval("before")
         step, last_eval = self.start, None
         with ConsoleProgress(cfg.train.steps, self.start, self.progress_every) as progress:
             progress.print(f"run directory: {self.run_dir}")
@@ -121,6 +123,8 @@ class _Loop:
                     progress.print(f"time limit of {cfg.train.time_limit_s:.0f} s reached at step {step}")
                     break
         after = last_eval["eval/heldout_acc"] if last_eval else self._evaluate(step)["eval/heldout_acc"]
+        if cfg.eval.final_samples:
+            self._final_eval("after")
         plot_run(self.run_dir)
         return TrainResult(self.run_dir, step, before, after)
 
@@ -206,6 +210,31 @@ class _Loop:
             system_prompt=cfg.task.system_prompt,
         )
         return result.as_metrics()
+
+    def _final_eval(self, when: str) -> None:
+        """mean@n, pass@k, maj@k with bootstrap intervals on the held-out split, into eval.json; after
+        training, also the before/after pass@k curves (passk.png)."""
+        import json
+
+        from reinforge.eval.plots import plot_pass_curves
+
+        cfg = self.cfg
+        result = evaluate(
+            self.c.engine, self.c.splits.heldout, self.c.verifier,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            samples=cfg.eval.final_samples, temperature=cfg.eval.final_temperature,
+            ks=[k for k in (1, 2, 4, 8, 16, 32, 64) if k <= cfg.eval.final_samples],
+            system_prompt=cfg.task.system_prompt, confidence=True,
+        )
+        path = self.run_dir / "eval.json"
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data[when] = {"policy_version": self.c.engine.version, "samples": cfg.eval.final_samples,
+                      "temperature": cfg.eval.final_temperature, **result.to_dict()}
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        curves = {name: {int(k): v for k, v in data[name]["pass_curve"].items()} for name in ("before", "after")
+                  if name in data}
+        if when == "after":
+            plot_pass_curves(curves, self.run_dir / "passk.png", title="pass@k on the held-out split")
 
     def _evaluate_and_log(self, step: int) -> float:
         metrics = self._evaluate(step)
