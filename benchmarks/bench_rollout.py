@@ -19,6 +19,7 @@ peak (2 * params * tokens for the matmuls plus the attention over the cache).
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -112,6 +113,19 @@ def bench(size: str, prompts: int, group: int, new_tokens: int, ignore_eos: bool
     return interleaved(fns, repeats), model, prompt_len
 
 
+def time_update_weights(model: torch.nn.Module, repeats: int = 7) -> float:
+    """Median seconds of ``engine.update_weights`` (in-place copy + re-fusing the lean weights)."""
+    from reinforge.train.model import load_tokenizer
+
+    engine = TorchRolloutEngine(copy.deepcopy(model), load_tokenizer("tiny-base"))
+    times = []
+    for v in range(repeats):
+        t0 = time.perf_counter()
+        engine.update_weights(model, v)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def report(title: str, results: dict) -> None:
     base = results["HF generate"][0]
     print(f"\n{title}\n")
@@ -141,8 +155,10 @@ def main() -> None:
         results, model, prompt_len = bench(size, args.prompts, args.group, args.max_new_tokens, True,
                                            args.repeats, args.compile)
         n_params = sum(p.numel() for p in model.parameters())
+        upd = time_update_weights(model)
         report(f"{size}: {n_params / 1e6:.1f}M parameters, {args.prompts} prompts x {args.group} samples, "
                f"prompt {prompt_len} tokens, exactly {args.max_new_tokens} new tokens", results)
+        print(f"\nupdate_weights (in place, re-fusing the lean weights): {upd * 1e3:.2f} ms median")
         if size == "30m":
             cfg = model.config
             matmul_params = n_params - cfg.vocab_size * cfg.hidden_size  # embedding lookup is not a matmul
