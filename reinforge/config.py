@@ -40,25 +40,77 @@ class ModelConfig(_Strict):
     device: str = Field("cpu", description="torch device for learner and rollout, e.g. 'cpu' or 'cuda'")
 
 
+class ColumnsConfig(_Strict):
+    """Which columns of a table (JSONL, CSV, Parquet, HF dataset) hold what."""
+
+    prompt: str = "prompt"
+    answer: str | None = "answer"
+    id: str | None = None
+    system: str | None = None
+    tests: str | None = None
+    difficulty: str | None = None
+    source: str | None = None
+    metadata: list[str] | None = Field(None, description="columns copied into Task.metadata; null = all other columns")
+
+
+class RGTaskItem(_Strict):
+    name: str
+    weight: float = Field(1.0, gt=0)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+def _check_verifier(name: str) -> str:
+    import reinforge.rewards  # noqa: F401  (registers every verifier)
+    from reinforge.rewards.verifiers import VERIFIERS
+
+    if name not in VERIFIERS:
+        raise ValueError(f"unknown verifier {name!r}; allowed: {', '.join(VERIFIERS.names())}")
+    return name
+
+
 class TaskConfig(_Strict):
-    kind: Literal["arithmetic", "jsonl"] = "arithmetic"
-    verifier: Literal["exact_match", "numeric_match", "code_tests"] = "exact_match"
+    kind: Literal["arithmetic", "jsonl", "table", "reasoning_gym"] = "arithmetic"
+    verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them)")
     heldout_size: int = Field(500, ge=1)
     seed: int = Field(1234, description="seed of the train/held-out split")
     # arithmetic
     digits: int = Field(2, ge=1, le=3)
     ops: str = "+"
-    # jsonl
+    # jsonl and table
     path: str | None = None
     heldout_path: str | None = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     system_prompt: str | None = None
+    # table (JSONL, CSV, Parquet, HF datasets)
+    format: Literal["jsonl", "csv", "parquet", "hf_disk", "hf_files"] | None = Field(
+        None, description="default: from the path"
+    )
+    split: str | None = Field(None, description="split of an HF DatasetDict (train side)")
+    heldout_split: str | None = None
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
+    json_columns: list[str] = Field(default_factory=list, description="columns holding JSON text (e.g. CSV chats)")
+    as_chat: bool = Field(False, description="wrap raw-text prompts as one user message")
+    # reasoning-gym
+    rg_tasks: str | list[RGTaskItem] | None = Field(
+        None, description="a reasoning-gym task name, or a weighted mixture [{name, weight, params}]"
+    )
+    rg_size: int = Field(1000, ge=1)
+    rg_params: dict[str, Any] = Field(default_factory=dict)
+    rg_chat: bool = True
+    rg_answer_tag: str | None = "answer"
+
+    @field_validator("verifier")
+    @classmethod
+    def _verifier(cls, v: str) -> str:
+        return _check_verifier(v)
 
     @model_validator(mode="after")
-    def _jsonl_needs_path(self) -> TaskConfig:
-        if self.kind == "jsonl" and not self.path:
-            raise ValueError("task.kind=jsonl needs task.path (a JSONL file with prompt and answer columns)")
+    def _source_needs(self) -> TaskConfig:
+        if self.kind in ("jsonl", "table") and not self.path:
+            raise ValueError(f"task.kind={self.kind} needs task.path (a file with prompt and answer columns)")
+        if self.kind == "reasoning_gym" and not self.rg_tasks:
+            raise ValueError("task.kind=reasoning_gym needs task.rg_tasks (a task name or a mixture)")
         return self
 
 

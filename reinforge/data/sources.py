@@ -23,7 +23,31 @@ def _jsonl(cfg: TaskConfig) -> TaskSplits:
     return jsonl_splits(cfg.path, cfg.heldout_path, cfg.heldout_size, cfg.seed, cfg.prompt_key, cfg.answer_key)
 
 
-TASK_SOURCES: dict[str, Callable[[TaskConfig], TaskSplits]] = {"arithmetic": _arithmetic, "jsonl": _jsonl}
+def _table(cfg: TaskConfig) -> TaskSplits:
+    from reinforge.data.tabular import ColumnMap, table_splits
+
+    assert cfg.path is not None  # checked by TaskConfig
+    c = cfg.columns
+    columns = ColumnMap(prompt=c.prompt, answer=c.answer, id=c.id, system=c.system, tests=c.tests,
+                        difficulty=c.difficulty, source=c.source,
+                        metadata_columns=None if c.metadata is None else tuple(c.metadata))
+    return table_splits(cfg.path, cfg.heldout_path, cfg.heldout_size, cfg.seed, columns, format=cfg.format,
+                        split=cfg.split, heldout_split=cfg.heldout_split, json_columns=tuple(cfg.json_columns),
+                        as_chat=cfg.as_chat)
+
+
+def _reasoning_gym(cfg: TaskConfig) -> TaskSplits:
+    from reinforge.data.reasoning_gym import reasoning_gym_splits
+
+    assert cfg.rg_tasks is not None  # checked by TaskConfig
+    tasks = cfg.rg_tasks if isinstance(cfg.rg_tasks, str) else [t.model_dump() for t in cfg.rg_tasks]
+    return reasoning_gym_splits(tasks, size=cfg.rg_size, seed=cfg.seed, heldout_size=cfg.heldout_size,
+                                params=cfg.rg_params or None, chat=cfg.rg_chat, answer_tag=cfg.rg_answer_tag)
+
+
+TASK_SOURCES: dict[str, Callable[[TaskConfig], TaskSplits]] = {
+    "arithmetic": _arithmetic, "jsonl": _jsonl, "table": _table, "reasoning_gym": _reasoning_gym,
+}
 
 
 def build_task_splits(cfg: TaskConfig) -> TaskSplits:
