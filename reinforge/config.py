@@ -114,6 +114,57 @@ class TaskConfig(_Strict):
         return self
 
 
+class RewardModelConfig(_Strict):
+    path: str = Field(description="HF AutoModelForSequenceClassification directory (scalar head)")
+    batch_size: int = Field(16, ge=1)
+    normalise: Literal["none", "running"] = "none"
+    max_length: int | None = Field(None, ge=1)
+    threshold: float = Field(0.0, description="correct = score > threshold")
+
+
+class JudgeConfig(_Strict):
+    base_url: str = Field(description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    model: str
+    rubric: str = Field(description="prompt template with {completion} (and {prompt}, {answer})")
+    api_key: str = "EMPTY"
+    scale: tuple[float, float] = (0, 10)
+    score_pattern: str | None = None
+    max_tokens: int = Field(512, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(2, ge=0)
+    threshold: float = 0.5
+
+
+class RewardTermConfig(_Strict):
+    name: str
+    weight: float = 1.0
+    primary: bool = Field(False, description="this term's `correct` is the sample's (default: the first term)")
+    verifier: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict, description="laid over task.metadata for this term")
+    reward_model: RewardModelConfig | None = None
+    judge: JudgeConfig | None = None
+
+    @field_validator("verifier")
+    @classmethod
+    def _verifier(cls, v: str | None) -> str | None:
+        return _check_verifier(v) if v is not None else v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardTermConfig:
+        if sum(x is not None for x in (self.verifier, self.reward_model, self.judge)) != 1:
+            raise ValueError(f"reward term {self.name!r}: give exactly one of verifier, reward_model, judge")
+        return self
+
+
+class RewardConfig(_Strict):
+    """Weighted reward terms (each logged per step as reward/term/<name>); empty = task.verifier alone."""
+
+    terms: list[RewardTermConfig] = Field(default_factory=list)
+    on_error: Literal["raise", "zero"] = Field(
+        "raise", description="a term that raises or returns non-finite: stop the run (raise) or score 0 and count it"
+    )
+
+
 class RolloutConfig(_Strict):
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=1, description="samples per prompt (G)")
@@ -261,6 +312,7 @@ class RunConfig(_Strict):
     seed: int = 0
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -24,4 +24,8 @@ class SingleTurnEnv:
         if self.task is None:
             raise RuntimeError("step() before reset()")
         result = self.verifier(self.task, assistant["content"])
-        return StepResult(observation=[], reward=result.reward, done=True, info={"correct": result.correct})
+        info = {"correct": result.correct}
+        terms = getattr(result, "terms", None)  # a composite reward's named terms, logged per step
+        if terms:
+            info["reward_terms"] = dict(terms)
+        return StepResult(observation=[], reward=result.reward, done=True, info=info)

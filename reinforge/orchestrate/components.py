@@ -15,7 +15,8 @@ from reinforge.data.base import TaskSampler, TaskSplits
 from reinforge.data.sources import build_task_splits
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import SingleTurnEnv
-from reinforge.rewards.verifiers import VERIFIERS, Verifier
+from reinforge.rewards.build import build_reward
+from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
@@ -73,7 +74,7 @@ def build_components(cfg: RunConfig) -> Components:
         if cfg.algo.advantage == "gae" else None
     )
     engine = build_engine(cfg, policy, tokenizer)
-    verifier = VERIFIERS.get(cfg.task.verifier)
+    verifier = build_reward(cfg)
     system_prompt = cfg.task.system_prompt
     return Components(
         cfg=cfg,

@@ -59,7 +59,8 @@ def score_single_turn(
                 reward=result.reward,
                 finish_reason=gen.finish_reason,
                 completion_text=gen.text,
-                metadata={"correct": bool(result.info.get("correct", False))},
+                metadata={"correct": bool(result.info.get("correct", False)),
+                          **({"reward_terms": result.info["reward_terms"]} if "reward_terms" in result.info else {})},
             )
         )
     return trajectories

@@ -290,7 +290,12 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     n = len(trajs)
     rewards = [t.reward for t in trajs]
     mean = sum(rewards) / n
+    terms: dict[str, list[float]] = {}
+    for t in trajs:
+        for name, value in t.metadata.get("reward_terms", {}).items():
+            terms.setdefault(name, []).append(value)
     return {
+        **{f"reward/term/{name}": sum(v) / len(v) for name, v in terms.items()},
         "reward/mean": mean,
         "reward/std": (sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)) ** 0.5,
         "reward/accuracy": sum(bool(t.metadata.get("correct")) for t in trajs) / n,

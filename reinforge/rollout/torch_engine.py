@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
+from reinforge.errors import ReinforgeError
 from reinforge.rollout.lean_llama import LeanLlama
 from reinforge.rollout.lean_llama import supports as lean_supports
 from reinforge.rollout.sampling import sample_tokens
@@ -73,6 +74,14 @@ class TorchRolloutEngine:
 
         ``generator`` replaces the engine's own (e.g. a per-request seed); ``on_step`` sees every
         decode step (streaming, top log-probs)."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        longest = max((len(r.prompt_ids) for r in requests), default=0)
+        if limit is not None and longest + params.max_new_tokens > limit:
+            raise ReinforgeError(
+                f"a prompt of {longest} tokens plus max_new_tokens={params.max_new_tokens} exceeds the model's "
+                f"context of {limit} positions (max_position_embeddings); shorten the prompts or lower "
+                "rollout.max_new_tokens"
+            )
         if self.lean is not None and self.continuous:
             return self._generate_continuous(requests, params, generator or self.generator, on_step)
         per_chunk = max(1, self.max_batch_sequences // params.n)

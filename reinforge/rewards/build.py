@@ -1,0 +1,37 @@
+"""The run's reward function from its config: ``task.verifier`` alone, or ``reward.terms`` composed."""
+
+from __future__ import annotations
+
+from reinforge.config import RewardTermConfig, RunConfig
+from reinforge.rewards.verifiers import VERIFIERS, Verifier
+
+
+def build_reward(cfg: RunConfig) -> Verifier:
+    """``reward.terms`` empty: the task's verifier. Otherwise a ``CompositeReward`` of the terms
+    (registered verifiers, reward models, LLM judges) with the configured error policy."""
+    if not cfg.reward.terms:
+        return VERIFIERS.get(cfg.task.verifier)
+    from reinforge.rewards.composite import CompositeReward, RewardTerm
+
+    terms = [RewardTerm(t.name, _term_verifier(t, cfg), t.weight, t.primary, t.params) for t in cfg.reward.terms]
+    return CompositeReward(terms, on_error=cfg.reward.on_error)
+
+
+def _term_verifier(term: RewardTermConfig, cfg: RunConfig) -> str | Verifier:
+    if term.verifier is not None:
+        return term.verifier
+    if term.reward_model is not None:
+        from reinforge.rewards.reward_model import RewardModelScorer, RewardModelVerifier
+        from reinforge.train.model import load_tokenizer
+
+        rm = term.reward_model
+        scorer = RewardModelScorer(rm.path, load_tokenizer(rm.path), batch_size=rm.batch_size, normalise=rm.normalise,
+                                   max_length=rm.max_length, device=cfg.model.device)
+        return RewardModelVerifier(scorer, threshold=rm.threshold)
+    assert term.judge is not None  # exactly one source, checked by RewardTermConfig
+    from reinforge.rewards.judge import DEFAULT_SCORE_PATTERN, LLMJudge
+
+    j = term.judge
+    return LLMJudge(j.base_url, j.model, j.rubric, api_key=j.api_key, max_tokens=j.max_tokens,
+                    score_pattern=j.score_pattern or DEFAULT_SCORE_PATTERN, scale=j.scale, timeout_s=j.timeout_s,
+                    max_retries=j.max_retries, threshold=j.threshold)

@@ -1,0 +1,202 @@
+"""Classifier reward models: any Hugging Face ``AutoModelForSequenceClassification`` with a scalar head.
+
+``RewardModelScorer.score(tasks, completions)`` scores (prompt, completion) pairs in batches. The
+text scored is the chat template applied to ``prompt + [assistant: completion]`` when the prompt
+is chat messages and the tokenizer has a template, else ``prompt + completion`` as raw text (chat
+messages without a template: their contents joined by newlines). Sequences are right-padded
+whatever the tokenizer's ``padding_side`` (so real tokens keep positions 0..n-1 under absolute
+position embeddings too), and the model's own pooling reads the head at the last non-pad token.
+A sequence longer than ``max_length`` keeps its last ``max_length`` tokens (the completion's end).
+
+``normalise="running"``: ``z = (s - mean) / (std + eps)``, where mean and (population) std are of
+every raw score seen so far including the current call's (Welford / Chan et al. updates;
+``state_dict`` for checkpoints).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from reinforge.data.base import Task
+from reinforge.errors import ConfigError
+from reinforge.rewards.verifiers import RewardResult
+
+log = logging.getLogger(__name__)
+
+Normalise = Literal["none", "running"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RunningMeanStd:
+    """Mean and population variance of every value seen: Chan et al.'s batch form of Welford's update,
+    ``M2 <- M2_a + M2_b + delta^2 n_a n_b / n``, ``mean <- mean_a + delta n_b / n``, ``var = M2 / n``."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def update(self, values: Sequence[float]) -> None:
+        if not values:
+            return
+        n_b = len(values)
+        mean_b = math.fsum(values) / n_b
+        m2_b = math.fsum((v - mean_b) ** 2 for v in values)
+        n = self.count + n_b
+        delta = mean_b - self.mean
+        self.mean += delta * n_b / n
+        self.m2 += m2_b + delta * delta * self.count * n_b / n
+        self.count = n
+
+    @property
+    def var(self) -> float:
+        return self.m2 / self.count if self.count else 0.0
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.var)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
+
+def _load(path: str, dtype: str) -> torch.nn.Module:
+    from transformers import AutoModelForSequenceClassification
+
+    directory = Path(path).expanduser()
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"reward model {path!r}: not a Hugging Face model directory (no config.json)")
+    return AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=_DTYPES[dtype])
+
+
+class RewardModelScorer:
+    """Batched scalar scores of (prompt, completion) pairs; see the module docstring."""
+
+    def __init__(self, path_or_model: str | torch.nn.Module, tokenizer: Any = None, *, batch_size: int = 16,
+                 normalise: Normalise = "none", max_length: int | None = None, device: str = "cpu",
+                 dtype: str = "float32", eps: float = 1e-6) -> None:
+        if normalise not in ("none", "running"):
+            raise ConfigError(f"reward model normalise must be 'none' or 'running', got {normalise!r}")
+        if batch_size < 1:
+            raise ConfigError(f"reward model batch_size must be >= 1, got {batch_size}")
+        if isinstance(path_or_model, str):
+            model = _load(path_or_model, dtype)
+            tokenizer = path_or_model if tokenizer is None else tokenizer
+        else:
+            model = path_or_model
+        if tokenizer is None:
+            raise ConfigError("RewardModelScorer needs a tokenizer (or a model path to load one from)")
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(Path(tokenizer).expanduser()))
+        config = model.config
+        if getattr(config, "num_labels", None) != 1:
+            raise ConfigError(f"a reward model needs a scalar head (num_labels=1); this one has "
+                              f"num_labels={getattr(config, 'num_labels', None)}")
+        self.model = model.to(device).eval()
+        self.tokenizer, self.device = tokenizer, device
+        self.batch_size, self.normalise, self.eps = batch_size, normalise, eps
+        self.pad_id = self._pad_id()
+        self.max_length = max_length or self._context_length()
+        self.norm = RunningMeanStd()
+        self.truncated = 0
+        self._lock = threading.Lock()
+
+    def _pad_id(self) -> int:
+        """The model pools at its last non-``pad_token_id`` token, so we pad with that id; a model
+        without one gets the tokenizer's pad (else eos) id written into its config."""
+        text_config = self.model.config.get_text_config()
+        if text_config.pad_token_id is not None:
+            return int(text_config.pad_token_id)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        if pad is None:
+            raise ConfigError("the reward model and its tokenizer define neither a pad nor an eos token")
+        log.info("reward model: config.pad_token_id is unset; using the tokenizer's %d", pad)
+        text_config.pad_token_id = int(pad)
+        return int(pad)
+
+    def _context_length(self) -> int:
+        config = self.model.config.get_text_config()
+        for name in ("max_position_embeddings", "n_positions"):
+            if isinstance(getattr(config, name, None), int):
+                return int(getattr(config, name))
+        return 2048
+
+    def encode(self, task: Task, completion: str) -> list[int]:
+        """Token ids of the pair (before truncation); see the module docstring."""
+        tok, prompt = self.tokenizer, task.prompt
+        if isinstance(prompt, str):
+            return list(tok(prompt + completion, add_special_tokens=True)["input_ids"])
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template([*prompt, {"role": "assistant", "content": completion}], tokenize=False)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+        text = "\n".join(m["content"] for m in prompt) + completion
+        return list(tok(text, add_special_tokens=True)["input_ids"])
+
+    def _truncate(self, ids: list[int]) -> list[int]:
+        if len(ids) <= self.max_length:
+            return ids
+        if self.truncated == 0:
+            log.warning("reward model: a sequence of %d tokens keeps its last %d (max_length)", len(ids), self.max_length)
+        self.truncated += 1
+        return ids[-self.max_length :]
+
+    @torch.inference_mode()
+    def raw_scores(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        """The head's scalar for every pair, unnormalised, in order (batches of similar lengths)."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+        encoded = [self._truncate(self.encode(t, c)) for t, c in zip(tasks, completions, strict=True)]
+        if any(not ids for ids in encoded):
+            raise ValueError("a (prompt, completion) pair encodes to no tokens")
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        scores = [0.0] * len(encoded)
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            width = max(len(encoded[i]) for i in rows)
+            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for r, i in enumerate(rows):
+                ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
+                mask[r, : len(encoded[i])] = 1
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            for r, value in zip(rows, logits[:, 0].float().tolist(), strict=True):
+                scores[r] = value
+        return scores
+
+    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
+        """Raw scores, or running-normalised ones with ``normalise="running"``."""
+        raw = self.raw_scores(tasks, completions)
+        if self.normalise == "none":
+            return raw
+        with self._lock:
+            self.norm.update(raw)
+            mean, std = self.norm.mean, self.norm.std
+        return [(s - mean) / (std + self.eps) for s in raw]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"normaliser": self.norm.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.norm.load_state_dict(state["normaliser"])
+
+
+class RewardModelVerifier:
+    """A Verifier over a scorer: ``reward = score``, ``correct = score > threshold``. It scores one
+    sample per call; a loop that has the whole batch should call ``scorer.score`` once instead."""
+
+    def __init__(self, scorer: RewardModelScorer, threshold: float = 0.0) -> None:
+        self.scorer, self.threshold = scorer, threshold
+
+    def __call__(self, task: Task, completion: str) -> RewardResult:
+        value = self.scorer.score([task], [completion])[0]
+        return RewardResult(value, value > self.threshold, None)
