@@ -1,4 +1,4 @@
-"""`reinforge train | eval | compare | serve | algos`: one entry point. Heavy modules are imported inside commands."""
+"""`reinforge train | eval | compare | report | serve | algos`: one entry point. Heavy modules are imported inside commands."""
 
 from __future__ import annotations
 
@@ -122,6 +122,22 @@ def compare(
 
         typer.echo(run_compare(runs, metric, group_by, last_k, str(out) if out else None, sequential, n_per_batch,
                                alpha, max_batches=max_batches))
+
+    _run_guarded(go)
+
+
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="a run directory (runs/<name>)")],
+    out: Annotated[Path | None, typer.Option(help="HTML file to write (default: RUN/report.html, PNGs in RUN/report/)")]
+        = None,
+) -> None:
+    """One self-contained HTML page of a run: plots, samples, evaluation, config (docs/tracking.md)."""
+
+    def go() -> None:
+        from reinforge.track.report import write_report
+
+        typer.echo(f"report: {write_report(run, out)}")
 
     _run_guarded(go)
 

@@ -303,6 +303,10 @@ class CheckpointConfig(_Strict):
 class LogConfig(_Strict):
     samples_per_step: int = Field(4, ge=0, description="completions written to samples.jsonl per step")
     console_every: int = Field(10, ge=1, description="print a metrics line every N steps when not on a terminal")
+    sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list, description="metric sinks beside metrics.jsonl (always written): tensorboard, "
+        "wandb (offline), mlflow (sqlite); docs/tracking.md")
+    report: bool = Field(True, description="write report.html (plots, samples, evaluation, config) at the end")
 
 
 class RunConfig(_Strict):

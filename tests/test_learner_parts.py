@@ -27,7 +27,8 @@ from reinforge.types import Trajectory
 def _cfg(tmp_path, *overrides):
     return load_config(None, [
         f"output_dir={tmp_path}", "rollout.prompts_per_step=4", "rollout.group_size=4", "task.heldout_size=20",
-        "train.time_limit_s=0", "algo.skip_equal_reward_groups=false", *overrides,
+        "train.time_limit_s=0", "algo.skip_equal_reward_groups=false", "eval.final_samples=0", "log.report=false",
+        *overrides,
     ])
 
 

@@ -24,6 +24,7 @@ def run_preset(tmp_path, preset: str, *overrides: str):
         f"train.lr={LEARNING_RATE.get(preset, 1e-4)}",
         "train.lr_schedule=constant", "train.time_limit_s=0", "rollout.prompts_per_step=16", "rollout.group_size=8",
         "task.heldout_size=300", "eval.every=0", "checkpoint.every=0", "log.samples_per_step=0",
+        "eval.final_samples=0", "log.report=false",
         *overrides,
     ])
     result = train(cfg)

@@ -10,7 +10,7 @@ from reinforge.orchestrate.sync_loop import train
 from reinforge.track.jsonl import read_jsonl
 
 COMMON = ["train.steps=2", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0", "rollout.prompts_per_step=4",
-          "rollout.group_size=4", "train.time_limit_s=0", "log.samples_per_step=2"]
+          "rollout.group_size=4", "train.time_limit_s=0", "log.samples_per_step=2", "log.report=false"]
 
 
 def _run(tmp_path, name, *overrides):

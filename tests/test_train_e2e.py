@@ -17,7 +17,7 @@ TIMING = ("time/", "perf/")
 def _cfg(tmp_path, name, *overrides):
     return load_config(None, [
         f"output_dir={tmp_path}", f"name={name}", "rollout.prompts_per_step=8", "rollout.group_size=4",
-        "task.heldout_size=100", "train.time_limit_s=0", *overrides,
+        "task.heldout_size=100", "train.time_limit_s=0", "eval.final_samples=0", "log.report=false", *overrides,
     ])
 
 
@@ -68,7 +68,8 @@ def test_resume_is_exact(tmp_path, monkeypatch, algo):
 
 
 def test_checkpoints_are_pruned_and_config_saved(tmp_path):
-    result = train(_cfg(tmp_path, "ck", "train.steps=4", "checkpoint.every=1", "checkpoint.keep=2", "eval.every=0"))
+    result = train(_cfg(tmp_path, "ck", "train.steps=4", "checkpoint.every=1", "checkpoint.keep=2", "eval.every=0",
+                        "eval.final_samples=16", "log.report=true", "log.sinks=[tensorboard]"))
     names = sorted(p.name for p in (result.run_dir / "checkpoints").iterdir())
     assert names == ["step_3", "step_4"]
     assert load_config(result.run_dir / "config.yaml").train.steps == 4
@@ -79,6 +80,9 @@ def test_checkpoints_are_pruned_and_config_saved(tmp_path):
                                                               ["eval/heldout_acc"])
     assert set(final["after"]["pass_at_k"]) == {"1", "2", "4", "8", "16"} and final["after"]["policy_version"] > 0
     assert (result.run_dir / "passk.png").stat().st_size > 1000
+    html = (result.run_dir / "report.html").read_text()
+    assert "data:image/png;base64," in html and "pass@16" in html  # the loop ends with the report
+    assert list((result.run_dir).glob("**/events.out.tfevents.*"))  # the tensorboard sink was written
     samples = read_jsonl(result.run_dir / "samples.jsonl")
     assert len(samples) == 4 * 4 and {"prompt", "completion", "reward"} <= samples[0].keys()
     with pytest.raises(ConfigError, match="already exists"):

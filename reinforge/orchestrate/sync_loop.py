@@ -26,6 +26,8 @@ from reinforge.orchestrate.run_dir import create_run_dir
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
+from reinforge.track.report import write_report
+from reinforge.track.sinks import build_sinks, close_sinks
 from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from reinforge.types import Trajectory
 
@@ -100,6 +102,18 @@ class _Loop:
         self.collapse = CollapseDetector()
 
     def run(self) -> TrainResult:
+        self.sinks = build_sinks(list(self.cfg.log.sinks), self.run_dir, self.cfg.model_dump(mode="json"))
+        try:
+            return self._run()
+        finally:
+            close_sinks(self.sinks)
+
+    def _log(self, metrics: dict[str, Any]) -> None:
+        self.metrics.write(metrics)
+        for sink in self.sinks:
+            sink.write(metrics)
+
+    def _run(self) -> TrainResult:
         cfg, t0 = self.cfg, time.perf_counter()
         before = self._evaluate_and_log(0) if self.start == 0 else None
         if self.start == 0 and cfg.eval.final_samples:
@@ -114,7 +128,7 @@ class _Loop:
                 if (cfg.eval.every and step % cfg.eval.every == 0) or last:
                     last_eval = self._evaluate(step)
                     metrics.update(last_eval)
-                self.metrics.write(metrics)
+                self._log(metrics)
                 progress.update(step, metrics)
                 self._warn_on_collapse(progress, metrics)
                 if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
@@ -126,6 +140,8 @@ class _Loop:
         if cfg.eval.final_samples:
             self._final_eval("after")
         plot_run(self.run_dir)
+        if cfg.log.report:
+            write_report(self.run_dir)
         return TrainResult(self.run_dir, step, before, after)
 
     # ------------------------------------------------------------------ one step
@@ -238,7 +254,7 @@ class _Loop:
 
     def _evaluate_and_log(self, step: int) -> float:
         metrics = self._evaluate(step)
-        self.metrics.write({"step": step, **metrics})
+        self._log({"step": step, **metrics})
         return metrics["eval/heldout_acc"]
 
     def save(self, step: int) -> None:

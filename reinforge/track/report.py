@@ -1,0 +1,435 @@
+"""`reinforge report RUN`: one self-contained HTML page of a run (plots, samples, eval, config).
+
+The PNGs are written to a directory beside the page (``run_dir/report/`` for ``run_dir/report.html``)
+and embedded in the page as base64 data URIs, so the single HTML file reads offline and can be mailed.
+No external CSS, JS or fonts.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reinforge.errors import ReinforgeError
+
+SAMPLES_PER_STEP = 8  # rows shown from the first and from the last step of samples.jsonl
+MAX_TEXT = 2000  # characters of a prompt or completion shown in the samples table
+
+
+@dataclass(frozen=True)
+class Family:
+    """One figure: the metrics drawn on it (key, label) and how."""
+
+    slug: str
+    title: str
+    keys: tuple[tuple[str, str], ...]
+    kind: str = "lines"  # "lines" | "stacked" (step-time split)
+    log_y: bool = False  # log scale when every value is positive
+    twin: tuple[str, str] | None = None  # a second metric on a right-hand axis
+    prefix: str | None = None  # also plot every other metric under this prefix
+
+
+FAMILIES = (
+    Family("reward", "training reward", (("reward/mean", "mean (band: ± std)"), ("reward/accuracy", "accuracy"))),
+    Family("heldout", "held-out accuracy", (("eval/heldout_acc", "greedy accuracy"),), prefix="eval/"),
+    Family("kl", "KL divergence", (("train/kl_ref", "KL to reference"), ("train/approx_kl_old", "approx KL to old policy"))),
+    Family("entropy", "policy entropy (nats/token)", (("train/entropy", "entropy"),)),
+    Family("clip", "clip fraction", (("train/clip_frac", "clipped"), ("train/dual_clip_frac", "dual-clipped"),
+                                     ("train/value_clip_frac", "value clipped"))),
+    Family("logprob_mismatch", "|log p learner - log p sampler|",
+           (("train/logprob_mismatch", "mean"), ("train/logprob_mismatch_max", "max")), log_y=True),
+    Family("response_length", "response length (tokens)", (("response/length_mean", "mean length"),),
+           twin=("response/truncated_frac", "truncated fraction")),
+    Family("step_time", "step time split (s)", (("time/generate_s", "generation"), ("time/reward_s", "reward"),
+                                                 ("time/train_s", "training")), kind="stacked"),
+    Family("throughput", "throughput (tokens/s)", (("perf/tokens_per_s", "tokens/s (whole step)"),
+                                                    ("perf/gen_tokens_per_s", "tokens/s (generation)"))),
+    Family("loss", "training loss", (("train/loss", "loss"),)),
+)
+
+
+@dataclass
+class Figure:
+    family: Family
+    png: Path | None = None
+    missing: list[str] = field(default_factory=list)
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write ``out`` (default ``run_dir/report.html``) and its PNGs (in ``out`` without suffix, e.g.
+    ``run_dir/report/``); return the HTML path."""
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    out = Path(out) if out is not None else run_dir / "report.html"
+    img_dir = out.with_suffix("")
+    img_dir.mkdir(parents=True, exist_ok=True)
+    figures = [plot_family(f, records, img_dir) for f in FAMILIES]
+    passk = None
+    if (run_dir / "passk.png").is_file():
+        passk = img_dir / "passk.png"
+        if passk.resolve() != (run_dir / "passk.png").resolve():
+            shutil.copyfile(run_dir / "passk.png", passk)
+    config_text = _read_text(run_dir / "config.yaml")
+    page = render_page(run_dir, records, figures, passk, config_text,
+                       _read_eval(run_dir / "eval.json"), _read_samples(run_dir / "samples.jsonl"))
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- reading
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise ReinforgeError(f"{run_dir}: not a run directory (no metrics.jsonl in it)")
+    return _read_jsonl(path)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReinforgeError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ReinforgeError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+def _read_text(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _read_eval(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ReinforgeError(f"{path}: not valid JSON ({e.msg})") from None
+    return data if isinstance(data, dict) else {"value": data}
+
+
+def _read_samples(path: Path) -> list[dict[str, Any]]:
+    """Rows of the first and the last step of samples.jsonl (at most SAMPLES_PER_STEP each)."""
+    rows = _read_jsonl(path) if path.is_file() else []
+    steps = sorted({r.get("step", 0) for r in rows})
+    chosen = steps[:1] + steps[-1:] if len(steps) > 1 else steps
+    return [r for s in chosen for r in [r for r in rows if r.get("step", 0) == s][:SAMPLES_PER_STEP]]
+
+
+def _number(value: Any) -> float | None:
+    """A metric value as a float; JSONL writes non-finite floats as strings ('nan', 'inf')."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        return float(value)
+    return None
+
+
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    points = [(r["step"], v) for r in records if "step" in r and (v := _number(r.get(key))) is not None]
+    return [float(s) for s, _ in points], [v for _, v in points]
+
+
+# ---------------------------------------------------------------------------------------- plots
+def _family_keys(family: Family, records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    keys = list(family.keys)
+    if family.prefix:
+        named = {k for k, _ in keys}
+        extra = sorted({k for r in records for k in r if k.startswith(family.prefix) and k not in named})
+        keys += [(k, k.removeprefix(family.prefix)) for k in extra]
+    return keys
+
+
+def plot_family(family: Family, records: list[dict[str, Any]], img_dir: Path) -> Figure:
+    """Draw one family's figure to ``img_dir/<slug>.png``; no figure if none of its metrics is present."""
+    keys = _family_keys(family, records)
+    present = [(k, label) for k, label in keys if series(records, k)[0]]
+    fig_info = Figure(family, missing=[k for k, _ in keys if (k, _) not in present])
+    if not present:
+        return fig_info
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    if family.kind == "stacked":
+        _stacked(ax, records, present)
+    else:
+        _lines(ax, records, present, family.log_y)
+    if family.twin and (twin := series(records, family.twin[0]))[0]:
+        ax2 = ax.twinx()
+        ax2.plot(*twin, color="tab:red", linestyle="--", label=family.twin[1])
+        ax2.set_ylabel(family.twin[1], color="tab:red")
+        ax2.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("step")
+    ax.set_title(family.title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig_info.png = img_dir / f"{family.slug}.png"
+    fig.savefig(fig_info.png, dpi=100)
+    plt.close(fig)
+    return fig_info
+
+
+def _lines(ax: Any, records: list[dict[str, Any]], present: list[tuple[str, str]], log_y: bool) -> None:
+    all_values = []
+    for key, label in present:
+        xs, ys = series(records, key)
+        all_values += ys
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+        if key == "reward/mean":
+            _, std = series(records, "reward/std")
+            if len(std) == len(ys):
+                ax.fill_between(xs, [y - s for y, s in zip(ys, std, strict=True)],
+                                [y + s for y, s in zip(ys, std, strict=True)], alpha=0.2)
+    if log_y and all(math.isfinite(v) and v > 0 for v in all_values):
+        ax.set_yscale("log")
+
+
+def _stacked(ax: Any, records: list[dict[str, Any]], present: list[tuple[str, str]]) -> None:
+    rows = [r for r in records if "step" in r and any(_number(r.get(k)) is not None for k, _ in present)]
+    xs = [float(r["step"]) for r in rows]
+    stacks = [[_number(r.get(k)) or 0.0 for r in rows] for k, _ in present]
+    if len(xs) > 1:
+        ax.stackplot(xs, *stacks, labels=[label for _, label in present], alpha=0.8)
+    else:
+        bottom = 0.0
+        for values, (_, label) in zip(stacks, present, strict=True):
+            ax.bar(xs, values, bottom=bottom, label=label)
+            bottom += values[0]
+    ax.set_ylabel("seconds per step")
+
+
+# ---------------------------------------------------------------------------------------- page
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1300px;padding:1em 2em;
+     color:#222}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+nav a{margin-right:1em} table{border-collapse:collapse;font-size:.9em} td,th{border:1px solid #ddd;padding:3px 8px;
+vertical-align:top;text-align:left} th{background:#f3f3f3} .num{text-align:right;font-variant-numeric:tabular-nums}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:1em}
+figure{margin:0} figure img{width:100%;height:auto;border:1px solid #eee} figcaption{font-size:.8em;color:#555}
+pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em} td pre{margin:0;padding:0;background:none;
+white-space:pre-wrap;word-break:break-word;max-width:40em} .note{color:#777;font-size:.9em}
+"""
+
+# Sets data-images-loaded="true" on <body> once every <img> has decoded (headless tests read it).
+IMAGES_SCRIPT = """
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; });
+  document.body.setAttribute("data-images-total", String(imgs.length));
+  document.body.setAttribute("data-images-ok", String(ok.length));
+  if (imgs.length > 0 && ok.length === imgs.length) document.body.setAttribute("data-images-loaded", "true");
+});
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value: Any) -> str:
+    v = _number(value)
+    if v is None:
+        return _e(value)
+    if v.is_integer() and abs(v) < 1e9:
+        return str(int(v))
+    return f"{v:.4g}"
+
+
+def _img(path: Path, alt: str, note: str = "") -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
+            f"<figcaption>{_e(alt)} ({_e(path.name)}){_e(note)}</figcaption></figure>")
+
+
+def render_page(run_dir: Path, records: list[dict[str, Any]], figures: list[Figure], passk: Path | None,
+                config_text: str | None, eval_data: dict[str, Any] | None, samples: list[dict[str, Any]]) -> str:
+    name = run_dir.resolve().name
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>reinforge report: {_e(name)}</title><style>{CSS}</style></head><body>",
+        f"<h1>reinforge report: {_e(name)}</h1>",
+        '<nav><a href="#summary">summary</a><a href="#plots">plots</a><a href="#eval">evaluation</a>'
+        '<a href="#samples">samples</a><a href="#config">config</a></nav>',
+        _summary_section(run_dir, records, config_text),
+        _plots_section(figures),
+        _eval_section(eval_data, passk),
+        _samples_section(samples),
+        _config_section(config_text),
+        f"<script>{IMAGES_SCRIPT}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _last(records: list[dict[str, Any]], key: str) -> tuple[float, float] | None:
+    xs, ys = series(records, key)
+    return (xs[-1], ys[-1]) if xs else None
+
+
+def _summary_section(run_dir: Path, records: list[dict[str, Any]], config_text: str | None) -> str:
+    rows: list[tuple[str, str]] = [("run directory", _e(run_dir.resolve()))]
+    cfg = _parse_yaml(config_text)
+    algo = cfg.get("algo") if isinstance(cfg.get("algo"), dict) else {}
+    model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    task = cfg.get("task") if isinstance(cfg.get("task"), dict) else {}
+    if cfg:
+        rows.append(("model / task", f"{_e(model.get('path', '?'))} / {_e(task.get('kind', '?'))}"))
+        rows.append(("algorithm", _e(f"preset {cfg.get('preset')}: advantage {algo.get('advantage')}, "
+                                     f"policy loss {algo.get('policy_loss')}, loss agg {algo.get('loss_agg')}")))
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int | float)]
+    rows.append(("steps", _fmt(max(steps)) if steps else "none"))
+    if reward := _last(records, "reward/mean"):
+        _, ys = series(records, "reward/mean")
+        tail = ys[-10:]
+        rows.append(("final reward", f"{reward[1]:.4f} (step {reward[0]:.0f}; mean of the last {len(tail)} "
+                                     f"steps {sum(tail) / len(tail):.4f})"))
+    xs, acc = series(records, "eval/heldout_acc")
+    if acc:
+        before = f"{acc[0]:.4f} (step {xs[0]:.0f})" if xs[0] == 0 else "n/a (no step-0 evaluation)"
+        rows.append(("held-out greedy accuracy", f"before {before} → after {acc[-1]:.4f} (step {xs[-1]:.0f})"))
+    times = {k: sum(series(records, f"time/{k}_s")[1]) for k in ("step", "generate", "reward", "train")}
+    if times["step"] > 0:
+        split = ", ".join(f"{k} {100 * times[k] / times['step']:.0f}%" for k in ("generate", "reward", "train"))
+        rows.append(("total time", f"{_duration(times['step'])} in training steps ({split}; "
+                                   "evaluation and checkpoints not included)"))
+    body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<section id="summary"><h2>Summary</h2><table>{body}</table></section>'
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(seconds, 60)
+    h, m = divmod(int(m), 60)
+    return f"{h}h {m:02d}m {s:04.1f}s" if h else f"{m}m {s:04.1f}s" if m else f"{s:.1f} s"
+
+
+def _parse_yaml(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _plots_section(figures: list[Figure]) -> str:
+    drawn = [_img(f.png, f.family.title, f"; not logged: {', '.join(f.missing)}" if f.missing else "")
+             for f in figures if f.png is not None]
+    skipped = [f for f in figures if f.png is None]
+    parts = ['<section id="plots"><h2>Training curves</h2>', f'<div class="grid">{"".join(drawn)}</div>']
+    if skipped:
+        items = "".join(f"<li>{_e(f.family.title)}: none of {_e(', '.join(f.missing))} in metrics.jsonl</li>"
+                        for f in skipped)
+        parts.append(f'<p class="note">Not plotted (metrics absent):</p><ul class="note skipped">{items}</ul>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _eval_columns(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Evaluation results by label: ``before``/``after`` (a run's eval.json) or ``models`` (reinforge eval)."""
+    source = data.get("models") if isinstance(data.get("models"), dict) else data
+    return {str(k): v for k, v in source.items() if isinstance(v, dict) and "greedy_accuracy" in v}
+
+
+def _eval_rows(columns: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(label, key in the result, key in confidence_intervals_95) for every metric any column has."""
+    rows = [("greedy accuracy", "greedy_accuracy", "greedy_accuracy")]
+    samples = {c.get("samples") for c in columns.values() if c.get("mean_at_n") is not None}
+    if samples:
+        rows.append((f"mean@{'/'.join(map(str, sorted(samples)))}", "mean_at_n", "mean@"))
+    for kind, label in (("pass_at_k", "pass"), ("maj_at_k", "maj")):
+        ks = sorted({int(k) for c in columns.values() for k in (c.get(kind) or {})})
+        rows += [(f"{label}@{k}", f"{kind}.{k}", f"{label}@{k}") for k in ks]
+    return rows
+
+
+def _eval_value(result: dict[str, Any], key: str, ci_key: str) -> str:
+    if "." in key:
+        kind, k = key.split(".")
+        value = (result.get(kind) or {}).get(k)
+    else:
+        value = result.get(key)
+    if value is None:
+        return "–"
+    cis = result.get("confidence_intervals_95") or {}
+    if ci_key == "mean@":
+        ci_key = f"mean@{result.get('samples')}"
+    ci = cis.get(ci_key)
+    text = _fmt(value)
+    if isinstance(ci, list | tuple) and len(ci) == 2:
+        text += f" <small>[{_fmt(ci[0])}, {_fmt(ci[1])}]</small>"
+    return text
+
+
+def _eval_section(data: dict[str, Any] | None, passk: Path | None) -> str:
+    parts = ['<section id="eval"><h2>Evaluation</h2>']
+    if data is None:
+        parts.append('<p class="note">No eval.json in the run directory (set eval.final_samples to get '
+                     "pass@k / maj@k before and after training).</p>")
+    else:
+        columns = _eval_columns(data)
+        if columns:
+            head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+            meta = "".join(f"<td>{_e(c.get('num_prompts', '?'))} prompts, {_e(c.get('samples', '?'))} samples, "
+                           f"T={_e(c.get('temperature', '?'))}</td>" for c in columns.values())
+            body = "".join(
+                f"<tr><th>{_e(label)}</th>" + "".join(f'<td class="num">{_eval_value(c, key, ci)}</td>'
+                                                      for c in columns.values()) + "</tr>"
+                for label, key, ci in _eval_rows(columns))
+            parts.append(f'<table class="eval"><tr><th>metric (95% CI)</th>{head}</tr>'
+                         f"<tr><th>setting</th>{meta}</tr>{body}</table>")
+        else:
+            parts.append('<p class="note">eval.json has no greedy_accuracy results; raw content below.</p>')
+        raw = json.dumps(data, indent=2, sort_keys=False)
+        parts.append(f"<details><summary>eval.json</summary><pre>{_e(raw)}</pre></details>")
+    if passk is not None:
+        parts.append(f'<div class="grid">{_img(passk, "pass@k curves before and after training")}</div>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _clip(text: Any) -> str:
+    s = "" if text is None else str(text)
+    return s if len(s) <= MAX_TEXT else s[:MAX_TEXT] + f"… [{len(s) - MAX_TEXT} more characters]"
+
+
+def _samples_section(samples: list[dict[str, Any]]) -> str:
+    parts = ['<section id="samples"><h2>Sample completions</h2>']
+    if not samples:
+        parts.append('<p class="note">No samples.jsonl (or it is empty).</p></section>')
+        return "".join(parts)
+    parts.append(f'<p class="note">From samples.jsonl: the first and the last step, up to {SAMPLES_PER_STEP} each.</p>')
+    head = "<tr><th>step</th><th>task</th><th>reward</th><th>finish</th><th>prompt</th><th>completion</th></tr>"
+    body = "".join(
+        f'<tr><td class="num">{_e(r.get("step", ""))}</td><td>{_e(r.get("task_id", ""))}</td>'
+        f'<td class="num">{_fmt(r.get("reward", ""))}</td><td>{_e(r.get("finish_reason", ""))}</td>'
+        f"<td><pre>{_e(_clip(r.get('prompt')))}</pre></td><td><pre>{_e(_clip(r.get('completion')))}</pre></td></tr>"
+        for r in samples)
+    parts.append(f'<table class="samples">{head}{body}</table></section>')
+    return "".join(parts)
+
+
+def _config_section(config_text: str | None) -> str:
+    if config_text is None:
+        return '<section id="config"><h2>Resolved config</h2><p class="note">No config.yaml.</p></section>'
+    return f'<section id="config"><h2>Resolved config</h2><pre class="config">{_e(config_text)}</pre></section>'
