@@ -18,6 +18,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	@if [ "$$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "bubblewrap not installed: the sandbox falls back to unshare + rlimits"; fi
+	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "chromium not installed: the report's browser test will be skipped"; fi
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
 
