@@ -73,6 +73,7 @@ def eval_cmd(
     model: Annotated[list[str], typer.Option(help="HF model directory, a run directory (latest checkpoint) or "
                                                   "'tiny-base'; repeat to compare several")],
     task: Annotated[str, typer.Option(help="task source: arithmetic | jsonl")] = "arithmetic",
+    recipe: Annotated[str | None, typer.Option(help="take the task and reward from a recipe (any source)")] = None,
     data: Annotated[Path | None, typer.Option(help="JSONL file of prompts and answers (task=jsonl)")] = None,
     samples: Annotated[int, typer.Option(help="samples per prompt for mean@n, pass@k, maj@k (0 = greedy only)")] = 16,
     ks: Annotated[str | None, typer.Option(help="comma-separated k for pass@k and maj@k (default 1,2,4,8,16 <= n)")]
@@ -94,7 +95,8 @@ def eval_cmd(
             k_list = [int(k) for k in ks.split(",")] if ks else None
         except ValueError:
             raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}") from None
-        result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed, k_list, plot)
+        result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed, k_list, plot,
+                          recipe=recipe)
         out.write_text(json.dumps(result, indent=2) + "\n")
 
     _run_guarded(go)

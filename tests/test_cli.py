@@ -69,3 +69,18 @@ def test_eval_reports_greedy_pass_maj_with_intervals_and_curves(tmp_path):
     assert plot.stat().st_size > 1000
     bad = _run("eval", "--model", "tiny-base", "--samples", "4", "--ks", "8", "--out", str(out_file))
     assert bad.returncode == 2 and "--ks" in bad.stderr
+
+
+def test_eval_takes_task_and_reward_from_a_recipe(tmp_path):
+    data = tmp_path / "t.csv"
+    data.write_text("question,solution,level\n" + "".join(f"{a}+{a}=,{2 * a},{'easy' if a < 30 else 'hard'}\n"
+                                                          for a in range(10, 50)))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"task: {{kind: table, path: {data}, heldout_size: 20, as_chat: true, "
+                      "columns: {prompt: question, answer: solution, difficulty: level}}\n")
+    out_file = tmp_path / "e.json"
+    out = _run("eval", "--model", "tiny-base", "--recipe", str(recipe), "--samples", "2", "--out", str(out_file))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out_file.read_text())["models"]["tiny-base"]
+    assert result["num_prompts"] == 20
+    assert set(result["breakdown"]["difficulty"]) <= {"easy", "hard"} and result["breakdown"]["difficulty"]

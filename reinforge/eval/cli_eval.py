@@ -32,16 +32,25 @@ def resolve_eval_model(model: str) -> str:
 def run_eval(
     models: list[str], task: str, data: Path | None, samples: int, temperature: float, max_new_tokens: int,
     heldout_size: int, seed: int, ks: list[int] | None = None, plot: Path | None = None, n_boot: int = 2000,
+    recipe: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate each model on the task's held-out split: print a table per model (with 95% bootstrap
     intervals over prompts), and plot their pass@k curves on one figure if ``plot`` is given."""
     from pydantic import ValidationError
     from rich.console import Console
 
-    try:
-        task_cfg = TaskConfig(kind=task, path=str(data) if data else None, heldout_size=heldout_size)
-    except ValidationError as e:
-        raise ConfigError(f"--task/--data: {e.errors()[0]['msg']}") from None
+    if recipe is not None:  # any task source and reward the recipe defines (tables, reasoning-gym, composites)
+        from reinforge.config import load_config
+        from reinforge.rewards.build import build_reward
+
+        run_cfg = load_config(recipe)
+        task_cfg, verifier = run_cfg.task, build_reward(run_cfg)
+    else:
+        try:
+            task_cfg = TaskConfig(kind=task, path=str(data) if data else None, heldout_size=heldout_size)
+        except ValidationError as e:
+            raise ConfigError(f"--task/--data: {e.errors()[0]['msg']}") from None
+        verifier = VERIFIERS.get(task_cfg.verifier)
     splits = build_task_splits(task_cfg)
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= samples]))
     if any(k < 1 or k > max(samples, 1) for k in ks) and samples:
@@ -52,8 +61,8 @@ def run_eval(
         path = resolve_eval_model(model)
         torch.manual_seed(seed)
         engine = TorchRolloutEngine(load_model(path), load_tokenizer(path), seed=seed)
-        result = evaluate(engine, splits.heldout, VERIFIERS.get(task_cfg.verifier), max_new_tokens, samples,
-                          temperature, ks=ks, confidence=True, n_boot=n_boot)
+        result = evaluate(engine, splits.heldout, verifier, max_new_tokens, samples, temperature, ks=ks,
+                          system_prompt=task_cfg.system_prompt, confidence=True, n_boot=n_boot)
         console.print(f"\n[bold]{path}[/] on {splits.name}: {result.num_prompts} held-out prompts, "
                       f"{samples} samples each at T={temperature}", highlight=False)
         console.print(result_table(result))
