@@ -29,7 +29,7 @@ demo: install
 	$(BIN)/reinforge train
 
 test: install-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 lint: install-dev
 	$(BIN)/ruff check reinforge tests scripts benchmarks
