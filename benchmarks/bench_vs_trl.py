@@ -28,7 +28,12 @@ the first and after the last step) are outside every step. ``--force-length 16``
 completion exactly 16 tokens (TRL: ``min_new_tokens``, which masks EOS; reinforge:
 ``SamplingParams.ignore_eos``, which the run config does not expose, so the child patches
 ``Components.sampling_params``). ``--pretrain-steps N`` gives the random model N steps of
-next-token pretraining on ``a+b=c`` first, so the reward comparison is not a comparison of zeros.
+next-token pretraining on ``a+b=c`` first, so the reward comparison is not a comparison of zeros
+(a random-init model almost never writes a correct sum).
+
+The machine is shared: each child also measures, from /proc/stat, how much CPU other processes used
+during its timed steps; a repeat where they used more than 0.25 cores is run again (``--retries``)
+and any repeat still above that is named in a warning under the table.
 """
 
 from __future__ import annotations
