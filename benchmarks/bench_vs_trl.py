@@ -477,6 +477,12 @@ def _step_list(r: dict, warmup: int) -> list[float]:
     return [r["end"][i] - r["begin"][i] for i in range(warmup, len(r["begin"]))]
 
 
+def _save(path: Path | None, args, built: dict, runs: dict, profiles: dict | None = None) -> None:
+    if path is not None:
+        path.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "built": built,
+                                    "runs": runs, "profiles": profiles or {}}))
+
+
 def _spec(work: Path, args, repeat: int, profile: bool) -> dict:
     return {"workdir": str(work), "tag": f"r{repeat}" + ("-profile" if profile else ""), "seed": repeat,
             "steps": args.steps, "warmup": args.warmup, "lr": args.lr, "max_new_tokens": args.max_new_tokens,
@@ -543,6 +549,7 @@ def main() -> None:
                 print(f"repeat {r} {fw}: other processes used {others:.2f} cores during the timed steps; "
                       "running it again", flush=True)
             runs[fw].append(res)
+            _save(args.json, args, built, runs)  # as we go: a killed invocation keeps what it measured
             s = summarise(res, args.warmup)
             print(f"repeat {r} {fw:9s}: median {s['wall']:.4f} s/step (body {s['step']:.4f}), "
                   f"{s['tokens_per_step']:.0f} tokens/step, reward last 10 {s['reward_last10']:.3f}, "
@@ -563,9 +570,7 @@ def main() -> None:
                  if r["cpu"].get("others", 0.0) > CONTENDED_CORES]
     if contended:
         print(f"WARNING: other processes used > {CONTENDED_CORES} cores during: " + ", ".join(contended))
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "built": built,
-                                         "runs": runs}))
+    _save(args.json, args, built, runs, profiles)
     if not args.keep:
         import shutil
 
