@@ -69,7 +69,7 @@ def _check_verifier(name: str) -> str:
 
 
 class TaskConfig(_Strict):
-    kind: Literal["arithmetic", "jsonl", "table", "reasoning_gym"] = "arithmetic"
+    kind: Literal["arithmetic", "jsonl", "table", "reasoning_gym", "calculator", "guessing"] = "arithmetic"
     verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them)")
     heldout_size: int = Field(500, ge=1)
     seed: int = Field(1234, description="seed of the train/held-out split")
@@ -99,6 +99,8 @@ class TaskConfig(_Strict):
     rg_params: dict[str, Any] = Field(default_factory=dict)
     rg_chat: bool = True
     rg_answer_tag: str | None = "answer"
+    # procedural agent tasks (calculator, guessing): keyword arguments of their task source
+    params: dict[str, Any] = Field(default_factory=dict, description="calculator: digits, ops; guessing: low, high")
 
     @field_validator("verifier")
     @classmethod
@@ -160,9 +162,18 @@ class RewardConfig(_Strict):
     """Weighted reward terms (each logged per step as reward/term/<name>); empty = task.verifier alone."""
 
     terms: list[RewardTermConfig] = Field(default_factory=list)
-    on_error: Literal["raise", "zero"] = Field(
-        "raise", description="a term that raises or returns non-finite: stop the run (raise) or score 0 and count it"
+    on_error: Literal["auto", "raise", "zero"] = Field(
+        "auto",
+        description="a reward call (or term) that raises, times out or returns non-finite: stop the run (raise), "
+        "score 0 and count it (zero), or auto = raise during the first step (a broken reward function fails "
+        "loudly), zero after it",
     )
+    workers: int = Field(2, ge=1, description="verifier workers scoring completions in parallel off the main loop")
+    pool: Literal["thread", "process"] = Field(
+        "thread", description="thread: for sandboxed code, reward models, judges; process: for CPU-bound "
+        "pure-Python verifiers such as math_verify (needs a picklable verifier)",
+    )
+    timeout_s: float = Field(60.0, gt=0, description="per-call timeout of one reward computation")
 
 
 class RolloutConfig(_Strict):
@@ -309,6 +320,30 @@ class LogConfig(_Strict):
     report: bool = Field(True, description="write report.html (plots, samples, evaluation, config) at the end")
 
 
+class EnvConfig(_Strict):
+    """The environment an episode runs in: ``single_turn`` (one completion scored by the reward) or a
+    multi-turn environment (reinforge/envs/registry.py), with the episode limits."""
+
+    name: str = Field("single_turn", description="single_turn, calculator, guessing, retry (reinforge/envs)")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
+    max_turns: int = Field(4, ge=1, description="model turns per episode")
+    max_total_tokens: int = Field(0, ge=0, description="whole episode incl. prompt; 0 = the model's context")
+    max_turn_tokens: int = Field(0, ge=0, description="tokens per model turn; 0 = rollout.max_new_tokens")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from reinforge.envs.registry import ENVIRONMENTS
+
+        if v not in ENVIRONMENTS:
+            raise ValueError(f"unknown environment {v!r}; allowed: {', '.join(sorted(ENVIRONMENTS))}")
+        return v
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.name != "single_turn"
+
+
 class RunConfig(_Strict):
     preset: str | None = Field(None, description="algorithm preset the recipe builds on (reinforge algos lists them)")
     name: str | None = Field(None, description="run directory name under output_dir (default: a fresh name)")
@@ -317,12 +352,23 @@ class RunConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _env_fits_task(self) -> RunConfig:
+        from reinforge.envs.registry import check_task_kind
+
+        check_task_kind(self.env.name, self.task.kind)
+        if self.task.kind in ("calculator", "guessing") and not self.env.multi_turn:
+            raise ValueError(f"task.kind={self.task.kind} is played in a multi-turn environment: set env.name "
+                             f"(e.g. env.name={self.task.kind})")
+        return self
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:

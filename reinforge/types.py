@@ -24,6 +24,8 @@ class Trajectory:
     keeps the trajectory as a group member (for baselines) but gives it no loss (e.g. DAPO's
     overlong filtering of truncated responses). ``token_versions[t]`` is the policy version that
     sampled token t (-1 for prompt and environment tokens; empty when not recorded).
+    Multi-turn episodes also keep each model turn's reward (``turn_rewards``) and its token span
+    ``[start, end)`` in ``token_ids`` (``turn_spans``); ``reward`` is the sum of the turn rewards.
     """
 
     token_ids: list[int]
@@ -39,6 +41,7 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
     trainable: bool = True
     token_versions: list[int] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -75,6 +78,7 @@ class Batch:
     ref_logprobs: Tensor | None = None
     values: Tensor | None = None
     returns: Tensor | None = None
+    turn_returns: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

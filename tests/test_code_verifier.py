@@ -1,23 +1,19 @@
-"""The code verifier (extraction, assert and stdin/stdout tests, reward modes) and VerifierPool."""
+"""The code verifier (extraction, assert and stdin/stdout tests, reward modes), also in a VerifierPool."""
 
 from __future__ import annotations
 
-import logging
 import sys
-import threading
-import time
 
 import pytest
 
 from reinforge.data.base import Task
 from reinforge.rewards.code import (
-    VerifierError,
-    VerifierPool,
     code_tests,
     extract_code,
     run_tests,
     split_asserts,
 )
+from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult
 from reinforge.sandbox import SandboxLimits
 
@@ -163,58 +159,7 @@ def test_code_tests_verifier_is_registered_and_reads_task_metadata():
         code_tests(_task(1), INC)
 
 
-# --- VerifierPool -------------------------------------------------------------------------------
-
-
-def _slow_or_broken(task: Task, completion: str) -> RewardResult:
-    if completion == "raise":
-        raise RuntimeError("verifier bug")
-    if completion == "hang":
-        time.sleep(1.0)
-    return RewardResult(1.0, True)
-
-
-def test_pool_counts_and_logs_errors_and_timeouts(caplog):
-    tasks = [_task(i) for i in range(4)]
-    with VerifierPool(_slow_or_broken, workers=2, timeout_s=0.3, on_error="zero") as pool:
-        with caplog.at_level(logging.WARNING, logger="reinforge.rewards.code"):
-            start = time.monotonic()
-            outcomes = pool.score(tasks, ["ok", "raise", "hang", "ok"])
-            elapsed = time.monotonic() - start
-    assert [o.status for o in outcomes] == ["ok", "error", "timeout", "ok"]
-    assert [o.reward for o in outcomes] == [1.0, 0.0, 0.0, 1.0]
-    assert "RuntimeError: verifier bug" in outcomes[1].error
-    assert pool.stats == {"calls": 4, "errors": 1, "timeouts": 1}
-    assert [(f.task_id, f.status, f.completion) for f in pool.failures] == [("t1", "error", "raise"), ("t2", "timeout", "hang")]
-    assert "task 't1'" in caplog.text and "'raise'" in caplog.text and "task 't2'" in caplog.text
-    assert elapsed < 0.9, "the timed-out call was waited for"
-
-
-def test_pool_raise_policy():
-    with VerifierPool(_slow_or_broken, workers=2, timeout_s=5) as pool:
-        with pytest.raises(VerifierError, match="verifier bug"):
-            pool.score([_task(0), _task(1)], ["ok", "raise"])
-    with VerifierPool(_slow_or_broken, workers=1, timeout_s=0.2) as pool:
-        with pytest.raises(VerifierError, match="timeout on task 't0'"):
-            pool.score([_task(0)], ["hang"])
-
-
-def test_pool_runs_calls_in_parallel_and_times_each_from_its_start():
-    active, peak, lock = [0], [0], threading.Lock()
-
-    def slow(task: Task, completion: str) -> RewardResult:
-        with lock:
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-        time.sleep(0.25)
-        with lock:
-            active[0] -= 1
-        return RewardResult(0.5, False)
-
-    with VerifierPool(slow, workers=2, timeout_s=0.4, on_error="zero") as pool:
-        outcomes = pool.score([_task(i) for i in range(6)], ["x"] * 6)
-    # six 0.25 s calls on two workers: the last ones start ~0.5 s after submission, past 0.4 s
-    assert [o.status for o in outcomes] == ["ok"] * 6 and peak[0] == 2
+# --- the code verifier in the VerifierPool ------------------------------------------------------
 
 
 def test_pool_with_the_sandboxed_code_verifier():

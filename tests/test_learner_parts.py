@@ -35,8 +35,8 @@ def _cfg(tmp_path, *overrides):
 def _rollout_batch(c, seed=1):
     cfg = c.cfg
     tasks = c.sampler.next_batch(cfg.rollout.prompts_per_step)
-    envs, gens = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=seed)
-    trajs = score_single_turn(tasks, envs, gens, cfg.rollout.group_size)
+    _, gens = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=seed)
+    trajs = score_single_turn(tasks, gens, cfg.rollout.group_size, c.reward_pool)
     batch, _ = build_batch(trajs, cfg.algo, c.engine.pad_id)
     return trajs, batch
 

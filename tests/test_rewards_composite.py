@@ -10,7 +10,6 @@ import pytest
 import reinforge.rewards.format  # noqa: F401  (registers think_answer_format)
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError, ReinforgeError
-from reinforge.rewards.code import VerifierError, VerifierPool
 from reinforge.rewards.composite import (
     CompositeReward,
     CompositeRewardResult,
@@ -19,6 +18,7 @@ from reinforge.rewards.composite import (
     length_penalty,
     term_metrics,
 )
+from reinforge.rewards.pool import VerifierError, VerifierPool
 from reinforge.rewards.verifiers import RewardResult
 
 TASK = Task("t7", "2+2=", "4")

@@ -90,6 +90,58 @@ def grpo_advantage(
     return _per_token(adv, mask, token_rewards, cfg)
 
 
+def turn_returns(turn_rewards: list[float], gamma: float) -> list[float]:
+    """Discounted per-turn returns of one episode: G_k = sum_{m >= k} gamma^(m - k) r_m."""
+    out, running = [0.0] * len(turn_rewards), 0.0
+    for k in range(len(turn_rewards) - 1, -1, -1):
+        running = turn_rewards[k] + gamma * running
+        out[k] = running
+    return out
+
+
+@ADVANTAGES.register(
+    "grpo_turn",
+    formula="A_{i,t} = (G_{i,k(t)} - mean_g(G_{.,0})) / (std_g(G_{.,0}) + eps), G_{i,k} = sum_{m>=k} gamma^(m-k) r_{i,m}, "
+            "k(t) = the turn of token t  [std scaling optional]",
+    paper="turn-level credit for multi-turn agents, cf. Zeng et al. 2025 (arXiv:2505.11821); group baseline of "
+          "Shao et al. 2024 (arXiv:2402.03300)",
+)
+def grpo_turn_advantage(
+    rewards: Tensor,
+    group_index: Tensor,
+    mask: Tensor,
+    values: Tensor | None,
+    cfg: Any,
+    *,
+    token_rewards: Tensor | None = None,
+    baseline: Tensor | None = None,
+    turn_returns: Tensor | None = None,
+) -> Tensor:
+    """Turn-level group-relative advantage for multi-turn episodes.
+
+    Every model token t of episode i gets the discounted return from its own turn on, G_{i,k(t)}
+    (``turn_returns[i, t]``, filled by the orchestrator from ``Trajectory.turn_rewards`` with
+    ``cfg.gamma``), minus the mean over the group (episodes of the same task) of the episodes'
+    returns from the start G_{j,0}, divided by their std (``cfg.scale_by_std``). A later turn is
+    credited only with the rewards that came after it; with one turn (or gamma = 1 and a reward
+    at the end only) this is ``grpo``. Without ``turn_returns`` every token gets r_i (single-turn).
+    """
+    if turn_returns is None:
+        turn_returns = rewards.to(torch.float64)[:, None].expand(mask.shape)
+    turn_returns = turn_returns.to(torch.float64)
+    live = mask != 0
+    has_tokens = live.any(1)
+    first = live.to(torch.int64).argmax(1)
+    g0 = torch.where(has_tokens, turn_returns.gather(1, first[:, None])[:, 0], rewards.to(torch.float64))
+    mean, std, _ = group_mean_std(g0, group_index)
+    adv = turn_returns - mean[:, None]
+    if cfg.scale_by_std:
+        adv = adv / (std[:, None] + cfg.adv_eps)
+    if token_rewards is not None:
+        adv = adv + returns_to_go(token_rewards.to(torch.float64), mask, _gamma(cfg))
+    return (adv * live).to(mask.dtype)
+
+
 def _per_token(adv: Tensor, mask: Tensor, token_rewards: Tensor | None = None, cfg: Any = None) -> Tensor:
     """Broadcast a per-sequence float64 advantage ``[N]`` to ``[N, T]``, zero where ``mask`` is 0.
 

@@ -45,8 +45,19 @@ def _reasoning_gym(cfg: TaskConfig) -> TaskSplits:
                                 params=cfg.rg_params or None, chat=cfg.rg_chat, answer_tag=cfg.rg_answer_tag)
 
 
+def _agent(cfg: TaskConfig) -> TaskSplits:
+    from reinforge.data.agent_tasks import AGENT_TASK_SOURCES
+
+    source = AGENT_TASK_SOURCES[cfg.kind]
+    try:
+        return source(**cfg.params, heldout_size=cfg.heldout_size, seed=cfg.seed)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"task.params for task.kind={cfg.kind}: {e}") from None
+
+
 TASK_SOURCES: dict[str, Callable[[TaskConfig], TaskSplits]] = {
     "arithmetic": _arithmetic, "jsonl": _jsonl, "table": _table, "reasoning_gym": _reasoning_gym,
+    "calculator": _agent, "guessing": _agent,
 }
 
 

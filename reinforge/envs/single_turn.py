@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from reinforge.data.base import Task
 from reinforge.envs.base import Message, StepResult
-from reinforge.rewards.verifiers import Verifier
+from reinforge.rewards.verifiers import RewardResult, Verifier
 from reinforge.rollout.prompts import prompt_messages
 
 
@@ -23,9 +23,17 @@ class SingleTurnEnv:
     def step(self, assistant: Message) -> StepResult:
         if self.task is None:
             raise RuntimeError("step() before reset()")
-        result = self.verifier(self.task, assistant["content"])
-        info = {"correct": result.correct}
-        terms = getattr(result, "terms", None)  # a composite reward's named terms, logged per step
-        if terms:
-            info["reward_terms"] = dict(terms)
-        return StepResult(observation=[], reward=result.reward, done=True, info=info)
+        return verifier_step_result(self.verifier(self.task, assistant["content"]))
+
+
+def verifier_step_result(result: RewardResult) -> StepResult:
+    """The final step of a verifier-scored episode: its reward, ``correct``, and a composite reward's
+    named terms (``reward_terms``) and failed terms (``reward_term_errors``), logged per step."""
+    info: dict = {"correct": result.correct}
+    terms = getattr(result, "terms", None)
+    if terms:
+        info["reward_terms"] = dict(terms)
+    errors = getattr(result, "errors", None)
+    if errors:
+        info["reward_term_errors"] = dict(errors)
+    return StepResult(observation=[], reward=result.reward, done=True, info=info)

@@ -14,7 +14,7 @@ Results are broken down by task metadata keys where the tasks carry them (e.g. `
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 from reinforge.data.base import Task
 from reinforge.eval.passk import pass_at_k
 from reinforge.eval.stats import bootstrap_ci
+from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.prompts import encode_prompt, prompt_messages
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
@@ -67,15 +68,20 @@ def build_requests(tasks: Sequence[Task], tokenizer, system_prompt: str | None) 
     ]
 
 
-def _score(tasks: Sequence[Task], gens: list[Generation], verifier: Verifier, per_task: int
+def _score(tasks: Sequence[Task], gens: list[Generation], verifier: Verifier | VerifierPool, per_task: int
            ) -> tuple[np.ndarray, list[list[str | None]]]:
-    """Correctness [P, per_task] (0/1) and the verifier's answers [P][per_task]."""
+    """Correctness [P, per_task] (0/1) and the verifier's answers [P][per_task]. In a ``VerifierPool``
+    the calls run in parallel; a call that failed (and the pool's policy zeroed) counts as wrong."""
+    call_tasks = [tasks[i // per_task] for i in range(len(gens))]
+    if isinstance(verifier, VerifierPool):
+        results = [o.result for o in verifier.score(call_tasks, [g.text for g in gens])]
+    else:
+        results = [verifier(t, g.text) for t, g in zip(call_tasks, gens, strict=True)]
     correct = np.zeros((len(tasks), per_task))
     answers: list[list[str | None]] = [[None] * per_task for _ in tasks]
-    for i, g in enumerate(gens):
+    for i, (g, result) in enumerate(zip(gens, results, strict=True)):
         p, j = divmod(i, per_task)
-        result = verifier(tasks[p], g.text)
-        ended = g.finish_reason == "stop"
+        ended = g.finish_reason == "stop" and result is not None
         correct[p, j] = float(ended and result.correct)
         answers[p][j] = (result.answer if result.answer is not None else g.text.strip()) if ended else None
     return correct, answers
@@ -92,10 +98,25 @@ def majority_correct(correct: np.ndarray, answers: list[list[str | None]], k: in
     return out
 
 
+# A player plays every task ``per_task`` times with the given sampling and returns correctness
+# [P, per_task] (0/1) and the answers [P][per_task] that majority voting compares.
+Player = Callable[[Sequence[Task], SamplingParams, int], tuple[np.ndarray, list[list[str | None]]]]
+
+
+def single_turn_player(engine, verifier: Verifier | VerifierPool, system_prompt: str | None) -> Player:
+    """One completion per sample, scored by ``verifier`` (see ``_score``)."""
+
+    def play(tasks: Sequence[Task], params: SamplingParams, per_task: int):
+        gens = engine.generate(build_requests(tasks, engine.tokenizer, system_prompt), params)
+        return _score(tasks, gens, verifier, per_task)
+
+    return play
+
+
 def evaluate(
     engine,
     tasks: Sequence[Task],
-    verifier: Verifier,
+    verifier: Verifier | VerifierPool | None,
     max_new_tokens: int,
     samples: int = 0,
     temperature: float = 1.0,
@@ -103,20 +124,23 @@ def evaluate(
     system_prompt: str | None = None,
     confidence: bool = False,
     n_boot: int = 2000,
+    player: Player | None = None,
 ) -> EvalResult:
     """Greedy accuracy on ``tasks``; with ``samples`` > 0 also mean@n, pass@k and maj@k (k <= samples) at
-    ``temperature``; with ``confidence`` bootstrap intervals over prompts and the metadata breakdown."""
+    ``temperature``; with ``confidence`` bootstrap intervals over prompts and the metadata breakdown.
+    ``player`` replaces the single-turn completion + ``verifier`` (e.g. multi-turn episodes)."""
     tasks = list(tasks)
-    requests = build_requests(tasks, engine.tokenizer, system_prompt)
-    greedy_gens = engine.generate(requests, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
-    greedy = _score(tasks, greedy_gens, verifier, 1)[0][:, 0]
+    if player is None:
+        if verifier is None:
+            raise ValueError("evaluate needs a verifier or a player")
+        player = single_turn_player(engine, verifier, system_prompt)
+    greedy = player(tasks, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), 1)[0][:, 0]
     per_prompt: dict[str, np.ndarray] = {"greedy_accuracy": greedy}
     result = EvalResult(float(greedy.mean()), {}, len(tasks), samples)
     if samples > 0:
-        sampled = engine.generate(
-            requests, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=samples)
+        correct, answers = player(
+            tasks, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=samples), samples
         )
-        correct, answers = _score(tasks, sampled, verifier, samples)
         counts = correct.sum(1).astype(int)
         per_prompt[f"mean@{samples}"] = correct.mean(1)
         result.mean_at_n = float(correct.mean())

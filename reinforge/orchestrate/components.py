@@ -14,8 +14,10 @@ from reinforge.config import RunConfig
 from reinforge.data.base import TaskSampler, TaskSplits
 from reinforge.data.sources import build_task_splits
 from reinforge.envs.base import Environment
-from reinforge.envs.single_turn import SingleTurnEnv
-from reinforge.rewards.build import build_reward
+from reinforge.envs.registry import build_environment
+from reinforge.orchestrate.multi_turn import EpisodeLimits
+from reinforge.rewards.build import build_reward, build_reward_pool
+from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
@@ -34,7 +36,16 @@ class Components:
     splits: TaskSplits
     sampler: TaskSampler
     verifier: Verifier
+    reward_pool: VerifierPool
     make_env: Callable[[], Environment]
+
+    def episode_limits(self) -> EpisodeLimits:
+        e, model_context = self.cfg.env, getattr(self.learner.model.config, "max_position_embeddings", None)
+        return EpisodeLimits(
+            max_turns=e.max_turns,
+            max_total_tokens=e.max_total_tokens or model_context or 4096,
+            max_turn_tokens=e.max_turn_tokens or self.cfg.rollout.max_new_tokens,
+        )
 
     def sampling_params(self) -> SamplingParams:
         r = self.cfg.rollout
@@ -84,5 +95,6 @@ def build_components(cfg: RunConfig) -> Components:
         splits=splits,
         sampler=TaskSampler(splits.train, seed=cfg.seed),
         verifier=verifier,
-        make_env=lambda: SingleTurnEnv(verifier, system_prompt),
+        reward_pool=build_reward_pool(cfg, verifier),
+        make_env=build_environment(cfg.env.name, verifier, system_prompt, cfg.env.params),
     )

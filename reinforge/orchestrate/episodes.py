@@ -8,11 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
+from reinforge.algo.advantages import turn_returns
 from reinforge.algo.shaping import soft_overlong_penalty
 from reinforge.config import AlgoConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
-from reinforge.errors import ReinforgeError
+from reinforge.envs.single_turn import verifier_step_result
+from reinforge.rewards.pool import VerifierPool
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 from reinforge.types import Batch, Trajectory
@@ -31,21 +33,18 @@ def generate_single_turn(
 
 
 def score_single_turn(
-    tasks: Sequence[Task], envs: list[Environment], generations: list[Generation], group_size: int,
+    tasks: Sequence[Task], generations: list[Generation], group_size: int, pool: VerifierPool,
     group_offset: int = 0,
 ) -> list[Trajectory]:
-    """Step each environment with its completions; one trajectory per completion, group id =
-    ``group_offset`` + task index."""
+    """Score every completion in ``pool`` (in parallel, each call with its timeout; a failed call
+    raises or scores 0 by the pool's policy); one trajectory per completion, group id =
+    ``group_offset`` + task index. A failed call is marked ``metadata['reward_status']``."""
+    call_tasks = [tasks[i // group_size] for i in range(len(generations))]
+    outcomes = pool.score(call_tasks, [g.text for g in generations])
     trajectories = []
-    for i, gen in enumerate(generations):
+    for i, (gen, outcome) in enumerate(zip(generations, outcomes, strict=True)):
         group = i // group_size
-        try:
-            result = envs[group].step({"role": "assistant", "content": gen.text})
-        except Exception as e:  # a broken reward function must fail loudly, not train on zeros
-            raise ReinforgeError(
-                f"the reward function raised {type(e).__name__}: {e} on task {tasks[group].id!r} "
-                f"with completion {gen.text!r}"
-            ) from e
+        info = verifier_step_result(outcome.result).info if outcome.result is not None else {}
         n_prompt = len(gen.prompt_ids)
         trajectories.append(
             Trajectory(
@@ -56,23 +55,25 @@ def score_single_turn(
                 token_versions=[-1] * n_prompt + gen.token_versions,
                 group_id=group_offset + group,
                 task_id=tasks[group].id,
-                reward=result.reward,
+                reward=outcome.reward,
                 finish_reason=gen.finish_reason,
                 completion_text=gen.text,
-                metadata={"correct": bool(result.info.get("correct", False)),
-                          **({"reward_terms": result.info["reward_terms"]} if "reward_terms" in result.info else {})},
+                metadata={"correct": bool(info.get("correct", False)), "reward_status": outcome.status,
+                          **({"reward_error": outcome.error} if outcome.error else {}),
+                          **{k: info[k] for k in ("reward_terms", "reward_term_errors") if k in info}},
             )
         )
     return trajectories
 
 
 def greedy_baseline_rewards(
-    tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams, seed: int
+    tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams, seed: int,
+    pool: VerifierPool,
 ) -> list[float]:
     """ReMax's baseline: the reward of one greedy completion per task."""
     greedy = dataclasses.replace(params, greedy=True, n=1)
-    envs, generations = generate_single_turn(tasks, engine, make_env, greedy, seed)
-    return [t.reward for t in score_single_turn(tasks, envs, generations, group_size=1)]
+    _, generations = generate_single_turn(tasks, engine, make_env, greedy, seed)
+    return [t.reward for t in score_single_turn(tasks, generations, 1, pool)]
 
 
 def shape_overlong(trajs: list[Trajectory], algo: AlgoConfig, max_new_tokens: int) -> None:
@@ -125,4 +126,20 @@ def build_batch(
     base = None
     if baseline is not None:
         base = torch.tensor([b for b, k in zip(baseline, keep, strict=True) if k], dtype=torch.float32)
-    return Batch.from_trajectories(kept, pad_id, base), stats
+    batch = Batch.from_trajectories(kept, pad_id, base)
+    if algo.advantage == "grpo_turn":
+        batch.turn_returns = turn_return_tensor(kept, batch.input_ids.shape[1], algo.gamma)
+    return batch, stats
+
+
+def turn_return_tensor(trajs: list[Trajectory], width: int, gamma: float) -> torch.Tensor:
+    """[N, width]: at each model token, the discounted return from its turn on (``turn_returns``);
+    a trajectory without turns (single-turn) has its reward on every token."""
+    out = torch.zeros((len(trajs), width))
+    for i, t in enumerate(trajs):
+        if not t.turn_spans:
+            out[i, : len(t.token_ids)] = t.reward
+            continue
+        for (start, end), g in zip(t.turn_spans, turn_returns(t.turn_rewards, gamma), strict=True):
+            out[i, start:end] = g
+    return out

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from reinforge.orchestrate.episodes import (
     score_single_turn,
     shape_overlong,
 )
+from reinforge.orchestrate.multi_turn import episode_player, run_episodes
 from reinforge.orchestrate.run_dir import create_run_dir
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
@@ -88,7 +90,7 @@ def _restore(c: Components, run_dir: Path) -> int:
     c.sampler.load_state_dict(state["sampler"])
     c.engine.update_weights(c.learner.model, state["policy_version"])
     step = int(state["step"])
-    for name in ("metrics.jsonl", "samples.jsonl"):
+    for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl"):
         JsonlSink(run_dir / name).truncate_after_step(step)
     return step
 
@@ -98,6 +100,7 @@ class _Loop:
         self.c, self.cfg, self.run_dir, self.start = c, c.cfg, run_dir, start
         self.metrics = JsonlSink(run_dir / "metrics.jsonl")
         self.samples = JsonlSink(run_dir / "samples.jsonl")
+        self.reward_failures = JsonlSink(run_dir / "reward_failures.jsonl")
         self.progress_every = progress_every
         self.collapse = CollapseDetector()
 
@@ -107,6 +110,7 @@ class _Loop:
             return self._run()
         finally:
             close_sinks(self.sinks)
+            self.c.reward_pool.close()
 
     def _log(self, metrics: dict[str, Any]) -> None:
         self.metrics.write(metrics)
@@ -123,6 +127,8 @@ class _Loop:
             progress.print(f"run directory: {self.run_dir}")
             for step in range(self.start + 1, cfg.train.steps + 1):
                 metrics = self.train_step(step)
+                if step == self.start + 1 and cfg.reward.on_error == "auto":
+                    self.c.reward_pool.on_error = "zero"  # the reward function survived a whole step
                 out_of_time = cfg.train.time_limit_s > 0 and time.perf_counter() - t0 > cfg.train.time_limit_s
                 last = step == cfg.train.steps or out_of_time
                 if (cfg.eval.every and step % cfg.eval.every == 0) or last:
@@ -159,6 +165,7 @@ class _Loop:
         trajs = rollout.sampled
         n_groups = len({t.group_id for t in trajs})
         self._write_samples(step, trajs)
+        self._write_reward_failures(step, trajs)
         generated = sum(t.num_generated for t in trajs)
         metrics: dict[str, Any] = {"step": step, "policy_version": c.engine.version}
         metrics.update(rollout_metrics(trajs))
@@ -194,15 +201,19 @@ class _Loop:
         while True:
             out.rounds += 1
             tasks = c.sampler.next_batch(n_prompts)
-            envs, generations = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=step)
-            t0 = time.perf_counter()
             offset = out.rounds * n_prompts - n_prompts
-            trajs = score_single_turn(tasks, envs, generations, g, group_offset=offset)
+            if cfg.env.multi_turn:  # environment steps (and their rewards) interleave with generation
+                trajs = run_episodes(tasks, c.engine, c.make_env, c.sampling_params(), c.episode_limits(), step,
+                                     group_offset=offset)
+            else:
+                _, generations = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=step)
+                t0 = time.perf_counter()
+                trajs = score_single_turn(tasks, generations, g, c.reward_pool, group_offset=offset)
+                out.reward_s += time.perf_counter() - t0
             shape_overlong(trajs, algo, cfg.rollout.max_new_tokens)
-            out.reward_s += time.perf_counter() - t0
             baseline = None
             if algo.advantage == "remax":
-                greedy = greedy_baseline_rewards(tasks, c.engine, c.make_env, c.sampling_params(), seed=step)
+                greedy = self._greedy_baseline(tasks, step)
                 baseline = [greedy[t.group_id - offset] for t in trajs]
             out.sampled += trajs
             if not algo.dynamic_sampling:
@@ -218,12 +229,25 @@ class _Loop:
             if len(take) == room or out.rounds >= algo.dynamic_sampling_max_rounds:
                 return out
 
+    def _greedy_baseline(self, tasks: list, step: int) -> list[float]:
+        """ReMax's baseline: the reward of one greedy completion (or episode) per task."""
+        c = self.c
+        if self.cfg.env.multi_turn:
+            greedy = dataclasses.replace(c.sampling_params(), greedy=True, n=1)
+            return [t.reward for t in run_episodes(tasks, c.engine, c.make_env, greedy, c.episode_limits(), step)]
+        return greedy_baseline_rewards(tasks, c.engine, c.make_env, c.sampling_params(), step, c.reward_pool)
+
+    def _player(self):
+        """Multi-turn environments are evaluated by playing their episodes."""
+        c = self.c
+        return episode_player(c.engine, c.make_env, c.episode_limits()) if self.cfg.env.multi_turn else None
+
     def _evaluate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         result = evaluate(
-            self.c.engine, self.c.splits.heldout, self.c.verifier,
+            self.c.engine, self.c.splits.heldout, self.c.reward_pool,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            system_prompt=cfg.task.system_prompt,
+            system_prompt=cfg.task.system_prompt, player=self._player(),
         )
         return result.as_metrics()
 
@@ -236,11 +260,11 @@ class _Loop:
 
         cfg = self.cfg
         result = evaluate(
-            self.c.engine, self.c.splits.heldout, self.c.verifier,
+            self.c.engine, self.c.splits.heldout, self.c.reward_pool,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
             samples=cfg.eval.final_samples, temperature=cfg.eval.final_temperature,
             ks=[k for k in (1, 2, 4, 8, 16, 32, 64) if k <= cfg.eval.final_samples],
-            system_prompt=cfg.task.system_prompt, confidence=True,
+            system_prompt=cfg.task.system_prompt, confidence=True, player=self._player(),
         )
         path = self.run_dir / "eval.json"
         data = json.loads(path.read_text()) if path.is_file() else {}
@@ -275,6 +299,16 @@ class _Loop:
                 "completion": t.completion_text, "reward": t.reward, "finish_reason": t.finish_reason,
             })
 
+    def _write_reward_failures(self, step: int, trajs: list[Trajectory]) -> None:
+        """Every failed reward call and failed composite term of the step, with its sample."""
+        for t in trajs:
+            failures = dict(t.metadata.get("reward_term_errors", {}))
+            if t.metadata.get("reward_status", "ok") != "ok":
+                failures["*"] = f"{t.metadata['reward_status']}: {t.metadata.get('reward_error', '')}"
+            for term, error in failures.items():
+                self.reward_failures.write({"step": step, "task_id": t.task_id, "term": term, "error": error,
+                                            "completion": t.completion_text})
+
     def _warn_on_collapse(self, progress: ConsoleProgress, metrics: dict[str, Any]) -> None:
         warning = self.collapse.update(metrics)
         if warning:
@@ -307,14 +341,38 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     rewards = [t.reward for t in trajs]
     mean = sum(rewards) / n
     terms: dict[str, list[float]] = {}
+    term_errors: dict[str, int] = {}
     for t in trajs:
         for name, value in t.metadata.get("reward_terms", {}).items():
             terms.setdefault(name, []).append(value)
+            term_errors[name] = term_errors.get(name, 0) + (name in t.metadata.get("reward_term_errors", {}))
     return {
         **{f"reward/term/{name}": sum(v) / len(v) for name, v in terms.items()},
+        **{f"reward/errors/{name}": float(n) for name, n in term_errors.items()},
+        "reward/failed_calls": float(sum(t.metadata.get("reward_status", "ok") != "ok" for t in trajs)),
         "reward/mean": mean,
         "reward/std": (sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)) ** 0.5,
         "reward/accuracy": sum(bool(t.metadata.get("correct")) for t in trajs) / n,
         "response/length_mean": sum(t.num_generated for t in trajs) / n,
         "response/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
+        **episode_metrics(trajs),
     }
+
+
+EPISODE_INFO_KEYS = ("tool_calls", "tool_errors", "guesses", "attempts")
+
+
+def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Multi-turn episodes: mean turns, the fraction cut by each limit, and the mean of the numeric
+    counters environments report (tool calls and errors, guesses, attempts)."""
+    if not any(t.turn_spans for t in trajs):
+        return {}
+    n = len(trajs)
+    out = {"episode/turns_mean": sum(len(t.turn_spans) for t in trajs) / n}
+    for reason in ("max_turns", "max_total_tokens"):
+        out[f"episode/truncated/{reason}"] = sum(t.metadata.get("truncated") == reason for t in trajs) / n
+    for key in EPISODE_INFO_KEYS:
+        values = [t.metadata[key] for t in trajs if isinstance(t.metadata.get(key), int | float)]
+        if values:
+            out[f"episode/{key}_mean"] = sum(values) / len(values)
+    return out

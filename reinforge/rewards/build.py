@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from reinforge.config import RewardTermConfig, RunConfig
+from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import VERIFIERS, Verifier
 
 
@@ -14,7 +15,15 @@ def build_reward(cfg: RunConfig) -> Verifier:
     from reinforge.rewards.composite import CompositeReward, RewardTerm
 
     terms = [RewardTerm(t.name, _term_verifier(t, cfg), t.weight, t.primary, t.params) for t in cfg.reward.terms]
-    return CompositeReward(terms, on_error=cfg.reward.on_error)
+    return CompositeReward(terms, on_error="zero" if cfg.reward.on_error == "zero" else "raise")
+
+
+def build_reward_pool(cfg: RunConfig, verifier: Verifier) -> VerifierPool:
+    """The loop's scorer: ``reward.workers`` threads or processes with ``reward.timeout_s`` per call;
+    the policy starts at ``raise`` for ``on_error: auto`` (the loop relaxes it after the first step)."""
+    r = cfg.reward
+    return VerifierPool(verifier, workers=r.workers, timeout_s=r.timeout_s, kind=r.pool,
+                        on_error="zero" if r.on_error == "zero" else "raise")
 
 
 def _term_verifier(term: RewardTermConfig, cfg: RunConfig) -> str | Verifier:

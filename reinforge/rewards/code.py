@@ -14,7 +14,7 @@ The reward is the fraction of cases passed (``mode="fraction"``) or 1/0 for all 
 test code, so a determined policy can forge results (read the harness, patch ``__eq__``);
 stdin/stdout cases are compared outside the sandbox and cannot be forged that way.
 
-``VerifierPool`` scores many completions in parallel with per-call timeouts (see its docstring).
+``reinforge.rewards.pool.VerifierPool`` scores many completions in parallel with per-call timeouts.
 """
 
 from __future__ import annotations
@@ -24,16 +24,12 @@ import json
 import logging
 import re
 import secrets
-import time
-from collections import deque
 from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Literal
 
 from reinforge.data.base import Task
-from reinforge.errors import ReinforgeError
-from reinforge.rewards.verifiers import VERIFIERS, RewardResult, Verifier
+from reinforge.rewards.verifiers import VERIFIERS, RewardResult
 from reinforge.sandbox import Isolation, SandboxLimits, SandboxResult, run_python
 
 log = logging.getLogger(__name__)
@@ -231,134 +227,3 @@ def code_tests(task: Task, completion: str) -> CodeRewardResult:
         extract_code(completion), asserts=meta.get("asserts"), io=meta.get("io"),
         mode=meta.get("reward_mode", "fraction"), limits=limits,
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# Running verifiers in parallel
-
-
-class VerifierError(ReinforgeError):
-    """A verifier raised or timed out and the policy is ``on_error="raise"``."""
-
-
-@dataclass(frozen=True)
-class VerifierOutcome:
-    """One verifier call: ``status`` ``ok``, ``error`` (it raised) or ``timeout``; ``reward`` is 0
-    unless ok."""
-
-    reward: float
-    status: Literal["ok", "error", "timeout"]
-    result: RewardResult | None = None
-    error: str = ""
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class VerifierFailure:
-    """A logged failure, with its sample."""
-
-    task_id: str
-    completion: str
-    status: Literal["error", "timeout"]
-    error: str
-
-
-class VerifierPool:
-    """Scores completions with a verifier in worker threads, each call with its own timeout.
-
-    Threads, not processes: the expensive and hostile part (running code) already happens in
-    sandbox subprocesses, each with a hard wall-clock kill, and a thread waiting on one releases
-    the GIL; threads need no pickling and start in microseconds. The per-call timeout counts
-    from when the call starts running. A call that raises or times out is counted
-    (``stats``), logged with its task id and completion, and kept in ``failures`` (the last
-    1000); with ``on_error="zero"`` it scores 0, with ``on_error="raise"`` ``score`` raises
-    ``VerifierError``. Limit: a thread cannot be killed, so a pure-Python verifier stuck forever
-    keeps its thread (and holds up interpreter exit); the pool starts fresh threads for the next
-    batch. Sandboxed verifiers never get stuck: every sandbox run ends at its own wall clock.
-    """
-
-    def __init__(self, verifier: Verifier, *, workers: int = 2, timeout_s: float = 60.0,
-                 on_error: Literal["zero", "raise"] = "raise", name: str | None = None) -> None:
-        if on_error not in ("zero", "raise"):
-            raise ValueError(f"on_error must be 'zero' or 'raise', got {on_error!r}")
-        if workers < 1 or not timeout_s > 0:
-            raise ValueError(f"need workers >= 1 and timeout_s > 0, got {workers} and {timeout_s}")
-        self.verifier, self.workers, self.timeout_s, self.on_error = verifier, workers, timeout_s, on_error
-        self.name = name or getattr(verifier, "__name__", "verifier")
-        self.stats = {"calls": 0, "errors": 0, "timeouts": 0}
-        self.failures: deque[VerifierFailure] = deque(maxlen=1000)
-        self._executor = self._new_executor()
-
-    def _new_executor(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=f"verifier-{self.name}")
-
-    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[VerifierOutcome]:
-        """One outcome per (task, completion), in order."""
-        if len(tasks) != len(completions):
-            raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
-        self.stats["calls"] += len(tasks)
-        starts: list[float | None] = [None] * len(tasks)
-        futures: dict[Future, int] = {
-            self._executor.submit(self._call, i, task, completion, starts): i
-            for i, (task, completion) in enumerate(zip(tasks, completions, strict=True))
-        }
-        outcomes: list[VerifierOutcome | None] = [None] * len(tasks)
-        pending, stuck = set(futures), False
-        try:
-            while pending:
-                now = time.monotonic()
-                for future in [f for f in pending if not f.done()]:
-                    start = starts[futures[future]]
-                    if start is not None and now - start > self.timeout_s:
-                        pending.discard(future)
-                        stuck = True
-                        i = futures[future]
-                        outcomes[i] = self._failed(tasks[i], completions[i], "timeout",
-                                                   f"no result after {self.timeout_s:g}s", now - start)
-                deadlines = [starts[futures[f]] + self.timeout_s for f in pending
-                             if starts[futures[f]] is not None]
-                wait_s = max(min(deadlines) - now, 0.0) if deadlines else 0.01
-                done, _ = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
-                for future in done:
-                    pending.discard(future)
-                    i = futures[future]
-                    outcomes[i] = self._collect(future, tasks[i], completions[i])
-        finally:
-            for future in pending:
-                future.cancel()
-            if stuck:  # leave the stuck threads behind; the next batch gets fresh ones
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = self._new_executor()
-        return outcomes  # type: ignore[return-value]
-
-    def _call(self, i: int, task: Task, completion: str, starts: list[float | None]) -> tuple[RewardResult, float]:
-        starts[i] = start = time.monotonic()
-        result = self.verifier(task, completion)
-        return result, time.monotonic() - start
-
-    def _collect(self, future: Future, task: Task, completion: str) -> VerifierOutcome:
-        exc = future.exception()
-        if exc is not None:
-            return self._failed(task, completion, "error", f"{type(exc).__name__}: {exc}", 0.0, exc)
-        result, seconds = future.result()
-        return VerifierOutcome(float(result.reward), "ok", result, "", seconds)
-
-    def _failed(self, task: Task, completion: str, status: Literal["error", "timeout"], error: str,
-                seconds: float, exc: BaseException | None = None) -> VerifierOutcome:
-        self.stats["errors" if status == "error" else "timeouts"] += 1
-        self.failures.append(VerifierFailure(task.id, completion, status, error))
-        message = f"verifier {self.name} {status} on task {task.id!r}: {error}; completion: {completion[:500]!r}"
-        log.warning(message)
-        if self.on_error == "raise":
-            raise VerifierError(message) from exc
-        return VerifierOutcome(0.0, status, None, error, seconds)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def __enter__(self) -> VerifierPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-

@@ -190,9 +190,10 @@ class Learner:
             kl = self.kl_estimator(old, ref) * batch.loss_mask
             token_rewards = -self.kl_ctl.value * kl
             stats.add_tokens("kl_ref", kl, batch.loss_mask)
+        extra = {"turn_returns": batch.turn_returns} if batch.turn_returns is not None else {}
         batch.advantages = self.advantage(
             batch.rewards, batch.group_index, batch.loss_mask, values, algo,
-            token_rewards=token_rewards, baseline=batch.baseline,
+            token_rewards=token_rewards, baseline=batch.baseline, **extra,
         ).to(torch.float32)
         if values is not None:
             token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)

@@ -1,0 +1,108 @@
+"""Procedural tasks for the built-in agent environments (short ASCII prompts for tiny models).
+
+- ``calculator``: ``"482*37="`` with the exact integer answer, operands with exactly the given
+  digit counts (products the tiny model cannot do in its head: use `CalculatorEnv`'s ``calc``).
+- ``guessing``: one task per secret number in ``[low, high]``, prompt ``"guess 1-32"``, answer the
+  secret (for `GuessingEnv`).
+
+As in ``arithmetic.py``, every task is an index into a grid; a seeded random subset of indices
+is the held-out split and the rest is train, so the splits never overlap and ids are stable.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import overload
+
+import numpy as np
+
+from reinforge.data.base import Task, TaskSplits
+
+CALC_OPERATORS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+MAX_GRID = 3_000_000  # problems per source (the seeded permutation holds one int64 each)
+
+
+class _IndexedSplit(Sequence[Task]):
+    """Tasks made on demand from sorted grid indices (picklable: ``make`` is a partial of a module function)."""
+
+    def __init__(self, indices: np.ndarray, make: Callable[[int], Task]) -> None:
+        self.indices, self.make = indices, make
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Task]: ...
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, slice):
+            return [self.make(int(j)) for j in self.indices[i]]
+        return self.make(int(self.indices[i]))
+
+
+def _split(total: int, heldout_size: int, seed: int, make: Callable[[int], Task], name: str) -> TaskSplits:
+    if isinstance(heldout_size, bool) or not isinstance(heldout_size, int) or not 0 < heldout_size < total:
+        raise ValueError(f"heldout_size must be in 1..{total - 1}, got {heldout_size!r}")
+    perm = np.random.default_rng(seed).permutation(total)
+    return TaskSplits(
+        train=_IndexedSplit(np.sort(perm[heldout_size:]), make),
+        heldout=_IndexedSplit(np.sort(perm[:heldout_size]), make),
+        name=name,
+    )
+
+
+def calculator_task(index: int, digits: tuple[int, int], ops: str) -> Task:
+    """The task at ``index`` of the grid ops x a (``digits[0]`` digits) x b (``digits[1]`` digits)."""
+    (lo_a, n_a), (lo_b, n_b) = ((10 ** (d - 1), 9 * 10 ** (d - 1)) for d in digits)
+    op_index, rest = divmod(index, n_a * n_b)
+    i, j = divmod(rest, n_b)
+    a, b, op = lo_a + i, lo_b + j, ops[op_index]
+    return Task(
+        id=f"calc-{index}",
+        prompt=[{"role": "user", "content": f"{a}{op}{b}="}],
+        answer=str(CALC_OPERATORS[op](a, b)),
+        metadata={"a": a, "b": b, "op": op},
+    )
+
+
+def calculator_splits(
+    digits: tuple[int, int] = (3, 2), ops: str = "*", heldout_size: int = 200, seed: int = 1234
+) -> TaskSplits:
+    """Disjoint train / held-out splits of ``a<op>b=`` problems with exact-length operands (seeded)."""
+    digits = tuple(digits)  # type: ignore[assignment]
+    if len(digits) != 2 or any(isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 4 for d in digits):
+        raise ValueError(f"digits must be two integers in 1..4 (digits of a and of b), got {digits!r}")
+    if not ops or any(o not in CALC_OPERATORS for o in ops) or len(set(ops)) != len(ops):
+        raise ValueError(f"ops must be a non-empty string of distinct operators from {''.join(CALC_OPERATORS)!r}, got {ops!r}")
+    total = len(ops) * 81 * 10 ** (digits[0] + digits[1] - 2)
+    if total > MAX_GRID:
+        raise ValueError(f"digits={digits} with ops={ops!r} makes {total} problems; at most {MAX_GRID} are supported")
+    return _split(total, heldout_size, seed, partial(calculator_task, digits=digits, ops=ops),
+                  f"calculator(digits={digits}, ops={ops})")
+
+
+def guessing_task(index: int, low: int, high: int) -> Task:
+    """The task whose secret is ``low + index``."""
+    secret = low + index
+    return Task(
+        id=f"guess-{secret}",
+        prompt=[{"role": "user", "content": f"guess {low}-{high}"}],
+        answer=str(secret),
+        metadata={"low": low, "high": high},
+    )
+
+
+def guessing_splits(low: int = 1, high: int = 32, heldout_size: int = 8, seed: int = 1234) -> TaskSplits:
+    """One task per secret in ``[low, high]``; train and held-out never share a secret (seeded)."""
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (low, high)) or not 0 <= low < high:
+        raise ValueError(f"need integers 0 <= low < high, got low={low!r}, high={high!r}")
+    total = high - low + 1
+    if total > MAX_GRID:
+        raise ValueError(f"[{low}, {high}] holds {total} secrets; at most {MAX_GRID} are supported")
+    return _split(total, heldout_size, seed, partial(guessing_task, low=low, high=high), f"guessing({low}-{high})")
+
+
+AGENT_TASK_SOURCES: dict[str, Callable[..., TaskSplits]] = {"calculator": calculator_splits, "guessing": guessing_splits}

@@ -1,0 +1,112 @@
+"""Environments by name, for recipes: ``env.name`` picks one and ``env.params`` configures it.
+
+Each entry makes an environment from ``(verifier, system_prompt, **params)``; its parameters and
+their defaults are read from that function's signature, so this table is the one place that
+lists them. `build_environment` checks a choice once and returns a factory that makes a fresh
+environment per episode. ``task_kinds`` records which task sources an environment is built for.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from reinforge.envs.base import Environment
+from reinforge.envs.calculator import CalculatorEnv
+from reinforge.envs.guessing import GuessingEnv
+from reinforge.envs.retry import RetryEnv
+from reinforge.envs.single_turn import SingleTurnEnv
+from reinforge.errors import ConfigError
+from reinforge.rewards.verifiers import Verifier
+
+
+class EnvironmentConfigError(ConfigError, ValueError):
+    """An unknown environment name or a bad parameter; the message names the allowed ones."""
+
+
+def _single_turn(verifier: Verifier | None, system_prompt: str | None) -> Environment:
+    assert verifier is not None  # checked by build_environment
+    return SingleTurnEnv(verifier, system_prompt)
+
+
+def _calculator(verifier: Verifier | None, system_prompt: str | None, max_tool_calls: int = 3) -> Environment:
+    return CalculatorEnv(max_tool_calls=max_tool_calls, system_prompt=system_prompt)
+
+
+def _guessing(verifier: Verifier | None, system_prompt: str | None, max_guesses: int = 6) -> Environment:
+    return GuessingEnv(max_guesses=max_guesses, system_prompt=system_prompt)
+
+
+def _retry(
+    verifier: Verifier | None, system_prompt: str | None, max_attempts: int = 3,
+    feedback: str = "wrong, try again", decay: float = 1.0,
+) -> Environment:
+    assert verifier is not None  # checked by build_environment
+    return RetryEnv(SingleTurnEnv(verifier, system_prompt), max_attempts=max_attempts, feedback=feedback, decay=decay)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """``make(verifier, system_prompt, **params)``; ``task_kinds``: the task sources (``task.kind``)
+    it is built for, None for any task with a verifier; ``uses_verifier``: scores with the task's verifier."""
+
+    name: str
+    make: Callable[..., Environment]
+    uses_verifier: bool
+    task_kinds: tuple[str, ...] | None
+    description: str
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Parameter name -> default."""
+        return {p.name: p.default for p in list(inspect.signature(self.make).parameters.values())[2:]}
+
+
+ENVIRONMENTS: dict[str, EnvSpec] = {
+    spec.name: spec
+    for spec in (
+        EnvSpec("single_turn", _single_turn, True, None, "one completion scored by the task's verifier"),
+        EnvSpec("calculator", _calculator, False, ("calculator", "arithmetic"),
+                "calc tool calls, then a final integer answer (last integer == task.answer)"),
+        EnvSpec("guessing", _guessing, False, ("guessing",), "guess the secret (task.answer) with higher/lower hints"),
+        EnvSpec("retry", _retry, True, None, "single-turn verifier task with 'wrong, try again' and more attempts"),
+    )
+}
+
+
+def environment_spec(name: str) -> EnvSpec:
+    try:
+        return ENVIRONMENTS[name]
+    except KeyError:
+        raise EnvironmentConfigError(f"env.name: unknown environment {name!r}; allowed: {', '.join(ENVIRONMENTS)}") from None
+
+
+def build_environment(
+    name: str, verifier: Verifier | None, system_prompt: str | None, params: dict[str, Any] | None = None
+) -> Callable[[], Environment]:
+    """A factory making a fresh ``name`` environment per episode; the parameters are checked now
+    by building one environment, so a bad recipe fails before training starts."""
+    spec = environment_spec(name)
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        allowed = ", ".join(f"{k} (default {v!r})" for k, v in spec.params.items()) or "none"
+        raise EnvironmentConfigError(f"env.params: {name!r} has no parameter {', '.join(map(repr, unknown))}; allowed: {allowed}")
+    if spec.uses_verifier and verifier is None:
+        raise EnvironmentConfigError(f"env {name!r} scores with the task's verifier, but none was given")
+    factory = partial(spec.make, verifier, system_prompt, **params)
+    try:
+        factory()
+    except (TypeError, ValueError) as e:
+        raise EnvironmentConfigError(f"env.params for {name!r}: {e}") from None
+    return factory
+
+
+def check_task_kind(env_name: str, task_kind: str) -> None:
+    """Raise when environment ``env_name`` is not built for task source ``task_kind``."""
+    kinds = environment_spec(env_name).task_kinds
+    if kinds is not None and task_kind not in kinds:
+        raise EnvironmentConfigError(f"env {env_name!r} needs task.kind in {', '.join(kinds)}, got {task_kind!r}")

@@ -1,0 +1,231 @@
+"""Multi-turn episodes: the model and an environment alternate until the environment is done or a
+limit is hit; every episode becomes one token-exact ``Trajectory``.
+
+The context grows only by appending (``ChatSplicer``): the model's tokens exactly as sampled (loss
+mask 1, their sampling log-probs and policy versions), then the template's turn end if the model
+did not emit it, then the observation messages as the template renders them (mask 0). Prior turns
+are never re-tokenised, so the learner trains on exactly the ids the rollout produced.
+
+All active episodes advance together: one batched ``engine.generate`` call per turn (per distinct
+token budget); a group whose G episodes start from the same prompt is prefilled once (``n`` = G).
+Limits: ``max_turns`` model turns, ``max_total_tokens`` for the whole sequence (prompt included),
+``max_turn_tokens`` per model turn. An episode stopped by a limit is truncated: ``finish_reason``
+"length" and ``metadata["truncated"]`` names the limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reinforge.data.base import Task
+from reinforge.envs.base import Environment
+from reinforge.errors import ReinforgeError
+from reinforge.rollout.chat_splice import ChatSplicer
+from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.types import Trajectory
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 4
+    max_total_tokens: int = 512
+    max_turn_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if min(self.max_turns, self.max_total_tokens, self.max_turn_tokens) < 1:
+            raise ValueError(f"episode limits must be >= 1, got {self}")
+
+
+@dataclass
+class _Episode:
+    task: Task
+    group: int
+    env: Environment
+    splicer: ChatSplicer
+    ids: list[int]
+    prompt_len: int
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+    truncated: str | None = None
+    version: int | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        self.mask, self.logprobs, self.versions = [0] * n, [0.0] * n, [-1] * n
+
+    def append_context(self, ids: Sequence[int]) -> None:
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def append_turn(self, gen: Generation, n_tokens: int) -> None:
+        start = len(self.ids)
+        self.ids += gen.token_ids[:n_tokens]
+        self.mask += [1] * n_tokens
+        self.logprobs += gen.logprobs[:n_tokens]
+        self.versions += gen.token_versions[:n_tokens]
+        self.turn_spans.append((start, len(self.ids)))
+        if self.version is None:
+            self.version = gen.version
+
+    def end(self, reason: str | None = None) -> None:
+        self.done, self.truncated = True, reason
+
+
+class _Splicers:
+    """One ``ChatSplicer`` per distinct tool set (environments of one kind share theirs)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self._cache = tokenizer, {}
+
+    def for_env(self, env: Environment) -> ChatSplicer:
+        tools = getattr(getattr(env, "tools", None), "schemas", None)
+        key = repr(tools)
+        if key not in self._cache:
+            self._cache[key] = ChatSplicer(self.tokenizer, tools)
+        return self._cache[key]
+
+
+def run_episodes(
+    tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams,
+    limits: EpisodeLimits, seed: int, group_offset: int = 0,
+) -> list[Trajectory]:
+    """``params.n`` episodes per task (one group per task), played to the end; trajectories in
+    task order, episode index fastest."""
+    splicers = _Splicers(engine.tokenizer)
+    episodes: list[_Episode] = []
+    for t, task in enumerate(tasks):
+        for j in range(params.n):
+            env = make_env()
+            messages = env.reset(task, seed * 1_000_003 + t * 997 + j)
+            if isinstance(messages, str):
+                messages = [{"role": "user", "content": messages}]
+            splicer = splicers.for_env(env)
+            ids = splicer.prompt_ids(messages)
+            episodes.append(_Episode(task, t, env, splicer, ids, len(ids)))
+    limit = _context_limit(engine, limits)
+    for ep in episodes:
+        if ep.prompt_len >= limit:
+            raise ReinforgeError(f"task {ep.task.id!r}: the first prompt has {ep.prompt_len} tokens, "
+                                 f"at or over the episode limit of {limit} (env.max_total_tokens / model context)")
+    turn_params = dataclasses.replace(params, n=1)
+    for turn in range(limits.max_turns):
+        active = [ep for ep in episodes if not ep.done]
+        if not active:
+            break
+        for budget, eps in _by_budget(active, limit, limits.max_turn_tokens).items():
+            gens = _generate(engine, eps, dataclasses.replace(turn_params, max_new_tokens=budget), first=turn == 0)
+            for ep, gen in zip(eps, gens, strict=True):
+                _advance(ep, gen, limit, last_turn=turn == limits.max_turns - 1)
+    return [_trajectory(ep, group_offset, engine.tokenizer) for ep in episodes]
+
+
+def _context_limit(engine, limits: EpisodeLimits) -> int:
+    model_limit = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
+    return min(limits.max_total_tokens, model_limit) if model_limit else limits.max_total_tokens
+
+
+def _by_budget(active: list[_Episode], limit: int, max_turn_tokens: int) -> dict[int, list[_Episode]]:
+    out: dict[int, list[_Episode]] = {}
+    for ep in active:
+        out.setdefault(min(max_turn_tokens, limit - len(ep.ids)), []).append(ep)
+    return out
+
+
+def _generate(engine, eps: list[_Episode], params: SamplingParams, first: bool) -> list[Generation]:
+    """One turn for every episode; on the first turn a group with one shared prompt is one request
+    with ``n`` = group size (its prompt is prefilled once)."""
+    if first:
+        runs: list[list[_Episode]] = []
+        for ep in eps:
+            if runs and runs[-1][0].group == ep.group and runs[-1][0].ids == ep.ids:
+                runs[-1].append(ep)
+            else:
+                runs.append([ep])
+        if len(runs) < len(eps):
+            out: list[Generation] = []
+            for size in sorted({len(r) for r in runs}):
+                batch = [r for r in runs if len(r) == size]
+                gens = engine.generate([GenerationRequest(r[0].ids, r[0].task.id) for r in batch],
+                                       dataclasses.replace(params, n=size))
+                out += gens
+            order = [ep for size in sorted({len(r) for r in runs}) for r in runs if len(r) == size for ep in r]
+            by_episode = {id(ep): g for ep, g in zip(order, out, strict=True)}
+            return [by_episode[id(ep)] for ep in eps]
+    return engine.generate([GenerationRequest(list(ep.ids), ep.task.id) for ep in eps], params)
+
+
+def _advance(ep: _Episode, gen: Generation, limit: int, last_turn: bool) -> None:
+    ep.append_turn(gen, len(gen.token_ids))
+    text = gen.text
+    ep.texts.append(text)
+    try:
+        result = ep.env.step({"role": "assistant", "content": text})
+    except Exception as e:  # an environment bug must fail loudly, not train on a broken episode
+        raise ReinforgeError(f"environment {type(ep.env).__name__} raised {type(e).__name__}: {e} on task "
+                             f"{ep.task.id!r}, turn {len(ep.turn_rewards) + 1}, assistant text {text!r}") from e
+    ep.turn_rewards.append(float(result.reward))
+    ep.info.update(result.info)
+    if result.done:
+        ep.end()
+        return
+    close = ep.splicer.close_turn_ids(gen.token_ids)
+    if last_turn:
+        ep.end("max_turns")
+        return
+    if gen.finish_reason == "length" and len(ep.ids) >= limit:
+        ep.end("max_total_tokens")
+        return
+    obs = ep.splicer.observation_ids(result.observation) if result.observation else []
+    if len(ep.ids) + len(close) + len(obs) >= limit:
+        ep.end("max_total_tokens")
+        return
+    ep.append_context(close)
+    ep.append_context(obs)
+
+
+def _trajectory(ep: _Episode, group_offset: int, tokenizer) -> Trajectory:
+    finish = "length" if ep.truncated else "stop"
+    return Trajectory(
+        token_ids=ep.ids,
+        loss_mask=ep.mask,
+        logprobs=ep.logprobs,
+        version=ep.version if ep.version is not None else -1,
+        group_id=group_offset + ep.group,
+        task_id=ep.task.id,
+        reward=sum(ep.turn_rewards),
+        turn_rewards=ep.turn_rewards,
+        turn_spans=ep.turn_spans,
+        finish_reason=finish,
+        completion_text=tokenizer.decode(ep.ids[ep.prompt_len:], skip_special_tokens=False),
+        metadata={"correct": bool(ep.info.get("correct", False)), "turns": len(ep.turn_rewards),
+                  "truncated": ep.truncated, "reward_status": "ok",
+                  "final_text": ep.texts[-1].strip() if ep.texts and not ep.truncated else None,
+                  **{k: v for k, v in ep.info.items() if k != "correct" and isinstance(v, int | float | str | bool)}},
+        token_versions=ep.versions,
+    )
+
+
+def episode_player(engine, make_env: Callable[[], Environment], limits: EpisodeLimits, seed: int = 0):
+    """An ``eval.heldout`` player: ``per_task`` episodes per task; an episode is correct when its
+    environment says so at the end; majority voting compares the final assistant texts."""
+
+    def play(tasks: Sequence[Task], params: SamplingParams, per_task: int):
+        import numpy as np
+
+        trajs = run_episodes(tasks, engine, make_env, dataclasses.replace(params, n=per_task), limits, seed)
+        correct = np.array([float(t.metadata["correct"]) for t in trajs]).reshape(len(tasks), per_task)
+        answers = [[trajs[p * per_task + j].metadata["final_text"] for j in range(per_task)] for p in range(len(tasks))]
+        return correct, answers
+
+    return play

@@ -1,0 +1,345 @@
+"""``VerifierPool``: score many completions off the main loop, in parallel, each call with its own timeout.
+
+Two kinds of worker:
+- ``"thread"`` (default): worker threads. Right for verifiers that wait rather than compute: the
+  sandboxed code verifier (each test runs in a sandbox subprocess with its own hard wall clock),
+  reward-model scoring (torch releases the GIL), LLM judges (HTTP). Threads start in
+  microseconds and need no pickling. Limit: a thread cannot be killed, so a pure-Python verifier
+  stuck forever keeps its thread (the pool starts fresh threads for the next batch).
+- ``"process"``: worker processes (spawned, one call at a time each). Right for CPU-bound
+  pure-Python verifiers (math-verify's symbolic equivalence), which threads cannot run in
+  parallel; a call past its timeout is ended by killing its worker, which is replaced. The
+  verifier must pickle (registered verifiers and ``CompositeReward`` of them do); each worker
+  costs one Python interpreter importing the verifier's modules (~2 s, once per pool).
+
+A call that raises or times out is counted (``stats``), logged with its task id and completion,
+and kept in ``failures`` (the last 1000). The error policy ``on_error``: ``"zero"`` scores it 0,
+``"raise"`` makes ``score`` raise ``VerifierError``. A verifier with its own ``on_error``
+attribute (``CompositeReward``, which can zero a single failed term) follows the pool's policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import pickle
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_connections
+from typing import Any, Literal
+
+from reinforge.data.base import Task
+from reinforge.errors import ReinforgeError
+from reinforge.rewards.verifiers import RewardResult, Verifier
+
+log = logging.getLogger(__name__)
+
+OnError = Literal["raise", "zero"]
+PoolKind = Literal["thread", "process"]
+_SAMPLE_CHARS = 500
+
+
+class VerifierError(ReinforgeError):
+    """A verifier raised or timed out and the policy is ``on_error="raise"``."""
+
+
+@dataclass(frozen=True)
+class VerifierOutcome:
+    """One verifier call: ``status`` ``ok``, ``error`` (it raised) or ``timeout``; ``reward`` is 0
+    unless ok."""
+
+    reward: float
+    status: Literal["ok", "error", "timeout"]
+    result: RewardResult | None = None
+    error: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class VerifierFailure:
+    """A logged failure, with its sample."""
+
+    task_id: str
+    completion: str
+    status: Literal["error", "timeout"]
+    error: str
+
+
+# A backend runs calls and reports (status, RewardResult or error text, seconds, exception or None).
+_Raw = tuple[Literal["ok", "error", "timeout"], Any, float, BaseException | None]
+
+
+class VerifierPool:
+    """Scores ``(task, completion)`` pairs with ``verifier`` on ``workers`` threads or processes."""
+
+    def __init__(self, verifier: Verifier, *, workers: int = 2, timeout_s: float = 60.0,
+                 on_error: OnError = "raise", kind: PoolKind = "thread", name: str | None = None) -> None:
+        if kind not in ("thread", "process"):
+            raise ValueError(f"kind must be 'thread' or 'process', got {kind!r}")
+        if workers < 1 or not timeout_s > 0:
+            raise ValueError(f"need workers >= 1 and timeout_s > 0, got {workers} and {timeout_s}")
+        self.verifier, self.workers, self.timeout_s, self.kind = verifier, workers, timeout_s, kind
+        self.name = name or getattr(verifier, "__name__", type(verifier).__name__)
+        self.stats = {"calls": 0, "errors": 0, "timeouts": 0}
+        self.failures: deque[VerifierFailure] = deque(maxlen=1000)
+        self.on_error = on_error
+        self._backend: _ThreadBackend | _ProcessBackend = (
+            _ThreadBackend(verifier, workers, self.name) if kind == "thread" else _ProcessBackend(verifier, workers)
+        )
+
+    @property
+    def on_error(self) -> OnError:
+        return self._on_error
+
+    @on_error.setter
+    def on_error(self, value: OnError) -> None:
+        if value not in ("zero", "raise"):
+            raise ValueError(f"on_error must be 'zero' or 'raise', got {value!r}")
+        self._on_error = value
+        if hasattr(self.verifier, "on_error"):  # process workers get the policy with each call
+            self.verifier.on_error = value
+
+    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[VerifierOutcome]:
+        """One outcome per (task, completion), in order."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+        self.stats["calls"] += len(tasks)
+        raw = self._backend.run(list(zip(tasks, completions, strict=True)), self.timeout_s, self.on_error)
+        outcomes = []
+        for task, completion, (status, payload, seconds, exc) in zip(tasks, completions, raw, strict=True):
+            if status == "ok":
+                outcomes.append(VerifierOutcome(float(payload.reward), "ok", payload, "", seconds))
+            else:
+                outcomes.append(self._failed(task, completion, status, payload, seconds, exc))
+        return outcomes
+
+    def _failed(self, task: Task, completion: str, status: Literal["error", "timeout"], error: str,
+                seconds: float, exc: BaseException | None) -> VerifierOutcome:
+        self.stats["errors" if status == "error" else "timeouts"] += 1
+        self.failures.append(VerifierFailure(task.id, completion, status, error))
+        message = (f"verifier {self.name} {status} on task {task.id!r}: {error}; "
+                   f"completion: {completion[:_SAMPLE_CHARS]!r}")
+        log.warning(message)
+        if self.on_error == "raise":
+            raise VerifierError(message + " (with on_error 'zero' such calls score 0 and are counted)") from exc
+        return VerifierOutcome(0.0, status, None, error, seconds)
+
+    def wait_ready(self) -> None:
+        """Block until every worker can take calls (process workers start in the background)."""
+        self._backend.wait_ready()
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Threads
+
+
+class _ThreadBackend:
+    def __init__(self, verifier: Verifier, workers: int, name: str) -> None:
+        self.verifier, self.workers, self.name = verifier, workers, name
+        self._executor = self._new_executor()
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=f"verifier-{self.name}")
+
+    def run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
+        """The timeout counts from when a call starts running, not from submission."""
+        starts: list[float | None] = [None] * len(items)
+        futures: dict[Future, int] = {self._executor.submit(self._call, i, t, c, starts): i
+                                      for i, (t, c) in enumerate(items)}
+        raw: list[_Raw | None] = [None] * len(items)
+        pending, stuck = set(futures), False
+        try:
+            while pending:
+                now = time.monotonic()
+                for future in [f for f in pending if not f.done()]:
+                    start = starts[futures[future]]
+                    if start is not None and now - start > timeout_s:
+                        pending.discard(future)
+                        stuck = True
+                        raw[futures[future]] = ("timeout", f"no result after {timeout_s:g}s", now - start, None)
+                deadlines = [starts[futures[f]] + timeout_s for f in pending if starts[futures[f]] is not None]
+                wait_s = max(min(deadlines) - now, 0.0) if deadlines else 0.01
+                done, _ = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
+                for future in done:
+                    pending.discard(future)
+                    exc = future.exception()
+                    if exc is not None:
+                        raw[futures[future]] = ("error", f"{type(exc).__name__}: {exc}", 0.0, exc)
+                    else:
+                        result, seconds = future.result()
+                        raw[futures[future]] = ("ok", result, seconds, None)
+        finally:
+            for future in pending:
+                future.cancel()
+            if stuck:  # leave the stuck threads behind; the next batch gets fresh ones
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = self._new_executor()
+        return raw  # type: ignore[return-value]
+
+    def wait_ready(self) -> None:
+        pass
+
+    def _call(self, i: int, task: Task, completion: str, starts: list[float | None]) -> tuple[RewardResult, float]:
+        starts[i] = start = time.monotonic()
+        result = self.verifier(task, completion)
+        if not isinstance(result, RewardResult):
+            raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
+        return result, time.monotonic() - start
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes
+
+
+def _worker_main(conn: Connection, payload: bytes) -> None:
+    """A worker process: unpickle the verifier once, then answer (task, completion, on_error) calls."""
+    verifier = pickle.loads(payload)
+    conn.send(("ready", None, 0.0))
+    while True:
+        try:
+            task, completion, on_error = conn.recv()
+        except (EOFError, OSError):
+            return
+        if hasattr(verifier, "on_error"):
+            verifier.on_error = on_error
+        start = time.monotonic()
+        try:
+            result = verifier(task, completion)
+            if not isinstance(result, RewardResult):
+                raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
+            reply: tuple = ("ok", result, time.monotonic() - start)
+        except Exception as exc:  # reported to the parent, which applies the policy
+            reply = ("error", f"{type(exc).__name__}: {exc}", time.monotonic() - start)
+        try:
+            conn.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            conn.send(("error", f"the verifier's result does not pickle: {exc}", time.monotonic() - start))
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    started: float
+    ready: bool = False
+
+
+class _ProcessBackend:
+    """One call in flight per worker process, so a call's timeout counts from its start; a call past
+    its timeout (or whose worker died) kills that worker and a fresh one takes its place. A worker
+    takes calls once it reports ready (its start-up does not count against any call's timeout)."""
+
+    STARTUP_TIMEOUT_S = 120.0
+
+    def __init__(self, verifier: Verifier, workers: int) -> None:
+        try:
+            self._payload = pickle.dumps(verifier)
+        except Exception as exc:
+            raise ValueError(f"a process VerifierPool needs a verifier that pickles: {exc} "
+                             "(use kind='thread', or a module-level function)") from exc
+        self._ctx = mp.get_context("spawn")  # never fork a process that runs torch threads
+        self._workers = [self._start() for _ in range(workers)]
+
+    def _start(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        process = self._ctx.Process(target=_worker_main, args=(child, self._payload), daemon=True,
+                                    name="reinforge-verifier")
+        process.start()
+        child.close()
+        return _Worker(process, parent, time.monotonic())
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=5)
+        worker.conn.close()
+        fresh = self._start()
+        self._workers[self._workers.index(worker)] = fresh
+        return fresh
+
+    def run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
+        raw: list[_Raw | None] = [None] * len(items)
+        queue = deque(range(len(items)))
+        idle = [w for w in self._workers if w.ready]
+        starting = {w.conn: w for w in self._workers if not w.ready}
+        busy: dict[Connection, tuple[_Worker, int, float]] = {}
+        while queue or busy:
+            while queue and idle:
+                worker, i = idle.pop(), queue.popleft()
+                task, completion = items[i]
+                worker.conn.send((task, completion, on_error))
+                busy[worker.conn] = (worker, i, time.monotonic())
+            deadlines = [start + timeout_s for _, _, start in busy.values()]
+            deadlines += [w.started + self.STARTUP_TIMEOUT_S for w in starting.values()]
+            ready = wait_connections([*busy, *starting], timeout=max(min(deadlines) - time.monotonic(), 0.0))
+            for conn in ready:
+                if conn in starting:
+                    worker = starting.pop(conn)  # type: ignore[arg-type]
+                    self._check_ready(worker)
+                    idle.append(worker)
+                    continue
+                worker, i, start = busy.pop(conn)  # type: ignore[arg-type]
+                try:
+                    status, payload, seconds = conn.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    code = worker.process.exitcode
+                    raw[i] = ("error", f"the verifier's worker process died (exit code {code})",
+                              time.monotonic() - start, None)
+                    fresh = self._replace(worker)
+                    starting[fresh.conn] = fresh
+                    continue
+                raw[i] = (status, payload, seconds, None)
+                idle.append(worker)
+            now = time.monotonic()
+            for conn, (worker, i, start) in list(busy.items()):
+                if now - start > timeout_s:
+                    del busy[conn]
+                    raw[i] = ("timeout", f"no result after {timeout_s:g}s (worker killed)", now - start, None)
+                    fresh = self._replace(worker)
+                    starting[fresh.conn] = fresh
+            for worker in starting.values():
+                if now - worker.started > self.STARTUP_TIMEOUT_S:
+                    raise ReinforgeError(f"a verifier worker process did not start in {self.STARTUP_TIMEOUT_S:g}s")
+        return raw  # type: ignore[return-value]
+
+    def wait_ready(self) -> None:
+        for worker in self._workers:
+            if not worker.ready:
+                if not worker.conn.poll(max(worker.started + self.STARTUP_TIMEOUT_S - time.monotonic(), 0.0)):
+                    raise ReinforgeError(f"a verifier worker process did not start in {self.STARTUP_TIMEOUT_S:g}s")
+                self._check_ready(worker)
+
+    def _check_ready(self, worker: _Worker) -> None:
+        try:
+            status, _, _ = worker.conn.recv()
+        except (EOFError, OSError):
+            status = "died"
+        if status != "ready":
+            raise ReinforgeError(
+                f"a verifier worker process failed to start (exit code {worker.process.exitcode}): the verifier "
+                "could not be unpickled in a fresh interpreter; is it defined in an importable module?"
+            )
+        worker.ready = True
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.conn.close()
+            if worker.process.is_alive():
+                worker.process.kill()
+            worker.process.join(timeout=5)
