@@ -1,4 +1,5 @@
-"""Learner update time: shared-prefix training forward vs the HF forward, side by side in one run.
+"""Learner update time: shared-prefix training forward vs the HF forward, and fused vs foreach AdamW,
+side by side in one run (interleaved repeats).
 
     python benchmarks/bench_learner.py [--prompts 16] [--group 8] [--repeats 7]
 
@@ -32,27 +33,32 @@ def main() -> None:
     cfg = load_config(None, [f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}"])
     c = build_components(cfg)
     tasks = c.sampler.next_batch(args.prompts)
-    envs, gens = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=0)
-    trajs = score_single_turn(tasks, envs, gens, args.group)
+    _, gens = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=0)
+    trajs = score_single_turn(tasks, gens, args.group, c.reward_pool)
     batch, stats = build_batch(trajs, cfg.algo.model_copy(update={"skip_equal_reward_groups": False}), c.engine.pad_id)
     assert batch is not None
     tokens = int(batch.attention_mask.sum())
-    rows = []
-    for shared in (False, True):
-        run_cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"shared_prefix": shared})})
-        learner = Learner(copy.deepcopy(c.learner.model), run_cfg)
-        assert (learner.shared_prefix is not None) == shared
-        learner.update(batch)  # warm-up
-        times = []
-        for _ in range(args.repeats):
+    variants = {  # name -> train overrides; interleaved repeats, median per variant
+        "HF forward, AdamW foreach": {"shared_prefix": False},
+        "shared-prefix forward, AdamW foreach": {"shared_prefix": True},
+        "shared-prefix forward, AdamW fused": {"shared_prefix": True, "fused_optimizer": True},
+    }
+    learners = {}
+    for name, update in variants.items():
+        run_cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update=update)})
+        learners[name] = Learner(copy.deepcopy(c.learner.model), run_cfg)
+        learners[name].update(batch)  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.repeats):
+        for name, learner in learners.items():
             t0 = time.perf_counter()
             learner.update(batch)
-            times.append(time.perf_counter() - t0)
-        rows.append(("shared-prefix forward" if shared else "HF forward", statistics.median(times)))
+            times[name].append(time.perf_counter() - t0)
+    rows = [(name, statistics.median(t), min(t), max(t)) for name, t in times.items()]
     print(f"{len(batch)} sequences ({args.prompts} prompts x {args.group}), {tokens} tokens, torch {torch.__version__}")
-    print("| learner forward | median s per update | speed-up |\n|---|---|---|")
-    for name, t in rows:
-        print(f"| {name} | {t:.4f} | {rows[0][1] / t:.2f}x |")
+    print("| learner | median s per update (min-max) | speed-up |\n|---|---|---|")
+    for name, t, lo, hi in rows:
+        print(f"| {name} | {t:.4f} ({lo:.4f}-{hi:.4f}) | {rows[0][1] / t:.2f}x |")
 
 
 if __name__ == "__main__":

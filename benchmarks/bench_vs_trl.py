@@ -26,8 +26,7 @@ alternating the order of the two frameworks from repeat to repeat. Per step the 
 The first ``--warmup`` steps of every repeat are not timed; reinforge's held-out evaluations (before
 the first and after the last step) are outside every step. ``--force-length 16`` makes every
 completion exactly 16 tokens (TRL: ``min_new_tokens``, which masks EOS; reinforge:
-``SamplingParams.ignore_eos``, which the run config does not expose, so the child patches
-``Components.sampling_params``). ``--pretrain-steps N`` gives the random model N steps of
+``rollout.ignore_eos``). ``--pretrain-steps N`` gives the random model N steps of
 next-token pretraining on ``a+b=c`` first, so the reward comparison is not a comparison of zeros
 (a random-init model almost never writes a correct sum).
 
@@ -195,6 +194,7 @@ def reinforge_overrides(spec: dict) -> list[str]:
         "train.minibatches=1", "train.time_limit_s=0",
         "eval.every=0", "eval.final_samples=0", "checkpoint.every=0", "log.samples_per_step=0",
         f"log.console_every={spec['steps']}", "log.report=false",
+        *(["rollout.ignore_eos=true"] if spec["force_length"] else []),
     ]
 
 
@@ -205,19 +205,12 @@ def child_reinforge(spec: dict) -> dict:
 
     from reinforge.config import load_config
     from reinforge.orchestrate import sync_loop
-    from reinforge.orchestrate.components import Components
     from reinforge.rollout.torch_engine import TorchRolloutEngine
     from reinforge.train.learner import Learner
 
     import_s = time.perf_counter() - t0
     torch.set_num_threads(spec["threads"])
     cfg = load_config(None, reinforge_overrides(spec))
-    if spec["force_length"]:
-        import dataclasses
-
-        plain = Components.sampling_params
-        Components.sampling_params = lambda self: dataclasses.replace(plain(self), ignore_eos=True)
-
     step_impl = sync_loop._Loop.train_step
 
     def train_step(loop, step):

@@ -190,6 +190,7 @@ class RolloutConfig(_Strict):
     server_url: str | None = Field(None, description="base URL of the server for engine=openai, e.g. http://host:8000/v1")
     server_model: str | None = Field(None, description="model name the server expects (default: model.path)")
     sync_weights: bool = Field(True, description="engine=openai: push new weights to the server after each update")
+    ignore_eos: bool = Field(False, description="generate exactly max_new_tokens (benchmarks, throughput tests)")
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> RolloutConfig:
@@ -295,6 +296,9 @@ class TrainConfig(_Strict):
         True, description="compute each group's shared prompt once in the training forward (Llama/Qwen2; exact)"
     )
     time_limit_s: float = Field(0.0, ge=0, description="stop after this many seconds of training (0 = no limit)")
+    fused_optimizer: bool = Field(
+        False, description="torch's fused AdamW kernel (one kernel for all parameters; benchmarks/bench_learner.py)"
+    )
 
 
 class EvalConfig(_Strict):

@@ -51,7 +51,7 @@ class Components:
         r = self.cfg.rollout
         return SamplingParams(
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-            n=r.group_size, stop=tuple(r.stop),
+            n=r.group_size, stop=tuple(r.stop), ignore_eos=r.ignore_eos,
         )
 
 

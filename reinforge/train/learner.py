@@ -94,7 +94,8 @@ class Learner:
         self.temperature = cfg.rollout.temperature
         t = cfg.train
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
+            [p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=t.betas, weight_decay=t.weight_decay,
+            **({"fused": True} if t.fused_optimizer else {}),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)

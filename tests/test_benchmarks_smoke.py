@@ -1,0 +1,36 @@
+"""The benchmark scripts still run against the current API: each one on its smallest settings
+(the figures are meaningless here; benchmarks/BENCHMARKS.md has the real runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+SMOKE = {
+    "bench_learner.py": ["--prompts", "2", "--group", "2", "--repeats", "1"],
+    "bench_rollout.py": ["--sizes", "tiny", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--repeats", "1"],
+    "bench_sandbox.py": ["--runs", "2"],
+    "bench_verifier_pool.py": ["--calls", "4", "--code-calls", "2", "--repeats", "1"],
+    "bench_server.py": ["--requests", "4", "--concurrency", "2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_benchmark_runs_on_its_smallest_settings(script):
+    proc = subprocess.run([sys.executable, str(BENCH / script), *SMOKE[script]], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "|" in proc.stdout, proc.stdout  # printed its table
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("bench_*.py") if p.name not in SMOKE))
+def test_the_other_benchmarks_parse_their_arguments(script):
+    """bench_vs_trl needs TRL and minutes per run; it must at least import and parse."""
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "usage" in proc.stdout, proc.stderr[-3000:]
