@@ -34,10 +34,32 @@ def _check_registered(kind: str, name: str) -> str:
     return name
 
 
+class LoraConfig(_Strict):
+    """LoRA adapters (via peft) instead of full fine-tuning; docs/lora.md."""
+
+    enabled: bool = Field(False, description="train LoRA adapters; the reference policy is the base (adapters off)")
+    r: int = Field(8, ge=1, description="adapter rank")
+    alpha: int = Field(16, ge=1, description="scaling numerator: the update is (alpha / r) * B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input (training forward only)")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="module names (suffixes) that get adapters, e.g. q_proj, gate_proj, up_proj, down_proj",
+    )
+    bias: Literal["none", "all", "lora_only"] = Field("none", description="which biases train (peft's bias option)")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        if any(not name.strip() for name in v):
+            raise ValueError("module names must be non-empty, e.g. [q_proj, v_proj]")
+        return v
+
+
 class ModelConfig(_Strict):
     path: str = Field("tiny-base", description="HF model directory, or a shipped alias ('tiny-base')")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", description="torch device for learner and rollout, e.g. 'cpu' or 'cuda'")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class ColumnsConfig(_Strict):
@@ -333,6 +355,9 @@ class EnvConfig(_Strict):
     max_turns: int = Field(4, ge=1, description="model turns per episode")
     max_total_tokens: int = Field(0, ge=0, description="whole episode incl. prompt; 0 = the model's context")
     max_turn_tokens: int = Field(0, ge=0, description="tokens per model turn; 0 = rollout.max_new_tokens")
+    agent: str | None = Field(None, description="env.name=agent: 'module:function' taking (base_url, task) and "
+                              "returning the episode's reward (or posting it to the proxy)")
+    agent_workers: int = Field(8, ge=1, description="env.name=agent: agent episodes run concurrently")
 
     @field_validator("name")
     @classmethod
@@ -342,6 +367,12 @@ class EnvConfig(_Strict):
         if v not in ENVIRONMENTS:
             raise ValueError(f"unknown environment {v!r}; allowed: {', '.join(sorted(ENVIRONMENTS))}")
         return v
+
+    @model_validator(mode="after")
+    def _agent_spec(self) -> EnvConfig:
+        if (self.name == "agent") != (self.agent is not None):
+            raise ValueError("env.agent ('module:function') goes with env.name=agent, and env.name=agent needs it")
+        return self
 
     @property
     def multi_turn(self) -> bool:

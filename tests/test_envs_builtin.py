@@ -15,6 +15,7 @@ from reinforge.envs.registry import ENVIRONMENTS, build_environment, check_task_
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.single_turn import SingleTurnEnv
 from reinforge.envs.tools import ToolError
+from reinforge.errors import ConfigError
 from reinforge.rewards.verifiers import numeric_match
 
 
@@ -303,7 +304,10 @@ def test_guessing_splits_are_disjoint_by_secret():
 
 
 def test_registry_builds_fresh_environments():
-    assert set(ENVIRONMENTS) == {"single_turn", "calculator", "guessing", "retry"}
+    assert set(ENVIRONMENTS) == {"single_turn", "calculator", "guessing", "retry", "agent"}
+    agent = build_environment("agent", None, None)  # the loop runs agents through the proxy: never an Environment
+    with pytest.raises(ConfigError, match="through the OpenAI-compatible proxy"):
+        agent()
     assert ENVIRONMENTS["retry"].params == {"max_attempts": 3, "feedback": "wrong, try again", "decay": 1.0}
     factory = build_environment("guessing", None, None, {"max_guesses": 2})
     a, b = factory(), factory()

@@ -48,6 +48,14 @@ def _retry(
     return RetryEnv(SingleTurnEnv(verifier, system_prompt), max_attempts=max_attempts, feedback=feedback, decay=decay)
 
 
+def _agent(verifier: Verifier | None, system_prompt: str | None) -> Environment:
+    raise ConfigError("env.name=agent: episodes are played by the agent (env.agent = 'module:function') through "
+                      "the OpenAI-compatible proxy, not by an Environment")
+
+
+AGENT = "agent"
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """``make(verifier, system_prompt, **params)``; ``task_kinds``: the task sources (``task.kind``)
@@ -73,6 +81,8 @@ ENVIRONMENTS: dict[str, EnvSpec] = {
                 "calc tool calls, then a final integer answer (last integer == task.answer)"),
         EnvSpec("guessing", _guessing, False, ("guessing",), "guess the secret (task.answer) with higher/lower hints"),
         EnvSpec("retry", _retry, True, None, "single-turn verifier task with 'wrong, try again' and more attempts"),
+        EnvSpec(AGENT, _agent, False, None, "a black-box agent written for the OpenAI API (env.agent), through the "
+                "proxy (reinforge/serve/proxy.py)"),
     )
 }
 
@@ -95,6 +105,8 @@ def build_environment(
     if unknown:
         allowed = ", ".join(f"{k} (default {v!r})" for k, v in spec.params.items()) or "none"
         raise EnvironmentConfigError(f"env.params: {name!r} has no parameter {', '.join(map(repr, unknown))}; allowed: {allowed}")
+    if name == AGENT:
+        return partial(spec.make, verifier, system_prompt)  # never called: the loop runs the agent
     if spec.uses_verifier and verifier is None:
         raise EnvironmentConfigError(f"env {name!r} scores with the task's verifier, but none was given")
     factory = partial(spec.make, verifier, system_prompt, **params)

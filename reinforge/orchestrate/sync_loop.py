@@ -14,6 +14,7 @@ from typing import Any
 from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
 from reinforge.eval.heldout import evaluate
+from reinforge.orchestrate.agent_episodes import AgentRunner
 from reinforge.orchestrate.components import Components, build_components
 from reinforge.orchestrate.episodes import (
     build_batch,
@@ -103,14 +104,26 @@ class _Loop:
         self.reward_failures = JsonlSink(run_dir / "reward_failures.jsonl")
         self.progress_every = progress_every
         self.collapse = CollapseDetector()
+        self.agents: AgentRunner | None = None
 
     def run(self) -> TrainResult:
         self.sinks = build_sinks(list(self.cfg.log.sinks), self.run_dir, self.cfg.model_dump(mode="json"))
+        self.agents = self._start_agents()
         try:
             return self._run()
         finally:
             close_sinks(self.sinks)
             self.c.reward_pool.close()
+            if self.agents is not None:
+                self.agents.close()
+
+    def _start_agents(self) -> AgentRunner | None:
+        cfg, c = self.cfg, self.c
+        if cfg.env.agent is None:
+            return None
+        r = cfg.rollout
+        return AgentRunner(cfg.env.agent, c.engine, max_tokens=c.episode_limits().max_turn_tokens,
+                           temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, workers=cfg.env.agent_workers)
 
     def _log(self, metrics: dict[str, Any]) -> None:
         self.metrics.write(metrics)
@@ -202,7 +215,9 @@ class _Loop:
             out.rounds += 1
             tasks = c.sampler.next_batch(n_prompts)
             offset = out.rounds * n_prompts - n_prompts
-            if cfg.env.multi_turn:  # environment steps (and their rewards) interleave with generation
+            if self.agents is not None:  # a black-box agent plays through the proxy
+                trajs = self.agents.run(tasks, g, group_offset=offset)
+            elif cfg.env.multi_turn:  # environment steps (and their rewards) interleave with generation
                 trajs = run_episodes(tasks, c.engine, c.make_env, c.sampling_params(), c.episode_limits(), step,
                                      group_offset=offset)
             else:
@@ -232,6 +247,8 @@ class _Loop:
     def _greedy_baseline(self, tasks: list, step: int) -> list[float]:
         """ReMax's baseline: the reward of one greedy completion (or episode) per task."""
         c = self.c
+        if self.agents is not None:
+            return [t.reward for t in self.agents.run(tasks, 1, greedy=True)]
         if self.cfg.env.multi_turn:
             greedy = dataclasses.replace(c.sampling_params(), greedy=True, n=1)
             return [t.reward for t in run_episodes(tasks, c.engine, c.make_env, greedy, c.episode_limits(), step)]
@@ -240,6 +257,8 @@ class _Loop:
     def _player(self):
         """Multi-turn environments are evaluated by playing their episodes."""
         c = self.c
+        if self.agents is not None:
+            return self.agents.player()
         return episode_player(c.engine, c.make_env, c.episode_limits()) if self.cfg.env.multi_turn else None
 
     def _evaluate(self, step: int) -> dict[str, float]:

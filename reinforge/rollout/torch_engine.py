@@ -7,6 +7,7 @@ attention mask, so every row sees exactly the positions it would see alone.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
@@ -23,11 +24,24 @@ StepCallback = Callable[[Tensor, Tensor, Tensor, Tensor], None]
 ``generate``'s order) sampled ``tokens[i]`` with log-prob ``logprobs[i]`` from ``logits[i]``."""
 
 
+WeightPoll = Callable[[], "tuple[Mapping[str, Tensor] | nn.Module, int] | None"]
+"""Returns new weights and their version when there are some, else None (checked between decode steps)."""
+
+
 class TorchRolloutEngine:
     """Rollout engine over an HF causal LM that it owns (a copy of the learner's weights).
 
     ``update_weights`` copies new weights into the engine's model in place (no reload, no
-    reallocation) and bumps the policy version that every generation carries.
+    reallocation) and bumps the policy version that every generation carries; call it between
+    ``generate`` calls (the "wait for in-flight requests" mode).
+
+    In-flight updates: ``stage_weights`` (from any thread) or a ``weight_poll`` hook hands the
+    engine new weights that it applies between two decode steps of a running ``generate``
+    (continuous batching with the lean forward; other paths apply them when the call ends).
+    Sequences in flight continue: their earlier tokens keep the old version, the tokens sampled
+    after the switch carry the new one (``Generation.token_versions``), and the keys/values
+    already cached were computed by the old weights (as in AReaL and PipelineRL; the learner's
+    recomputed log-probs and the mismatch correction account for it).
     """
 
     def __init__(
@@ -50,6 +64,26 @@ class TorchRolloutEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.lean = LeanLlama(self.model) if use_lean_forward and lean_supports(self.model) else None
         self.continuous = continuous
+        self.weight_poll: WeightPoll | None = None
+        self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
+        self._staged_lock = threading.Lock()
+
+    def stage_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        """Hand over new weights to apply at the next decode step (or the next ``generate``); the
+        caller must not modify ``state`` until the engine's ``version`` reaches ``version``."""
+        with self._staged_lock:
+            self._staged = (state, version)
+
+    def _apply_pending(self) -> bool:
+        """Apply staged or polled weights, if any; True when the weights changed."""
+        with self._staged_lock:
+            update, self._staged = self._staged, None
+        if update is None and self.weight_poll is not None:
+            update = self.weight_poll()
+        if update is None:
+            return False
+        self.update_weights(*update)
+        return True
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -74,6 +108,7 @@ class TorchRolloutEngine:
 
         ``generator`` replaces the engine's own (e.g. a per-request seed); ``on_step`` sees every
         decode step (streaming, top log-probs)."""
+        self._apply_pending()
         limit = getattr(self.model.config, "max_position_embeddings", None)
         longest = max((len(r.prompt_ids) for r in requests), default=0)
         if limit is not None and longest + params.max_new_tokens > limit:
@@ -165,6 +200,7 @@ class TorchRolloutEngine:
         out_lp = torch.zeros(rows, max_new, device=dev)
         out_len = torch.full((rows,), max_new, dtype=torch.long, device=dev)
         out_stop = torch.zeros(rows, dtype=torch.bool, device=dev)
+        out_ver = torch.full((rows, max_new), self.version, dtype=torch.long, device=dev)
         slot_row = torch.full((n_slots,), -1, dtype=torch.long, device=dev)  # output row held by each slot
         slot_pos = torch.zeros(n_slots, dtype=torch.long, device=dev)  # its next position (= cache length)
         slot_step = torch.zeros(n_slots, dtype=torch.long, device=dev)  # tokens generated so far
@@ -193,7 +229,7 @@ class TorchRolloutEngine:
             tok, lp = sample_tokens(logits[busy], params.temperature, params.top_k, params.top_p, params.greedy,
                                     generator)
             row, step = slot_row[busy], slot_step[busy]
-            out_tok[row, step], out_lp[row, step] = tok, lp
+            out_tok[row, step], out_lp[row, step], out_ver[row, step] = tok, lp, self.version
             if on_step is not None:
                 on_step(row, logits[busy], tok, lp)
             done = torch.isin(tok, eos) if not params.ignore_eos else torch.zeros_like(tok, dtype=torch.bool)
@@ -206,6 +242,8 @@ class TorchRolloutEngine:
             going = busy[~done]
             if going.numel() == 0 and next_request == len(requests):
                 break
+            if self._staged is not None or self.weight_poll is not None:
+                self._apply_pending()  # in-flight weight update: the next tokens get the new version
             # one decode step over the slots; only the continuing ones matter
             ids = torch.full((slot_row.shape[0],), self.pad_id, dtype=torch.long, device=dev)
             ids[going] = tok[~done]
@@ -217,7 +255,7 @@ class TorchRolloutEngine:
                 cache.keep(going)
                 slot_row, slot_pos, slot_step, logits = slot_row[going], slot_pos[going], slot_step[going], logits[going]
         chunk = [(req, i) for req in requests for i in range(n)]
-        return self._collect(chunk, out_tok, out_lp, out_len, out_stop)
+        return self._collect(chunk, out_tok, out_lp, out_len, out_stop, out_ver)
 
     def _rows_hit_stop(self, tokens: Tensor, rows: Tensor, steps: Tensor, stop: Iterable[str]) -> Tensor:
         """For each (row, last step): does the row's text end with a stop string."""
@@ -239,24 +277,28 @@ class TorchRolloutEngine:
         texts = self.tokenizer.batch_decode(tokens[:, -window:].tolist(), skip_special_tokens=True)
         return torch.tensor([any(text.endswith(s) for s in stop) for text in texts], device=self.device)
 
-    def _collect(self, chunk, tokens: Tensor, logprobs: Tensor, lengths: Tensor, finished: Tensor) -> list[Generation]:
+    def _collect(self, chunk, tokens: Tensor, logprobs: Tensor, lengths: Tensor, finished: Tensor,
+                 versions: Tensor | None = None) -> list[Generation]:
         lengths_l, finished_l = lengths.tolist(), finished.tolist()
         token_rows, logprob_rows = tokens.tolist(), logprobs.tolist()
+        version_rows = versions.tolist() if versions is not None else None
         ids = [row[:n] for row, n in zip(token_rows, lengths_l, strict=True)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return [
-            Generation(
+        out = []
+        for i, (req, sample_index) in enumerate(chunk):
+            token_versions = version_rows[i][: lengths_l[i]] if version_rows is not None else []
+            out.append(Generation(
                 request_id=req.request_id,
                 prompt_ids=req.prompt_ids,
                 token_ids=ids[i],
                 logprobs=logprob_rows[i][: lengths_l[i]],
                 finish_reason="stop" if finished_l[i] else "length",
-                version=self.version,
+                version=token_versions[0] if token_versions else self.version,
                 text=texts[i],
                 sample_index=sample_index,
-            )
-            for i, (req, sample_index) in enumerate(chunk)
-        ]
+                token_versions=token_versions,
+            ))
+        return out
 
 
 class _HFDecoder:
