@@ -29,10 +29,10 @@ def ascii_chat_tokenizer(template: str = CHATML) -> PreTrainedTokenizerFast:
     return tok
 
 
-def tiny_random_llama(tokenizer, max_positions: int = 256, seed: int = 0) -> LlamaForCausalLM:
+def tiny_random_llama(tokenizer, max_positions: int = 256, seed: int = 0, init_range: float = 0.02) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=max_positions,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         tie_word_embeddings=True, initializer_range=init_range, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return LlamaForCausalLM(config).eval()
