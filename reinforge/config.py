@@ -379,6 +379,23 @@ class EnvConfig(_Strict):
         return self.name != "single_turn"
 
 
+class OrchestrateConfig(_Strict):
+    """Synchronous or asynchronous RL (docs/async.md)."""
+
+    mode: Literal["sync", "async"] = Field("sync", description="async: rollout runs in its own worker process(es)")
+    backend: Literal["local", "ray"] = Field("local", description="local: worker processes on this machine; ray: actors")
+    max_staleness: int = Field(1, ge=0, description="async: a batch may be sampled by weights at most this many "
+                               "updates older than the learner's (0 = synchronous through the same code path)")
+    weight_update: Literal["inflight", "wait"] = Field(
+        "inflight", description="inflight: workers take new weights between decode steps; wait: between requests"
+    )
+    rollout_workers: int = Field(1, ge=1)
+    rollout_threads: int = Field(1, ge=1, description="torch threads per rollout worker")
+    learner_threads: int = Field(1, ge=1, description="torch threads of the learner process in async mode")
+    timeout_s: float = Field(600.0, gt=0, description="longest wait for a rollout batch before the run stops")
+    ray_address: str | None = Field(None, description="backend=ray: cluster address (default: start a local Ray)")
+
+
 class RunConfig(_Strict):
     preset: str | None = Field(None, description="algorithm preset the recipe builds on (reinforge algos lists them)")
     name: str | None = Field(None, description="run directory name under output_dir (default: a fresh name)")
@@ -394,6 +411,15 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    orchestrate: OrchestrateConfig = Field(default_factory=OrchestrateConfig)
+
+    @model_validator(mode="after")
+    def _async_corrects_off_policy(self) -> RunConfig:
+        """Async batches are off-policy by up to max_staleness updates: unless the recipe chose a
+        mismatch mode, use truncated IS behaviour -> proximal (the decoupled PPO objective)."""
+        if self.orchestrate.mode == "async" and "mode" not in self.algo.mismatch.model_fields_set:
+            self.algo.mismatch.mode = "token_tis"
+        return self
 
     @model_validator(mode="after")
     def _env_fits_task(self) -> RunConfig:

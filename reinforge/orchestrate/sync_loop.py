@@ -68,8 +68,11 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
     run_dir = run_dir or create_run_dir(cfg)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     start = _restore(c, run_dir) if resume is not None else 0
-    loop = _Loop(c, run_dir, start, progress_every or cfg.log.console_every)
-    return loop.run()
+    if cfg.orchestrate.mode == "async":
+        from reinforge.orchestrate.async_loop import AsyncLoop
+
+        return AsyncLoop(c, run_dir, start, progress_every or cfg.log.console_every).run()
+    return _Loop(c, run_dir, start, progress_every or cfg.log.console_every).run()
 
 
 def _resumed_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, Path]:
@@ -173,7 +176,7 @@ class _Loop:
         train_metrics: dict[str, float] = {}
         if batch is not None:
             train_metrics = c.learner.update(batch)
-            c.engine.update_weights(c.learner.model, c.engine.version + 1)
+            self.publish_weights(c.engine.version + 1)
         t_end = time.perf_counter()
         trajs = rollout.sampled
         n_groups = len({t.group_id for t in trajs})
@@ -201,6 +204,10 @@ class _Loop:
                 metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
                                 "adv/abs_mean": adv.abs().mean().item()})
         return metrics
+
+    def publish_weights(self, version: int) -> None:
+        """The new policy to the rollout engine (and, in async mode, to the rollout workers)."""
+        self.c.engine.update_weights(self.c.learner.model, version)
 
     def collect(self, step: int) -> Rollout:
         """One rollout batch: ``prompts_per_step`` groups, scored and shaped.
@@ -304,8 +311,12 @@ class _Loop:
         c = self.c
         save_checkpoint(
             self.run_dir, step, c.learner.model, c.tokenizer, c.learner.state_dict(), c.engine.generator,
-            {"sampler": c.sampler.state_dict(), "policy_version": c.engine.version}, keep=self.cfg.checkpoint.keep,
+            self.checkpoint_state(), keep=self.cfg.checkpoint.keep,
         )
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What ``state.json`` holds besides the step (the async loop adds its in-flight requests)."""
+        return {"sampler": self.c.sampler.state_dict(), "policy_version": self.c.engine.version}
 
     def _write_samples(self, step: int, trajs: list[Trajectory]) -> None:
         n = self.cfg.log.samples_per_step

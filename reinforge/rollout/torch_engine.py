@@ -25,7 +25,8 @@ StepCallback = Callable[[Tensor, Tensor, Tensor, Tensor], None]
 
 
 WeightPoll = Callable[[], "tuple[Mapping[str, Tensor] | nn.Module, int] | None"]
-"""Returns new weights and their version when there are some, else None (checked between decode steps)."""
+"""Called between decode steps: returns new weights and their version for the engine to apply, or
+None (it may also apply them itself with ``update_weights``, e.g. under a shared-memory lock)."""
 
 
 class TorchRolloutEngine:

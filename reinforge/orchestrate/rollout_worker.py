@@ -1,0 +1,217 @@
+"""Rollout worker processes for asynchronous RL (the ``local`` backend).
+
+A worker owns a rollout engine (its own copy of the model, weights from ``SharedWeights``), the
+environment and the reward; it takes ``RolloutRequest``s (the tasks of one rollout batch) from its
+queue and returns ``RolloutResult``s (scored trajectories, or the error that stopped it). With
+``weight_update: inflight`` the engine polls the shared weights between decode steps; with
+``wait`` it takes them before each request.
+
+``RolloutWorkers`` (in the learner process) starts the workers (spawned: never fork a process
+running torch threads), assigns requests round-robin, restarts a worker that died and re-issues
+the requests it held, and never waits forever: ``next_result`` raises after ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from reinforge.config import RunConfig
+from reinforge.data.base import Task
+from reinforge.errors import ReinforgeError
+from reinforge.orchestrate.multi_turn import EpisodeLimits
+from reinforge.orchestrate.shared_weights import SharedWeights
+from reinforge.rollout.types import SamplingParams
+from reinforge.types import Trajectory
+
+
+@dataclass
+class RolloutRequest:
+    update: int  # the learner update that will consume this batch (1-based)
+    tasks: list[Task]
+    seed: int
+    on_error: str = "raise"  # the reward pool's policy for this batch
+
+
+@dataclass
+class RolloutResult:
+    update: int
+    worker: int
+    trajectories: list[Trajectory] = field(default_factory=list)
+    generate_s: float = 0.0
+    reward_s: float = 0.0
+    error: str | None = None
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          n=r.group_size, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
+
+
+def episode_limits(cfg: RunConfig, model_context: int | None) -> EpisodeLimits:
+    e = cfg.env
+    return EpisodeLimits(max_turns=e.max_turns, max_total_tokens=e.max_total_tokens or model_context or 4096,
+                         max_turn_tokens=e.max_turn_tokens or cfg.rollout.max_new_tokens)
+
+
+def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests: mp.Queue, results: mp.Queue) -> None:
+    """The worker process: build the engine, environment and reward, then serve requests until None."""
+    try:
+        from reinforge.envs.registry import build_environment
+        from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
+        from reinforge.orchestrate.multi_turn import run_episodes
+        from reinforge.rewards.build import build_reward, build_reward_pool
+        from reinforge.rollout.torch_engine import TorchRolloutEngine
+        from reinforge.train.model import load_model, load_tokenizer
+
+        torch.set_num_threads(cfg.orchestrate.rollout_threads)
+        torch.manual_seed(cfg.seed + 1000 * (worker_id + 1))
+        tokenizer = load_tokenizer(cfg.model.path)
+        model = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
+        engine = TorchRolloutEngine(model, tokenizer, cfg.model.device, seed=cfg.seed + 1000 * (worker_id + 1))
+        engine.version = -1
+        shared.sync_engine(engine)
+        inflight = cfg.orchestrate.weight_update == "inflight"
+        if inflight:
+            engine.weight_poll = lambda: (shared.sync_engine(engine), None)[1]
+        verifier = build_reward(cfg)
+        pool = build_reward_pool(cfg, verifier)
+        make_env = build_environment(cfg.env.name, verifier, cfg.task.system_prompt, cfg.env.params)
+        params = sampling_params(cfg)
+        limits = episode_limits(cfg, getattr(model.config, "max_position_embeddings", None))
+    except Exception:
+        results.put(RolloutResult(-1, worker_id, error=traceback.format_exc()))
+        return
+    results.put(RolloutResult(0, worker_id))  # ready
+    while True:
+        request = requests.get()
+        if request is None:
+            pool.close()
+            return
+        try:
+            if not inflight:
+                shared.sync_engine(engine)
+            pool.on_error = request.on_error  # type: ignore[assignment]
+            t0 = time.perf_counter()
+            n = len(request.tasks)
+            if cfg.env.multi_turn:
+                trajs = run_episodes(request.tasks, engine, make_env, params, limits, request.seed)
+                t1 = t2 = time.perf_counter()
+            else:
+                _, gens = generate_single_turn(request.tasks, engine, make_env, params, seed=request.seed)
+                t1 = time.perf_counter()
+                trajs = score_single_turn(request.tasks, gens, params.n, pool)
+                t2 = time.perf_counter()
+            assert len({t.group_id for t in trajs}) <= n
+            results.put(RolloutResult(request.update, worker_id, trajs, t1 - t0, t2 - t1))
+        except Exception:
+            results.put(RolloutResult(request.update, worker_id, error=traceback.format_exc()))
+
+
+class RolloutWorkers:
+    """The learner side: worker processes, their queues, and recovery from a dead worker."""
+
+    READY_TIMEOUT_S = 300.0
+
+    def __init__(self, cfg: RunConfig, shared: SharedWeights) -> None:
+        self.cfg, self.shared = cfg, shared
+        self._ctx = mp.get_context("spawn")
+        self.results: mp.Queue = self._ctx.Queue()
+        self.procs: list = [None] * cfg.orchestrate.rollout_workers
+        self.queues: list = [None] * cfg.orchestrate.rollout_workers
+        self.assigned: list[dict[int, RolloutRequest]] = [{} for _ in range(cfg.orchestrate.rollout_workers)]
+        self.restarts = 0
+        self._next = 0
+        self._early: list[RolloutResult] = []
+        for i in range(cfg.orchestrate.rollout_workers):
+            self._start(i)
+        self._wait_ready(set(range(cfg.orchestrate.rollout_workers)))
+
+    def _start(self, i: int) -> None:
+        self.queues[i] = self._ctx.Queue()
+        self.procs[i] = self._ctx.Process(target=worker_main, args=(i, self.cfg, self.shared, self.queues[i],
+                                                                     self.results),
+                                          name=f"reinforge-rollout-{i}", daemon=True)
+        self.procs[i].start()
+
+    def _wait_ready(self, waiting: set[int]) -> None:
+        deadline = time.monotonic() + self.READY_TIMEOUT_S
+        while waiting:
+            try:
+                result = self.results.get(timeout=1.0)
+            except queue.Empty:
+                for i in waiting:
+                    if not self.procs[i].is_alive():
+                        raise ReinforgeError(f"rollout worker {i} exited while starting "
+                                             f"(exit code {self.procs[i].exitcode})") from None
+                if time.monotonic() > deadline:
+                    raise ReinforgeError(f"rollout workers {sorted(waiting)} did not start in "
+                                         f"{self.READY_TIMEOUT_S:g}s") from None
+                continue
+            if result.error is not None:
+                raise ReinforgeError(f"rollout worker {result.worker} failed to start:\n{result.error}")
+            if result.update == 0 and result.worker in waiting:
+                waiting.discard(result.worker)
+            else:
+                self._early.append(result)
+
+    def submit(self, request: RolloutRequest) -> None:
+        i = self._next % len(self.procs)
+        self._next += 1
+        self.assigned[i][request.update] = request
+        self.queues[i].put(request)
+
+    def next_result(self, timeout_s: float) -> RolloutResult:
+        """The next finished batch; restarts dead workers (re-issuing their requests) meanwhile."""
+        if self._early:
+            return self._take(self._early.pop(0))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                result = self.results.get(timeout=max(min(0.5, deadline - time.monotonic()), 0.001))
+            except queue.Empty:
+                self._recover()
+                if time.monotonic() > deadline:
+                    waiting = sorted(u for a in self.assigned for u in a)
+                    raise ReinforgeError(f"no rollout batch arrived in {timeout_s:g}s (orchestrate.timeout_s); "
+                                         f"waiting for updates {waiting}; workers alive: "
+                                         f"{[p.is_alive() for p in self.procs]}") from None
+                continue
+            if result.update == 0:  # a restarted worker is ready
+                continue
+            if result.error is not None:
+                raise ReinforgeError(f"rollout worker {result.worker} failed on the batch for update "
+                                     f"{result.update}:\n{result.error}")
+            return self._take(result)
+
+    def _take(self, result: RolloutResult) -> RolloutResult:
+        self.assigned[result.worker].pop(result.update, None)
+        return result
+
+    def _recover(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if proc.is_alive():
+                continue
+            self.restarts += 1
+            lost = sorted(self.assigned[i].values(), key=lambda r: r.update)
+            self._start(i)
+            for request in lost:
+                self.queues[i].put(request)
+
+    def close(self) -> None:
+        for q in self.queues:
+            try:
+                q.put(None)
+            except (ValueError, OSError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)

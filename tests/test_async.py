@@ -1,0 +1,170 @@
+"""Asynchronous RL: admission control, version lags, the decoupled objective, worker recovery,
+timeouts and resume with requests in flight."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import signal
+import shutil
+
+import pytest
+import torch
+
+from reinforge.config import load_config
+from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.orchestrate import async_loop
+from reinforge.orchestrate.components import build_components
+from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
+from reinforge.orchestrate.staleness import AdmissionControl, split_stale
+from reinforge.orchestrate.sync_loop import train
+from reinforge.track.jsonl import read_jsonl
+from reinforge.train.learner import Learner
+from reinforge.types import Trajectory
+
+COMMON = ["orchestrate.mode=async", "eval.every=0", "eval.final_samples=0", "task.heldout_size=16",
+          "train.time_limit_s=0", "log.report=false", "rollout.prompts_per_step=8", "rollout.group_size=4"]
+
+
+# ---- admission control (pure) ------------------------------------------------------------------
+
+
+def test_admission_rule_and_lag():
+    c = AdmissionControl(1)
+    assert c.may_start(1, 0) and c.may_start(2, 0) and not c.may_start(3, 0) and c.may_start(3, 1)
+    assert AdmissionControl(0).may_start(1, 0) and not AdmissionControl(0).may_start(2, 0)
+    assert c.lag(update=3, behaviour_version=1) == 1
+    with pytest.raises(ValueError):
+        AdmissionControl(-1)
+
+
+def _simulate(max_staleness: int, rng: random.Random, steps: int = 30) -> list[int]:
+    """A learner and one rollout worker with random durations, generating while the learner trains;
+    weights switch in flight (a token's version is the last one published before it was sampled).
+    Returns the lag of every token of every consumed batch."""
+    control = AdmissionControl(max_staleness)
+    version, now, next_submit, worker_free_at = 0, 0.0, 1, 0.0
+    token_times: dict[int, list[float]] = {}
+    publishes: list[tuple[float, int]] = [(0.0, 0)]
+    lags = []
+    for update in range(1, steps + 1):
+        while next_submit <= steps and control.may_start(next_submit, version):  # submitted at time `now`
+            start = max(worker_free_at, now)
+            times = sorted(start + rng.random() * rng.uniform(0.1, 3.0) for _ in range(rng.randint(1, 8)))
+            token_times[next_submit], worker_free_at = times, times[-1]
+            next_submit += 1
+        now = max(now, token_times[update][-1])  # the learner waits for its batch
+        lags += [control.lag(update, max(v for t0, v in publishes if t0 <= t)) for t in token_times.pop(update)]
+        now += rng.uniform(0.05, 2.0)  # the update, while the worker keeps generating
+        version = update
+        publishes.append((now, version))
+    return lags
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 4])
+def test_admission_never_exceeds_the_bound_over_random_timings(max_staleness):
+    rng = random.Random(max_staleness)
+    for _ in range(100):
+        lags = _simulate(max_staleness, rng)
+        assert min(lags) >= 0 and max(lags) <= max_staleness
+    if max_staleness > 0:  # and the bound is used: some batches are genuinely stale
+        assert any(max(_simulate(max_staleness, rng)) > 0 for _ in range(20))
+
+
+def test_stale_groups_are_dropped_whole():
+    trajs = [Trajectory([1], [1], [0.0], version=v, group_id=g, task_id="t") for g, v in ((0, 5), (0, 3), (1, 5))]
+    kept, dropped = split_stale(trajs, update=7, control=AdmissionControl(2))  # lags 1, 3, 1
+    assert dropped == 1 and [t.group_id for t in kept] == [1]
+
+
+# ---- the decoupled objective -------------------------------------------------------------------
+
+
+def test_decoupled_loss_equals_the_synchronous_loss_when_on_policy(tmp_path):
+    cfg = load_config(None, [f"output_dir={tmp_path}", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                             "algo.skip_equal_reward_groups=false", "task.heldout_size=4"])
+    c = build_components(cfg)
+    tasks = c.sampler.next_batch(4)
+    _, gens = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=0)
+    trajs = score_single_turn(tasks, gens, 4, c.reward_pool)
+    results = {}
+    for mode in ("none", "token_tis"):
+        run_cfg = cfg.model_copy(update={"algo": cfg.algo.model_copy(
+            update={"mismatch": cfg.algo.mismatch.model_copy(update={"mode": mode})})})
+        learner = Learner(copy.deepcopy(c.learner.model), run_cfg)
+        batch, _ = build_batch(trajs, run_cfg.algo, c.engine.pad_id)
+        metrics = learner.update(batch)
+        results[mode] = (metrics, [p.detach().clone() for p in learner.model.parameters()])
+    (m0, p0), (m1, p1) = results["none"], results["token_tis"]
+    assert m1["mismatch/is_weight"] == pytest.approx(1.0, abs=1e-4)  # behaviour = proximal up to numerics
+    assert m1["pg_loss"] == pytest.approx(m0["pg_loss"], abs=1e-5)
+    for a, b in zip(p0, p1, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_async_defaults_to_truncated_is_and_rejects_what_it_cannot_do(tmp_path):
+    assert load_config(None, ["orchestrate.mode=async"]).algo.mismatch.mode == "token_tis"
+    assert load_config(None, ["orchestrate.mode=async", "algo.mismatch.mode=none"]).algo.mismatch.mode == "none"
+    assert load_config(None, []).algo.mismatch.mode == "none"
+    with pytest.raises(ConfigError, match="remax"):
+        train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "algo.advantage=remax", "train.steps=1"]))
+
+
+# ---- end to end (worker processes) -------------------------------------------------------------
+
+
+def _metrics(result):
+    return [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_staleness", [0, 2])
+def test_async_run_respects_the_bound(tmp_path, max_staleness):
+    result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=5",
+                                      f"orchestrate.max_staleness={max_staleness}"]))
+    rows = _metrics(result)
+    assert [m["policy_version"] for m in rows] == [1, 2, 3, 4, 5]
+    assert all(m["async/lag_max"] <= max_staleness for m in rows) and all(m["batch/sequences"] > 0 for m in rows)
+    if max_staleness == 0:
+        assert all(m["async/lag_max"] == 0 for m in rows)
+    else:
+        assert any(m["async/lag_max"] > 0 for m in rows)  # it did run ahead of the learner
+    assert rows[-1]["async/dropped_groups"] == 0
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_and_its_batch_reissued(tmp_path, monkeypatch):
+    collect = async_loop.AsyncLoop.collect
+
+    def killing_collect(self, step):
+        if step == 2:
+            os.kill(self.workers.procs[0].pid, signal.SIGKILL)
+        return collect(self, step)
+
+    monkeypatch.setattr(async_loop.AsyncLoop, "collect", killing_collect)
+    result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=4",
+                                      "orchestrate.max_staleness=1"]))
+    rows = _metrics(result)
+    assert len(rows) == 4 and rows[-1]["async/worker_restarts"] >= 1
+
+
+def test_the_learner_never_waits_forever(tmp_path):
+    with pytest.raises(ReinforgeError, match="no rollout batch arrived in 0.01s"):
+        train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=2", "orchestrate.timeout_s=0.01"]))
+
+
+@pytest.mark.slow
+def test_resume_reissues_the_requests_in_flight(tmp_path):
+    overrides = [*COMMON, "train.steps=4", "checkpoint.every=2", "checkpoint.keep=5", "orchestrate.max_staleness=2",
+                 "log.samples_per_step=100"]
+    full = train(load_config(None, [f"output_dir={tmp_path}", "name=full", *overrides]))
+    tasks = {s: sorted(r["task_id"] for r in read_jsonl(full.run_dir / "samples.jsonl") if r["step"] == s)
+             for s in (3, 4)}
+    state = (full.run_dir / "checkpoints" / "step_2" / "state.json").read_text()
+    assert '"async"' in state and '"update": 3' in state and '"update": 4' in state
+    shutil.rmtree(full.run_dir / "checkpoints" / "step_4")
+    resumed = train(resume=full.run_dir)
+    again = {s: sorted(r["task_id"] for r in read_jsonl(resumed.run_dir / "samples.jsonl") if r["step"] == s)
+             for s in (3, 4)}
+    assert again == tasks  # the same batches, neither skipped nor drawn twice
