@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 import os
 import random
-import signal
 import shutil
+import signal
 
 import pytest
 import torch
