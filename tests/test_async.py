@@ -168,3 +168,16 @@ def test_resume_reissues_the_requests_in_flight(tmp_path):
     again = {s: sorted(r["task_id"] for r in read_jsonl(resumed.run_dir / "samples.jsonl") if r["step"] == s)
              for s in (3, 4)}
     assert again == tasks  # the same batches, neither skipped nor drawn twice
+
+
+@pytest.mark.slow
+def test_ray_backend_on_one_machine(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'reinforge[ray]')")
+    result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=3", "orchestrate.backend=ray",
+                                      "orchestrate.max_staleness=1"]))
+    rows = _metrics(result)
+    assert [m["policy_version"] for m in rows] == [1, 2, 3]
+    assert all(m["async/lag_max"] <= 1 and m["batch/sequences"] > 0 for m in rows)
+    import ray
+
+    assert not ray.is_initialized()  # the run started Ray and shut it down

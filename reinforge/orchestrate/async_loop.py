@@ -2,7 +2,8 @@
 
 The learner process keeps the synchronous loop's step (``_Loop``: batch, update, metrics,
 evaluation, checkpoints) and replaces where a step's rollout batch comes from. Rollout workers
-(``RolloutWorkers``, the ``local`` backend) sample batches continuously while the learner trains;
+(``RolloutWorkers``: processes on this machine, the ``local`` backend; ``RayRolloutWorkers``:
+Ray actors, the ``ray`` backend) sample batches continuously while the learner trains;
 ``AdmissionControl`` starts the request for update k only once the learner has published version
 k - 1 - max_staleness, so no batch is staler than the bound (max_staleness = 0 is synchronous RL
 through this same code path). New weights go to the workers through shared memory after every
@@ -31,7 +32,6 @@ from reinforge.errors import ConfigError
 from reinforge.orchestrate.components import Components
 from reinforge.orchestrate.episodes import shape_overlong
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutWorkers
-from reinforge.orchestrate.shared_weights import SharedWeights
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
 from reinforge.orchestrate.sync_loop import Rollout, TrainResult, _Loop
 from reinforge.train.checkpoint import latest_checkpoint
@@ -48,8 +48,6 @@ def check_async_config(c: Components) -> None:
     bad = [k for k, v in unsupported.items() if v]
     if bad:
         raise ConfigError(f"orchestrate.mode=async does not support {', '.join(bad)} yet; use orchestrate.mode=sync")
-    if cfg.orchestrate.backend == "ray":
-        raise ConfigError("orchestrate.backend=ray is not available yet; use orchestrate.backend=local")
 
 
 class AsyncLoop(_Loop):
@@ -75,9 +73,13 @@ class AsyncLoop(_Loop):
         import torch
 
         torch.set_num_threads(self.cfg.orchestrate.learner_threads)
-        self.shared = SharedWeights(self.c.learner.model)
-        self.shared.publish(self.c.learner.model, self.c.engine.version)
-        self.workers = RolloutWorkers(self.cfg, self.shared)
+        self.published = self.c.engine.version
+        if self.cfg.orchestrate.backend == "ray":
+            from reinforge.orchestrate.ray_backend import RayRolloutWorkers
+
+            self.workers = RayRolloutWorkers(self.cfg, self.c.learner.model, self.published)
+        else:
+            self.workers = RolloutWorkers(self.cfg, self.c.learner.model, self.published)
         try:
             return super().run()
         finally:
@@ -90,7 +92,7 @@ class AsyncLoop(_Loop):
         for request in self._resubmit:
             self._submit(request)
         self._resubmit = []
-        while self.next_submit <= cfg.train.steps and self.control.may_start(self.next_submit, self.shared.version):
+        while self.next_submit <= cfg.train.steps and self.control.may_start(self.next_submit, self.published):
             tasks = self.c.sampler.next_batch(cfg.rollout.prompts_per_step)
             self._submit(RolloutRequest(self.next_submit, tasks, seed=self.next_submit))
 
@@ -129,7 +131,8 @@ class AsyncLoop(_Loop):
 
     def publish_weights(self, version: int) -> None:
         super().publish_weights(version)  # the learner-side engine, used for evaluation
-        self.shared.publish(self.c.learner.model, version)
+        self.workers.publish(self.c.learner.model, version)
+        self.published = version
         self._admit()  # the next batches may start now, while this process logs and evaluates
 
     def checkpoint_state(self) -> dict[str, Any]:

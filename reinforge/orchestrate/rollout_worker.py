@@ -60,31 +60,59 @@ def episode_limits(cfg: RunConfig, model_context: int | None) -> EpisodeLimits:
                          max_turn_tokens=e.max_turn_tokens or cfg.rollout.max_new_tokens)
 
 
-def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests: mp.Queue, results: mp.Queue) -> None:
-    """The worker process: build the engine, environment and reward, then serve requests until None."""
-    try:
+class RolloutWorkerCore:
+    """What a rollout worker runs, whatever hosts it (a process here, a Ray actor): the engine (its
+    own model copy), the environment and the reward, and one rollout batch per ``run``."""
+
+    def __init__(self, worker_id: int, cfg: RunConfig) -> None:
         from reinforge.envs.registry import build_environment
-        from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
-        from reinforge.orchestrate.multi_turn import run_episodes
         from reinforge.rewards.build import build_reward, build_reward_pool
         from reinforge.rollout.torch_engine import TorchRolloutEngine
         from reinforge.train.model import load_model, load_tokenizer
 
         torch.set_num_threads(cfg.orchestrate.rollout_threads)
         torch.manual_seed(cfg.seed + 1000 * (worker_id + 1))
+        self.worker_id, self.cfg = worker_id, cfg
         tokenizer = load_tokenizer(cfg.model.path)
         model = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
-        engine = TorchRolloutEngine(model, tokenizer, cfg.model.device, seed=cfg.seed + 1000 * (worker_id + 1))
-        engine.version = -1
-        shared.sync_engine(engine)
+        self.engine = TorchRolloutEngine(model, tokenizer, cfg.model.device, seed=cfg.seed + 1000 * (worker_id + 1))
+        self.engine.version = -1  # until the learner's weights arrive
+        self.pool = build_reward_pool(cfg, build_reward(cfg))
+        self.make_env = build_environment(cfg.env.name, self.pool.verifier, cfg.task.system_prompt, cfg.env.params)
+        self.params = sampling_params(cfg)
+        self.limits = episode_limits(cfg, getattr(model.config, "max_position_embeddings", None))
+
+    def run(self, request: RolloutRequest) -> RolloutResult:
+        from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
+        from reinforge.orchestrate.multi_turn import run_episodes
+
+        try:
+            self.pool.on_error = request.on_error  # type: ignore[assignment]
+            t0 = time.perf_counter()
+            if self.cfg.env.multi_turn:
+                trajs = run_episodes(request.tasks, self.engine, self.make_env, self.params, self.limits, request.seed)
+                t1 = t2 = time.perf_counter()
+            else:
+                _, gens = generate_single_turn(request.tasks, self.engine, self.make_env, self.params, seed=request.seed)
+                t1 = time.perf_counter()
+                trajs = score_single_turn(request.tasks, gens, self.params.n, self.pool)
+                t2 = time.perf_counter()
+            return RolloutResult(request.update, self.worker_id, trajs, t1 - t0, t2 - t1)
+        except Exception:
+            return RolloutResult(request.update, self.worker_id, error=traceback.format_exc())
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests: mp.Queue, results: mp.Queue) -> None:
+    """The worker process: build the core, then serve requests until None."""
+    try:
+        core = RolloutWorkerCore(worker_id, cfg)
+        shared.sync_engine(core.engine)
         inflight = cfg.orchestrate.weight_update == "inflight"
         if inflight:
-            engine.weight_poll = lambda: (shared.sync_engine(engine), None)[1]
-        verifier = build_reward(cfg)
-        pool = build_reward_pool(cfg, verifier)
-        make_env = build_environment(cfg.env.name, verifier, cfg.task.system_prompt, cfg.env.params)
-        params = sampling_params(cfg)
-        limits = episode_limits(cfg, getattr(model.config, "max_position_embeddings", None))
+            core.engine.weight_poll = lambda: (shared.sync_engine(core.engine), None)[1]
     except Exception:
         results.put(RolloutResult(-1, worker_id, error=traceback.format_exc()))
         return
@@ -92,26 +120,11 @@ def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests:
     while True:
         request = requests.get()
         if request is None:
-            pool.close()
+            core.close()
             return
-        try:
-            if not inflight:
-                shared.sync_engine(engine)
-            pool.on_error = request.on_error  # type: ignore[assignment]
-            t0 = time.perf_counter()
-            n = len(request.tasks)
-            if cfg.env.multi_turn:
-                trajs = run_episodes(request.tasks, engine, make_env, params, limits, request.seed)
-                t1 = t2 = time.perf_counter()
-            else:
-                _, gens = generate_single_turn(request.tasks, engine, make_env, params, seed=request.seed)
-                t1 = time.perf_counter()
-                trajs = score_single_turn(request.tasks, gens, params.n, pool)
-                t2 = time.perf_counter()
-            assert len({t.group_id for t in trajs}) <= n
-            results.put(RolloutResult(request.update, worker_id, trajs, t1 - t0, t2 - t1))
-        except Exception:
-            results.put(RolloutResult(request.update, worker_id, error=traceback.format_exc()))
+        if not inflight:
+            shared.sync_engine(core.engine)
+        results.put(core.run(request))
 
 
 class RolloutWorkers:
@@ -119,8 +132,10 @@ class RolloutWorkers:
 
     READY_TIMEOUT_S = 300.0
 
-    def __init__(self, cfg: RunConfig, shared: SharedWeights) -> None:
-        self.cfg, self.shared = cfg, shared
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, version: int) -> None:
+        self.cfg = cfg
+        self.shared = SharedWeights(model)
+        self.shared.publish(model, version)
         self._ctx = mp.get_context("spawn")
         self.results: mp.Queue = self._ctx.Queue()
         self.procs: list = [None] * cfg.orchestrate.rollout_workers
@@ -160,6 +175,10 @@ class RolloutWorkers:
                 waiting.discard(result.worker)
             else:
                 self._early.append(result)
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """New weights for every worker (they take them between decode steps or requests)."""
+        self.shared.publish(model, version)
 
     def submit(self, request: RolloutRequest) -> None:
         i = self._next % len(self.procs)

@@ -1,0 +1,134 @@
+"""The ``ray`` backend of asynchronous RL: rollout workers as Ray actors.
+
+Same contract as ``RolloutWorkers`` (``submit``, ``next_result``, ``publish``, ``restarts``,
+``close``), so ``AsyncLoop`` runs unchanged. Each actor hosts a ``RolloutWorkerCore``; new weights
+go into Ray's object store once per update (``ray.put`` of the parameters) and every actor gets
+the reference. Actors are threaded (``max_concurrency=2``), so ``set_weights`` runs while a
+``generate`` is under way: with ``weight_update: inflight`` the engine applies the weights
+between two decode steps, with ``wait`` before the next request.
+
+``ray.init()`` starts a local Ray when ``orchestrate.ray_address`` is unset (this machine: about
+5 s and 0.5-0.9 GB), or joins the cluster at that address. Ray is an optional extra, imported here
+only. A dead actor is replaced and its requests re-issued, as for processes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from reinforge.config import RunConfig
+from reinforge.errors import ReinforgeError
+from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkerCore
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ReinforgeError("orchestrate.backend=ray needs Ray: pip install 'reinforge[ray]'") from None
+    return ray
+
+
+class RolloutActor:
+    """A Ray actor around ``RolloutWorkerCore``."""
+
+    def __init__(self, worker_id: int, cfg: RunConfig) -> None:
+        self.core = RolloutWorkerCore(worker_id, cfg)
+        self.inflight = cfg.orchestrate.weight_update == "inflight"
+        self._waiting: tuple | None = None
+
+    def ready(self) -> int:
+        return self.core.worker_id
+
+    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        if version <= self.core.engine.version:
+            return
+        if self.inflight:
+            self.core.engine.stage_weights(state, version)
+        else:
+            self._waiting = (state, version)
+
+    def generate(self, request: RolloutRequest) -> RolloutResult:
+        if self._waiting is not None:
+            self.core.engine.update_weights(*self._waiting)
+            self._waiting = None
+        return self.core.run(request)
+
+
+class RayRolloutWorkers:
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, version: int) -> None:
+        ray = self.ray = _ray()
+        self.cfg = cfg
+        self.started_ray = not ray.is_initialized()
+        if self.started_ray:
+            if cfg.orchestrate.ray_address:
+                ray.init(address=cfg.orchestrate.ray_address)
+            else:
+                ray.init(num_cpus=max(2, cfg.orchestrate.rollout_workers), include_dashboard=False,
+                         log_to_driver=False)
+        self._actor_cls = ray.remote(num_cpus=1, max_concurrency=2)(RolloutActor)
+        self.actors = [self._new_actor(i) for i in range(cfg.orchestrate.rollout_workers)]
+        self.pending: dict = {}  # object ref -> (actor index, request)
+        self.restarts = 0
+        self._next = 0
+        self._weights: tuple | None = None
+        self.publish(model, version)
+
+    def _new_actor(self, i: int):
+        actor = self._actor_cls.remote(i, self.cfg)
+        self.ray.get(actor.ready.remote())
+        return actor
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        state = {name: p.detach().clone() for name, p in model.named_parameters()}
+        self._weights = (self.ray.put(state), version)
+        for actor in self.actors:
+            actor.set_weights.remote(*self._weights)
+
+    def submit(self, request: RolloutRequest) -> None:
+        i = self._next % len(self.actors)
+        self._next += 1
+        self.pending[self.actors[i].generate.remote(request)] = (i, request)
+
+    def next_result(self, timeout_s: float) -> RolloutResult:
+        ray = self.ray
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                waiting = sorted(r.update for _, r in self.pending.values())
+                raise ReinforgeError(f"no rollout batch arrived in {timeout_s:g}s (orchestrate.timeout_s); "
+                                     f"waiting for updates {waiting}")
+            done, _ = ray.wait(list(self.pending), num_returns=1, timeout=min(remaining, 1.0))
+            if not done:
+                continue
+            ref = done[0]
+            i, request = self.pending.pop(ref)
+            try:
+                result: RolloutResult = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self._replace(i, request)
+                continue
+            if result.error is not None:
+                raise ReinforgeError(f"rollout actor {i} failed on the batch for update {result.update}:\n"
+                                     f"{result.error}")
+            return result
+
+    def _replace(self, i: int, failed: RolloutRequest) -> None:
+        """A dead actor: a fresh one with the latest weights takes its requests."""
+        self.restarts += 1
+        lost = [failed] + [r for ref, (j, r) in list(self.pending.items()) if j == i]
+        self.pending = {ref: v for ref, v in self.pending.items() if v[0] != i}
+        self.actors[i] = self._new_actor(i)
+        if self._weights is not None:
+            self.actors[i].set_weights.remote(*self._weights)
+        for request in sorted(lost, key=lambda r: r.update):
+            self.pending[self.actors[i].generate.remote(request)] = (i, request)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        if self.started_ray:
+            self.ray.shutdown()
