@@ -12,35 +12,15 @@ is the held-out split and the rest is train, so the splits never overlap and ids
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
-from typing import overload
 
 import numpy as np
 
-from reinforge.data.base import Task, TaskSplits
+from reinforge.data.base import IndexedSplit, Task, TaskSplits
 
 CALC_OPERATORS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 MAX_GRID = 3_000_000  # problems per source (the seeded permutation holds one int64 each)
-
-
-class _IndexedSplit(Sequence[Task]):
-    """Tasks made on demand from sorted grid indices (picklable: ``make`` is a partial of a module function)."""
-
-    def __init__(self, indices: np.ndarray, make: Callable[[int], Task]) -> None:
-        self.indices, self.make = indices, make
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    @overload
-    def __getitem__(self, i: int) -> Task: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Task]: ...
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]
-        if isinstance(i, slice):
-            return [self.make(int(j)) for j in self.indices[i]]
-        return self.make(int(self.indices[i]))
 
 
 def _split(total: int, heldout_size: int, seed: int, make: Callable[[int], Task], name: str) -> TaskSplits:
@@ -48,8 +28,8 @@ def _split(total: int, heldout_size: int, seed: int, make: Callable[[int], Task]
         raise ValueError(f"heldout_size must be in 1..{total - 1}, got {heldout_size!r}")
     perm = np.random.default_rng(seed).permutation(total)
     return TaskSplits(
-        train=_IndexedSplit(np.sort(perm[heldout_size:]), make),
-        heldout=_IndexedSplit(np.sort(perm[:heldout_size]), make),
+        train=IndexedSplit(np.sort(perm[heldout_size:]), make),
+        heldout=IndexedSplit(np.sort(perm[:heldout_size]), make),
         name=name,
     )
 

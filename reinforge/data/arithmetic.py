@@ -8,12 +8,11 @@ decimal result (e.g. ``"46"``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import overload
+from functools import partial
 
 import numpy as np
 
-from reinforge.data.base import Task, TaskSplits
+from reinforge.data.base import IndexedSplit, Task, TaskSplits
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
 
@@ -32,23 +31,6 @@ def arithmetic_problem(index: int, digits: int, ops: str) -> Task:
     )
 
 
-class _ArithmeticSplit(Sequence[Task]):
-    def __init__(self, indices: np.ndarray, digits: int, ops: str) -> None:
-        self.indices, self.digits, self.ops = indices, digits, ops
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    @overload
-    def __getitem__(self, i: int) -> Task: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Task]: ...
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]
-        if isinstance(i, slice):
-            return [arithmetic_problem(int(j), self.digits, self.ops) for j in self.indices[i]]
-        return arithmetic_problem(int(self.indices[i]), self.digits, self.ops)
-
-
 def arithmetic_splits(digits: int = 2, ops: str = "+", heldout_size: int = 500, seed: int = 1234) -> TaskSplits:
     """Disjoint train / held-out splits of the arithmetic grid (seeded)."""
     if digits < 1 or digits > 3:
@@ -63,7 +45,7 @@ def arithmetic_splits(digits: int = 2, ops: str = "+", heldout_size: int = 500, 
     heldout = np.sort(perm[:heldout_size])
     train = np.sort(perm[heldout_size:])
     return TaskSplits(
-        train=_ArithmeticSplit(train, digits, ops),
-        heldout=_ArithmeticSplit(heldout, digits, ops),
+        train=IndexedSplit(train, partial(arithmetic_problem, digits=digits, ops=ops)),
+        heldout=IndexedSplit(heldout, partial(arithmetic_problem, digits=digits, ops=ops)),
         name=f"arithmetic(digits={digits}, ops={ops})",
     )

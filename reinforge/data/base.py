@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -22,6 +22,25 @@ class Task:
     prompt: str | Messages
     answer: str
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class IndexedSplit(Sequence[Task]):
+    """Tasks made on demand from sorted grid indices (picklable: ``make`` is a partial of a module function)."""
+
+    def __init__(self, indices: np.ndarray, make: Callable[[int], Task]) -> None:
+        self.indices, self.make = indices, make
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Task]: ...
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, slice):
+            return [self.make(int(j)) for j in self.indices[i]]
+        return self.make(int(self.indices[i]))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import Generation, SamplingParams
@@ -30,6 +31,30 @@ from reinforge.serve.schema import APIError, ChatCompletionRequest, CompletionRe
 from reinforge.serve.worker import EngineWorker, Job, TokenEvent
 
 DEFAULT_COMPLETION_TOKENS = 16
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """OpenAI-style error bodies: our ``APIError``s, request validation (400 naming the field), HTTP
+    errors, and anything unexpected (500); the server stays up."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+        message = first["msg"].removeprefix("Value error, ")
+        return JSONResponse(APIError(400, f"{param}: {message}" if param else message, param).body(), 400)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, e: HTTPException) -> JSONResponse:
+        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(APIError(500, f"{type(e).__name__}: {e}", type_="server_error").body(), 500)
 
 
 def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int = 256) -> FastAPI:
@@ -43,20 +68,7 @@ def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences:
     app = FastAPI(title="reinforge OpenAI-compatible server", lifespan=lifespan)
     app.state.server = server
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
-        message = first["msg"].removeprefix("Value error, ")
-        return JSONResponse(APIError(400, f"{param}: {message}" if param else message, param).body(), 400)
-
-    @app.exception_handler(Exception)
-    async def _internal_error(_: Request, e: Exception) -> JSONResponse:
-        return JSONResponse(APIError(500, f"{type(e).__name__}: {e}", type_="server_error").body(), 500)
+    install_error_handlers(app)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -28,18 +28,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException
 from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
 from reinforge.rollout.chat_splice import ChatSplicer, ChatTemplateError, Message
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import Generation, SamplingParams
-from reinforge.serve.app import _strip_stop, _usage
+from reinforge.serve.app import _strip_stop, _usage, install_error_handlers
 from reinforge.serve.schema import APIError, ChatCompletionRequest, ChatMessage
 from reinforge.serve.worker import EngineWorker, Job
 from reinforge.types import Trajectory
@@ -427,24 +424,7 @@ def _build_app(proxy: AgentProxy) -> FastAPI:
     app = FastAPI(title="reinforge agent proxy")
     app.state.proxy = proxy
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
-        message = first["msg"].removeprefix("Value error, ")
-        return JSONResponse(APIError(400, f"{param}: {message}" if param else message, param).body(), 400)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, e: HTTPException) -> JSONResponse:
-        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), e.status_code)
-
-    @app.exception_handler(Exception)
-    async def _internal_error(_: Request, e: Exception) -> JSONResponse:
-        return JSONResponse(APIError(500, f"{type(e).__name__}: {e}", type_="server_error").body(), 500)
+    install_error_handlers(app)
 
     @app.get("/episodes/{episode_id}/v1/models")
     async def models(episode_id: str) -> dict[str, Any]:
