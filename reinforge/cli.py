@@ -1,4 +1,4 @@
-"""`reinforge train | eval | compare | report | serve | algos`: one entry point. Heavy modules are imported inside commands."""
+"""`reinforge train | eval | compare | report | serve | export | algos`: one entry point. Heavy modules are imported inside commands."""
 
 from __future__ import annotations
 
@@ -171,6 +171,26 @@ def serve(
         name = app_.state.server.model_name
         Console().print(f"serving [bold]{name}[/] at http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
         uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+    _run_guarded(go)
+
+
+@app.command()
+def export(
+    source: Annotated[Path, typer.Argument(help="a run directory (its latest checkpoint) or a checkpoint directory")],
+    out: Annotated[Path, typer.Option(help="directory to write (new or empty)")],
+    dtype: Annotated[str | None, typer.Option(help="LoRA merge dtype: float32 | bfloat16 | float16 "
+                                                   "(default: the run's model.dtype)")] = None,
+) -> None:
+    """Write a trained policy as a Hugging Face model directory (a LoRA adapter merged into its base)."""
+
+    def go() -> None:
+        from reinforge.errors import ConfigError
+        from reinforge.train.checkpoint import export_model
+
+        if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"--dtype: allowed values: float32, bfloat16, float16 (got {dtype!r})")
+        typer.echo(f"exported: {export_model(source, out, dtype)} (AutoModelForCausalLM.from_pretrained loads it)")
 
     _run_guarded(go)
 

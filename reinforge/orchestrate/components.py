@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +24,7 @@ from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
 from reinforge.train.critic import build_critic
 from reinforge.train.learner import Learner
+from reinforge.train.lora import is_lora_model, merged_weights
 from reinforge.train.model import load_model, load_tokenizer
 
 
@@ -61,17 +62,37 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class _MergesLora:
+    """A rollout engine of a LoRA run: the loop hands ``update_weights`` the learner's peft model;
+    the engine receives its merged weights (train/lora.py), as a plain model of the base's
+    architecture has them. Nothing here takes adapters directly."""
+
+    def update_weights(self, state: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
+        super().update_weights(merged_weights(state) if is_lora_model(state) else state, version)  # type: ignore[misc]
+
+
+class LoraTorchRolloutEngine(_MergesLora, TorchRolloutEngine):
+    pass
+
+
+class LoraOpenAIRolloutEngine(_MergesLora, OpenAIRolloutEngine):
+    pass
+
+
 def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer) -> TorchRolloutEngine | OpenAIRolloutEngine:
     """The rollout engine: in process (a copy of the policy), or a server driven over HTTP whose
-    weights are set to the policy's before the first rollout."""
+    weights are set to the policy's before the first rollout. ``policy`` is the plain model (for
+    LoRA: before its adapters are added, which start at zero)."""
     r = cfg.rollout
+    lora = cfg.model.lora.enabled
     if r.engine == "openai":
         assert r.server_url is not None
-        engine = OpenAIRolloutEngine(r.server_url, r.server_model or cfg.model.path, tokenizer, seed=cfg.seed,
-                                     sync_weights=r.sync_weights)
+        engine = (LoraOpenAIRolloutEngine if lora else OpenAIRolloutEngine)(
+            r.server_url, r.server_model or cfg.model.path, tokenizer, seed=cfg.seed, sync_weights=r.sync_weights)
         engine.update_weights(policy, 0)
         return engine
-    return TorchRolloutEngine(copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
+    return (LoraTorchRolloutEngine if lora else TorchRolloutEngine)(
+        copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
 
 
 def build_components(cfg: RunConfig) -> Components:
@@ -79,12 +100,14 @@ def build_components(cfg: RunConfig) -> Components:
     splits = build_task_splits(cfg.task)  # fail on bad data before loading any model
     tokenizer = load_tokenizer(cfg.model.path)
     policy = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
-    ref = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device) if cfg.algo.kl.coef > 0 else None
+    # The KL reference: a frozen second copy; with LoRA the base itself, adapters disabled (no copy).
+    with_ref = cfg.algo.kl.coef > 0 and not cfg.model.lora.enabled
+    ref = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device) if with_ref else None
     critic = (
         build_critic(cfg.model.path, cfg.algo.critic, cfg.model.dtype, cfg.model.device)
         if cfg.algo.advantage == "gae" else None
     )
-    engine = build_engine(cfg, policy, tokenizer)
+    engine = build_engine(cfg, policy, tokenizer)  # before the learner adds LoRA adapters to the policy
     verifier = build_reward(cfg)
     system_prompt = cfg.task.system_prompt
     return Components(

@@ -21,6 +21,7 @@ import torch
 from reinforge.config import RunConfig
 from reinforge.errors import ReinforgeError
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkerCore
+from reinforge.train.lora import merged_weights
 
 
 def _ray():
@@ -82,7 +83,7 @@ class RayRolloutWorkers:
         return actor
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        state = {name: p.detach().clone() for name, p in model.named_parameters()}
+        state = {name: p.detach().clone() for name, p in merged_weights(model).items()}
         self._weights = (self.ray.put(state), version)
         for actor in self.actors:
             actor.set_weights.remote(*self._weights)

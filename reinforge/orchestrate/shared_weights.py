@@ -19,13 +19,15 @@ import time
 import torch
 from torch import Tensor, nn
 
+from reinforge.train.lora import merged_weights
+
 
 class SharedWeights:
     def __init__(self, model: nn.Module, ctx=None) -> None:
         ctx = ctx or mp.get_context("spawn")
         with torch.no_grad():
             self.tensors: dict[str, Tensor] = {
-                name: p.detach().clone().share_memory_() for name, p in model.named_parameters()
+                name: p.detach().clone().share_memory_() for name, p in merged_weights(model).items()
             }
         self._version = ctx.Value("q", 0, lock=False)
         self._sequence = ctx.Value("q", 0, lock=False)
@@ -37,7 +39,7 @@ class SharedWeights:
     @torch.no_grad()
     def publish(self, model: nn.Module, version: int) -> None:
         """Copy ``model``'s parameters in and make them ``version`` (single writer: the learner)."""
-        source = dict(model.named_parameters())
+        source = merged_weights(model)  # LoRA: adapters merged in; else the parameters themselves
         self._sequence.value += 1  # odd: a write is in progress
         for name, shared in self.tensors.items():
             shared.copy_(source[name])

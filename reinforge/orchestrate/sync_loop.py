@@ -85,10 +85,9 @@ def _restore(c: Components, run_dir: Path) -> int:
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise ReinforgeError(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
-    from reinforge.train.model import load_model
+    from reinforge.train.checkpoint import restore_policy
 
-    model = load_model(str(ckpt), c.cfg.model.dtype, c.cfg.model.device)
-    c.learner.model.load_state_dict(model.state_dict())
+    restore_policy(c.learner.model, ckpt, c.cfg.model.dtype, c.cfg.model.device)
     trainer_state, state = load_checkpoint(ckpt, c.engine.generator)
     c.learner.load_state_dict(trainer_state)
     c.sampler.load_state_dict(state["sampler"])

@@ -1,10 +1,14 @@
 """Atomic, exactly resumable checkpoints.
 
-``checkpoints/step_N/`` holds the model and tokenizer (``save_pretrained``), ``trainer.pt``
+``checkpoints/step_N/`` holds the model and tokenizer (``save_pretrained``; for a LoRA policy
+the adapter alone, ``adapter_config.json`` + ``adapter_model.safetensors``), ``trainer.pt``
 (optimizer, scheduler, learner state), ``rng.pt`` (python, numpy, torch and rollout generator
 states) and ``state.json`` (step, data position, policy version). It is written to a hidden
 temporary directory and renamed into place, so a crash never leaves a half-written checkpoint;
 only the last ``keep`` are kept.
+
+``restore_policy`` loads a checkpoint's weights into the training policy (full or LoRA) and
+``export_model`` writes a checkpoint as a plain HF model directory (LoRA merged).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
+
+from reinforge.errors import ReinforgeError
+from reinforge.train.lora import is_adapter_dir, is_lora_model, restore_adapter, save_adapter
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -52,7 +60,10 @@ def save_checkpoint(
     tmp = root / f".tmp_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
+    if is_lora_model(model):
+        save_adapter(model, tmp)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save(trainer_state, tmp / "trainer.pt")
     torch.save(
@@ -85,6 +96,77 @@ def load_checkpoint(path: Path, rollout_generator: torch.Generator) -> tuple[dic
     trainer_state = torch.load(path / "trainer.pt", weights_only=False)
     state = json.loads((path / "state.json").read_text())
     return trainer_state, state
+
+
+def restore_policy(model: torch.nn.Module, ckpt: Path, dtype: str = "float32", device: str = "cpu") -> None:
+    """Set the training policy's weights to the checkpoint's, exactly: the adapter of a LoRA policy,
+    every weight otherwise."""
+    if is_lora_model(model):
+        if not is_adapter_dir(ckpt):
+            raise ReinforgeError(f"{ckpt}: a full-model checkpoint, but model.lora.enabled=true (resume with "
+                                 "the run's own config)")
+        restore_adapter(model, ckpt)
+        return
+    if is_adapter_dir(ckpt):
+        raise ReinforgeError(f"{ckpt}: a LoRA checkpoint, but model.lora.enabled=false (resume with the run's "
+                             "own config)")
+    from reinforge.train.model import load_model
+
+    model.load_state_dict(load_model(str(ckpt), dtype, device).state_dict())
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A run directory means its latest checkpoint; a checkpoint (or model) directory is itself."""
+    path = Path(path)
+    if (path / "checkpoints").is_dir():
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise ReinforgeError(f"{path}: a run directory without checkpoints")
+        return ckpt
+    if not path.is_dir():
+        raise ReinforgeError(f"{path}: neither a run directory nor a checkpoint directory")
+    return path
+
+
+TRAINER_FILES = ("trainer.pt", "rng.pt", "state.json")
+
+
+def export_model(source: Path, out: Path, dtype: str | None = None) -> Path:
+    """Write the model of ``source`` (a run directory: its latest checkpoint; or a checkpoint) to
+    ``out`` as a Hugging Face model directory with its tokenizer, which
+    ``AutoModelForCausalLM.from_pretrained(out)`` loads.
+
+    A LoRA checkpoint is merged into its base (in ``dtype``, default the run's ``model.dtype``); a
+    full checkpoint's model files are copied as they are (no optimizer or RNG state)."""
+    ckpt = resolve_checkpoint(source)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ReinforgeError(f"--out {out}: exists and is not an empty directory")
+    lora = is_adapter_dir(ckpt)
+    if not lora and not (ckpt / "config.json").is_file():
+        raise ReinforgeError(f"{ckpt}: no model in it (no config.json, no adapter_config.json)")
+    if lora:
+        from reinforge.train.model import load_model, load_tokenizer
+
+        model, tokenizer = load_model(str(ckpt), dtype or _run_dtype(ckpt)), load_tokenizer(str(ckpt))
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        for f in ckpt.iterdir():
+            if f.is_file() and f.name not in TRAINER_FILES:
+                shutil.copy2(f, out / f.name)
+    return out
+
+
+def _run_dtype(ckpt: Path) -> str:
+    """``model.dtype`` of the run a checkpoint belongs to (runs/<name>/checkpoints/step_N), else float32."""
+    config = ckpt.parent.parent / "config.yaml"
+    if config.is_file():
+        data = yaml.safe_load(config.read_text()) or {}
+        return str((data.get("model") or {}).get("dtype", "float32"))
+    return "float32"
 
 
 def _fsync_dir(path: Path) -> None:

@@ -11,6 +11,10 @@ not in the reward: they then come from the same forward, exactly on-policy), the
 log-probs (KL), the critic's values (PPO); then the advantages. The rollout/training mismatch
 (learner pi_old vs the engine's sampling log-probs) is reported every step and, if configured,
 corrected by truncated or masked importance weights on the per-token policy loss.
+
+With ``model.lora.enabled`` the policy is the base model with LoRA adapters (train/lora.py):
+the optimizer sees only the adapter parameters, and the reference log-probs of the KL term come
+from the same model with its adapters disabled, so there is no second copy of the weights.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.rollout.lean_llama import supports as shared_prefix_supported
 from reinforge.train.critic import Critic
 from reinforge.train.logprobs import token_logprobs
+from reinforge.train.lora import is_lora_model, wrap_lora
 from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 from reinforge.types import Batch
 
@@ -73,11 +78,21 @@ class MetricSums:
 
 
 class Learner:
-    """Owns the trainable policy, the optional frozen reference policy, the optional critic and the optimizers."""
+    """Owns the trainable policy, the optional frozen reference policy, the optional critic and the optimizers.
+
+    With ``cfg.model.lora.enabled`` a plain ``model`` is wrapped with LoRA adapters here (in place;
+    a model already wrapped by peft is taken as is); the reference policy is then the base with
+    the adapters disabled, and ``ref_model`` must be None.
+    """
 
     def __init__(
         self, model: nn.Module, cfg: RunConfig, ref_model: nn.Module | None = None, critic: Critic | None = None
     ) -> None:
+        if cfg.model.lora.enabled and not is_lora_model(model):
+            model = wrap_lora(model, cfg.model.lora, cfg.model.path, seed=cfg.seed)
+        self.lora = is_lora_model(model)
+        if self.lora and ref_model is not None:
+            raise ValueError("a LoRA policy's reference is its base model with the adapters disabled: pass no ref_model")
         self.model = model.train()
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
         self.critic = critic
@@ -100,13 +115,16 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)
         self.step = 0
+        # The shared-prefix forward calls the HF modules (q_proj, mlp, ...), so on the peft-injected
+        # model it runs the LoRA layers: adapters included, and disabled with them.
+        hf_model = model.get_base_model() if self.lora else model
         self.shared_prefix = (
-            SharedPrefixForward(model) if t.shared_prefix and shared_prefix_supported(model) else None
+            SharedPrefixForward(hf_model) if t.shared_prefix and shared_prefix_supported(hf_model) else None
         )
 
     @property
     def uses_kl(self) -> bool:
-        return self.ref_model is not None and self.algo.kl.coef > 0
+        return (self.ref_model is not None or self.lora) and self.algo.kl.coef > 0
 
     def _lr_factor(self, step: int) -> float:
         t = self.cfg.train
@@ -182,7 +200,7 @@ class Learner:
                 old[rows, :cols] = logp
                 _add_mismatch(stats, logp, mb)
             if ref is not None:
-                ref[rows, :cols] = self._logprobs(self.ref_model, mb)[0]
+                ref[rows, :cols] = self._reference_logprobs(mb)
             if values is not None:
                 values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
@@ -252,6 +270,14 @@ class Learner:
         stats.add_tokens("critic/values", values, mb.loss_mask)
         for name, v in metrics.items():
             stats.add_tokens(f"critic/{name}", v, mb.loss_mask)
+
+    def _reference_logprobs(self, mb: Batch) -> Tensor:
+        """log pi_ref: the frozen reference model, or for LoRA the policy with its adapters disabled."""
+        if self.lora:
+            with self.model.disable_adapter():
+                return self._logprobs(self.model, mb)[0]
+        assert self.ref_model is not None
+        return self._logprobs(self.ref_model, mb)[0]
 
     def _logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (and entropies) of ``mb`` under ``model``; each group's prompt computed

@@ -1,4 +1,8 @@
-"""Load a causal LM and its tokenizer from a local directory (or a shipped alias)."""
+"""Load a causal LM and its tokenizer from a local directory (or a shipped alias).
+
+A LoRA checkpoint (a directory with a peft adapter and no full model) loads as its base model
+with the adapter merged: eval, serve and export see a plain HF causal LM either way.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import torch
 
 from reinforge.assets import resolve_model_path
 from reinforge.errors import ConfigError
+from reinforge.train.lora import is_adapter_dir, load_merged
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,6 +32,8 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.
     from transformers.utils import logging as hf_logging
 
     directory = _existing_model_dir(path)
+    if is_adapter_dir(directory):
+        return load_merged(directory, dtype, device)
     hf_logging.disable_progress_bar()
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -42,6 +49,7 @@ def _existing_model_dir(path: str) -> str:
     directory = resolve_model_path(path)
     if not directory.is_dir():
         raise ConfigError(f"model.path: {path!r} is not a directory with an HF model (or a shipped alias: tiny-base)")
-    if not (directory / "config.json").is_file():
-        raise ConfigError(f"model.path: {directory} has no config.json; is it a Hugging Face model directory?")
+    if not (directory / "config.json").is_file() and not (directory / "adapter_config.json").is_file():
+        raise ConfigError(f"model.path: {directory} has no config.json (nor a LoRA adapter_config.json); is it a Hugging "
+                          "Face model directory?")
     return str(directory)
