@@ -1,0 +1,97 @@
+"""Sequence packing for the training forward: no compute on padding.
+
+A padded batch of N rows costs N x (longest row) tokens; most of it is padding when lengths vary
+(long-tail responses). Packing lays several sequences end to end in one row of at most
+``budget_tokens`` tokens (first-fit decreasing), with
+
+- position ids restarting at 0 for every sequence, and
+- a block-diagonal causal attention mask (a 4D additive mask: token q sees token k only when both
+  belong to the same sequence and k <= q),
+
+so every sequence is computed exactly as it would be alone. The log-probs come back in the
+unpacked [N, L] layout of ``token_logprobs``, so the losses and their denominators are unchanged.
+The 4D mask is dense (rows x T x T); for long packed rows a varlen attention kernel (flash
+attention's) is the better tool, which the CPU path here does not have.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def plan_packing(lengths: list[int], budget_tokens: int) -> list[list[int]]:
+    """Rows of sequence indices, each row's total length <= ``budget_tokens`` (first-fit
+    decreasing; a sequence longer than the budget gets a row of its own). Deterministic."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        n = lengths[i]
+        for r, free in enumerate(room):
+            if n <= free:
+                rows[r].append(i)
+                room[r] -= n
+                break
+        else:
+            rows.append([i])
+            room.append(budget_tokens - n)
+    return rows
+
+
+def packed_token_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    budget_tokens: int,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``token_logprobs`` of right-padded rows (real tokens first, as ``Batch`` lays them out),
+    computed on packed rows; same [N, L] outputs (column 0 and padding are 0)."""
+    n, width = input_ids.shape
+    lengths = attention_mask.sum(-1).tolist()
+    rows = plan_packing(lengths, budget_tokens)
+    packed_width = max(sum(lengths[i] for i in row) for row in rows)
+    device = input_ids.device
+    ids = torch.zeros((len(rows), packed_width), dtype=input_ids.dtype, device=device)
+    positions = torch.zeros_like(ids)
+    segment = torch.full((len(rows), packed_width), -1, dtype=torch.long, device=device)
+    src_row, src_col, dst_row, dst_col = [], [], [], []  # where each sequence's tokens t >= 1 go and come from
+    for r, row in enumerate(rows):
+        offset = 0
+        for i in row:
+            k = lengths[i]
+            ids[r, offset:offset + k] = input_ids[i, :k]
+            positions[r, offset:offset + k] = torch.arange(k, device=device)
+            segment[r, offset:offset + k] = i
+            if k > 1:
+                src_row.append(torch.full((k - 1,), r))
+                src_col.append(torch.arange(offset, offset + k - 1))  # logits at t-1 predict token t
+                dst_row.append(torch.full((k - 1,), i))
+                dst_col.append(torch.arange(1, k))
+            offset += k
+    same = segment[:, :, None] == segment[:, None, :]
+    causal = torch.ones(packed_width, packed_width, dtype=torch.bool, device=device).tril()
+    allowed = same & causal & (segment[:, :, None] >= 0)
+    allowed |= torch.eye(packed_width, dtype=torch.bool, device=device)  # padding rows attend to themselves
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    logits = model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False).logits
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    out_logp = logits.new_zeros(n, width)
+    out_ent = logits.new_zeros(n, width) if entropy else None
+    if not src_row:
+        return out_logp, out_ent
+    sr, sc = torch.cat(src_row).to(device), torch.cat(src_col).to(device)
+    dr, dc = torch.cat(dst_row).to(device), torch.cat(dst_col).to(device)
+    picked = torch.log_softmax(logits[sr, sc], dim=-1)  # [tokens, vocab]
+    target = ids[sr, sc + 1]
+    out_logp = out_logp.index_put((dr, dc), picked.gather(-1, target[:, None]).squeeze(-1))
+    if entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = -(picked.exp() * picked).sum(-1)
+        out_ent = out_ent.index_put((dr, dc), ent)  # type: ignore[union-attr]
+    return out_logp, out_ent
