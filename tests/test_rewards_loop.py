@@ -56,6 +56,7 @@ def test_auto_policy_counts_and_logs_failures_after_the_first_step(tmp_path):
     result = _train(tmp_path, "task.verifier=_test_flaky")
     rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
     assert [m["reward/failed_calls"] for m in rows] == [0.0, 2.0]  # step 2 makes calls 13..20: 15 and 18 raise
+    assert all(m["memory/peak_mb"] > 100 for m in rows)  # the step's peak resident set (a model is loaded)
     failures = read_jsonl(result.run_dir / "reward_failures.jsonl")
     assert len(failures) == 2 and all(f["step"] == 2 and f["term"] == "*" for f in failures)
     assert all("flaky reward on call" in f["error"] and "completion" in f for f in failures)

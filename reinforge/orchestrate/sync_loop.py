@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
 from reinforge.eval.heldout import evaluate
 from reinforge.orchestrate.agent_episodes import AgentRunner
 from reinforge.orchestrate.components import Components, build_components
 from reinforge.orchestrate.episodes import (
+    BatchStats,
     build_batch,
     generate_single_turn,
     greedy_baseline_rewards,
@@ -31,7 +34,9 @@ from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
 from reinforge.track.report import write_report
 from reinforge.track.sinks import build_sinks, close_sinks
+from reinforge.train import distributed
 from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from reinforge.train.memory import peak_mb, reset_peak
 from reinforge.types import Trajectory
 
 COLLAPSE_PATIENCE = 5  # steps in a row with no reward spread in any group before we warn
@@ -58,15 +63,22 @@ class TrainResult:
 
 def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: list[str] | None = None,
           progress_every: int | None = None) -> TrainResult:
-    """Run (or resume) a training run; returns where it went and the held-out accuracy before/after."""
+    """Run (or resume) a training run; returns where it went and the held-out accuracy before/after.
+
+    With ``train.world_size`` > 1 it runs in that many processes (spawned here, or started by
+    torchrun); rank 0 logs, evaluates, checkpoints and returns the result (docs/distributed.md)."""
     if resume is not None:
         cfg, run_dir = _resumed_config(resume, overrides or [])
     else:
         cfg = cfg or load_config(None, overrides)
         run_dir = None
+    if distributed.needs_spawn(cfg):
+        return distributed.spawn_train(cfg, resume, overrides, progress_every)
+    distributed.init(cfg)  # joins torchrun's process group; a no-op with one process
     c = build_components(cfg)
-    run_dir = run_dir or create_run_dir(cfg)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    run_dir = run_dir or distributed.from_main(lambda: create_run_dir(cfg))
+    if distributed.is_main():
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     start = _restore(c, run_dir) if resume is not None else 0
     if cfg.orchestrate.mode == "async":
         from reinforge.orchestrate.async_loop import AsyncLoop
@@ -85,15 +97,13 @@ def _restore(c: Components, run_dir: Path) -> int:
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise ReinforgeError(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
-    from reinforge.train.checkpoint import restore_policy
-
-    restore_policy(c.learner.model, ckpt, c.cfg.model.dtype, c.cfg.model.device)
+    c.learner.restore_policy(ckpt, c.cfg.model.dtype, c.cfg.model.device)
     trainer_state, state = load_checkpoint(ckpt, c.engine.generator)
     c.learner.load_state_dict(trainer_state)
     c.sampler.load_state_dict(state["sampler"])
     c.engine.update_weights(c.learner.model, state["policy_version"])
     step = int(state["step"])
-    for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl"):
+    for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl") if distributed.is_main() else ():
         JsonlSink(run_dir / name).truncate_after_step(step)
     return step
 
@@ -109,7 +119,8 @@ class _Loop:
         self.agents: AgentRunner | None = None
 
     def run(self) -> TrainResult:
-        self.sinks = build_sinks(list(self.cfg.log.sinks), self.run_dir, self.cfg.model_dump(mode="json"))
+        self.sinks = (build_sinks(list(self.cfg.log.sinks), self.run_dir, self.cfg.model_dump(mode="json"))
+                      if distributed.is_main() else [])
         self.agents = self._start_agents()
         try:
             return self._run()
@@ -134,29 +145,35 @@ class _Loop:
 
     def _run(self) -> TrainResult:
         cfg, t0 = self.cfg, time.perf_counter()
-        before = self._evaluate_and_log(0) if self.start == 0 else None
-        if self.start == 0 and cfg.eval.final_samples:
+        main = distributed.is_main()  # with several ranks, only rank 0 evaluates, logs and reports
+        before = self._evaluate_and_log(0) if self.start == 0 and main else None
+        if self.start == 0 and cfg.eval.final_samples and main:
             self._final_eval("before")
         step, last_eval = self.start, None
-        with ConsoleProgress(cfg.train.steps, self.start, self.progress_every) as progress:
+        console = None if main else Console(quiet=True)
+        with ConsoleProgress(cfg.train.steps, self.start, self.progress_every, console) as progress:
             progress.print(f"run directory: {self.run_dir}")
             for step in range(self.start + 1, cfg.train.steps + 1):
                 metrics = self.train_step(step)
                 if step == self.start + 1 and cfg.reward.on_error == "auto":
                     self.c.reward_pool.on_error = "zero"  # the reward function survived a whole step
-                out_of_time = cfg.train.time_limit_s > 0 and time.perf_counter() - t0 > cfg.train.time_limit_s
+                out_of_time = cfg.train.time_limit_s > 0 and distributed.any_rank(
+                    time.perf_counter() - t0 > cfg.train.time_limit_s)
                 last = step == cfg.train.steps or out_of_time
-                if (cfg.eval.every and step % cfg.eval.every == 0) or last:
-                    last_eval = self._evaluate(step)
-                    metrics.update(last_eval)
-                self._log(metrics)
-                progress.update(step, metrics)
-                self._warn_on_collapse(progress, metrics)
+                if main:
+                    if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+                        last_eval = self._evaluate(step)
+                        metrics.update(last_eval)
+                    self._log(metrics)
+                    progress.update(step, metrics)
+                    self._warn_on_collapse(progress, metrics)
                 if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
                     self.save(step)
                 if out_of_time:
                     progress.print(f"time limit of {cfg.train.time_limit_s:.0f} s reached at step {step}")
                     break
+        if not main:
+            return TrainResult(self.run_dir, step, None, float("nan"))
         after = last_eval["eval/heldout_acc"] if last_eval else self._evaluate(step)["eval/heldout_acc"]
         if cfg.eval.final_samples:
             self._final_eval("after")
@@ -168,21 +185,31 @@ class _Loop:
     # ------------------------------------------------------------------ one step
     def train_step(self, step: int) -> dict[str, Any]:
         c, cfg = self.c, self.cfg
+        reset_peak(cfg.model.device)
         t_start = time.perf_counter()
         rollout = self.collect(step)
         t_gen = time.perf_counter()
         batch, bstats = build_batch(rollout.kept, cfg.algo, c.engine.pad_id, rollout.baseline)
         train_metrics: dict[str, float] = {}
-        if batch is not None:
+        if distributed.any_rank(batch is not None):  # with several ranks, one without rows joins in too
             train_metrics = c.learner.update(batch)
             self.publish_weights(c.engine.version + 1)
         t_end = time.perf_counter()
         trajs = rollout.sampled
+        adv = batch.advantages[batch.loss_mask > 0] if batch is not None and batch.advantages is not None else None
+        if distributed.world() > 1:  # rank 0 reports the whole step, every rank's samples
+            gathered = _gather_step(trajs, bstats, adv)
+            if gathered is None:
+                return {}
+            trajs, bstats, adv = gathered
         n_groups = len({t.group_id for t in trajs})
         self._write_samples(step, trajs)
         self._write_reward_failures(step, trajs)
         generated = sum(t.num_generated for t in trajs)
         metrics: dict[str, Any] = {"step": step, "policy_version": c.engine.version}
+        peak = peak_mb(cfg.model.device)
+        if peak is not None:
+            metrics["memory/peak_mb"] = peak
         metrics.update(rollout_metrics(trajs))
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         metrics.update({
@@ -197,11 +224,9 @@ class _Loop:
             "perf/tokens_per_s": generated / max(t_end - t_start, 1e-9),
             "perf/gen_tokens_per_s": generated / max(t_gen - t_start - rollout.reward_s, 1e-9),
         })
-        if batch is not None and batch.advantages is not None:
-            adv = batch.advantages[batch.loss_mask > 0]
-            if adv.numel():
-                metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
-                                "adv/abs_mean": adv.abs().mean().item()})
+        if adv is not None and adv.numel():
+            metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
+                            "adv/abs_mean": adv.abs().mean().item()})
         return metrics
 
     def publish_weights(self, version: int) -> None:
@@ -216,11 +241,13 @@ class _Loop:
         ``dynamic_sampling_max_rounds`` rounds (then the batch is what was found)."""
         c, cfg = self.c, self.cfg
         algo, n_prompts, g = cfg.algo, cfg.rollout.prompts_per_step, cfg.rollout.group_size
+        lo, hi = distributed.shard(n_prompts)  # with several ranks: this rank's prompts [lo, hi) of each draw
+        distributed.seed_rollout(c.engine.generator, cfg.seed, step)
         out = Rollout()
         while True:
             out.rounds += 1
-            tasks = c.sampler.next_batch(n_prompts)
-            offset = out.rounds * n_prompts - n_prompts
+            tasks = c.sampler.next_batch(n_prompts)[lo:hi]  # every rank draws the same tasks
+            offset = out.rounds * n_prompts - n_prompts + lo
             if self.agents is not None:  # a black-box agent plays through the proxy
                 trajs = self.agents.run(tasks, g, group_offset=offset)
             elif cfg.env.multi_turn:  # environment steps (and their rewards) interleave with generation
@@ -241,14 +268,14 @@ class _Loop:
                 out.kept, out.baseline = trajs, baseline
                 return out
             spread = groups_with_spread(trajs)
-            room = n_prompts - len({t.group_id for t in out.kept})
+            room = (hi - lo) - len({t.group_id for t in out.kept})
             take = set(sorted(spread)[:room])
             out.kept += [t for t in trajs if t.group_id in take]
             if baseline is not None:
                 out.baseline = (out.baseline or []) + [b for t, b in zip(trajs, baseline, strict=True)
                                                       if t.group_id in take]
-            if len(take) == room or out.rounds >= algo.dynamic_sampling_max_rounds:
-                return out
+            if distributed.all_ranks(len(take) == room or out.rounds >= algo.dynamic_sampling_max_rounds):
+                return out  # (a rank already full samples on, unused, until every rank is: same draws)
 
     def _greedy_baseline(self, tasks: list, step: int) -> list[float]:
         """ReMax's baseline: the reward of one greedy completion (or episode) per task."""
@@ -308,8 +335,11 @@ class _Loop:
 
     def save(self, step: int) -> None:
         c = self.c
+        model, trainer_state = c.learner.checkpoint_model(), c.learner.state_dict()  # collectives under FSDP2
+        if not distributed.is_main():
+            return
         save_checkpoint(
-            self.run_dir, step, c.learner.model, c.tokenizer, c.learner.state_dict(), c.engine.generator,
+            self.run_dir, step, model, c.tokenizer, trainer_state, c.engine.generator,
             self.checkpoint_state(), keep=self.cfg.checkpoint.keep,
         )
 
@@ -342,6 +372,21 @@ class _Loop:
         warning = self.collapse.update(metrics)
         if warning:
             progress.print(f"[bold red]warning:[/] {warning}")
+
+
+def _gather_step(trajs: list[Trajectory], bstats: BatchStats, adv: Any) -> tuple[list[Trajectory], BatchStats,
+                                                                                  Any] | None:
+    """Every rank's trajectories, batch counts and advantages (a tensor or None) on rank 0; None on
+    the other ranks."""
+    import torch
+
+    parts = distributed.gather_object((trajs, bstats, adv))
+    if parts is None:
+        return None
+    advs = [a for _, _, a in parts if a is not None]
+    return ([t for p, _, _ in parts for t in p],
+            BatchStats(*(sum(getattr(s, f.name) for _, s, _ in parts) for f in dataclasses.fields(BatchStats))),
+            torch.cat(advs) if advs else None)
 
 
 class CollapseDetector:
