@@ -41,7 +41,10 @@ def train(
     ] = None,
     resume: Annotated[Path | None, typer.Option(help="continue the run in this run directory")] = None,
 ) -> None:
-    """Train a policy with RL. With no arguments: the default CPU recipe (GRPO, tiny model, arithmetic)."""
+    """Train a policy with RL. With no arguments: the default CPU recipe (GRPO, tiny model, arithmetic).
+
+    Data-parallel: train.world_size=N (N processes on this machine), or under
+    `torchrun --nproc_per_node N -m reinforge.cli train ...` (docs/distributed.md)."""
     args = args or []
     overrides = [a for a in args if "=" in a]
     recipes = [a for a in args if "=" not in a]
@@ -55,10 +58,14 @@ def train(
 
         from reinforge.config import load_config
         from reinforge.orchestrate.sync_loop import train as run_train
+        from reinforge.train import distributed
 
         console = Console()
         cfg = None if resume is not None else load_config(recipes[0] if recipes else None, overrides)
+        # train.world_size=N spawns N processes; under torchrun every rank runs this command
         result = run_train(cfg, resume=resume, overrides=overrides)
+        if not distributed.is_main():
+            return
         before = f"{result.heldout_before:.3f}" if result.heldout_before is not None else "n/a (resumed)"
         console.print(
             f"\n[bold]done[/] after {result.steps} steps. held-out greedy accuracy: {before} -> "

@@ -321,6 +321,15 @@ class TrainConfig(_Strict):
     fused_optimizer: bool = Field(
         False, description="torch's fused AdamW kernel (one kernel for all parameters; benchmarks/bench_learner.py)"
     )
+    world_size: int = Field(
+        1, ge=1, description="data-parallel ranks; > 1 spawns them (or run under torchrun); docs/distributed.md"
+    )
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="with world_size > 1: ddp (replicated weights) or fsdp (FSDP2 fully_shard, sharded weights)"
+    )
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto: nccl when model.device is cuda, else gloo"
+    )
 
 
 class EvalConfig(_Strict):

@@ -19,7 +19,7 @@ from reinforge.train.logprobs import token_logprobs
 from reinforge.train.model import load_model
 from reinforge.train.shared_prefix import shared_prefix_logprobs
 
-TIMING = ("time/", "perf/")
+TIMING = ("time/", "perf/", "memory/")  # wall-clock and resident memory vary between runs
 
 
 def _cfg(tmp_path, name, *overrides):

@@ -11,7 +11,7 @@ from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
 from reinforge.orchestrate.sync_loop import CollapseDetector, _Loop, train
 from reinforge.track.jsonl import read_jsonl
 
-TIMING = ("time/", "perf/")
+TIMING = ("time/", "perf/", "memory/")  # wall-clock and resident memory vary between runs
 
 
 def _cfg(tmp_path, name, *overrides):

@@ -22,6 +22,7 @@ from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
+from reinforge.train import distributed
 from reinforge.train.critic import build_critic
 from reinforge.train.learner import Learner
 from reinforge.train.lora import is_lora_model, merged_weights
@@ -79,6 +80,16 @@ class LoraOpenAIRolloutEngine(_MergesLora, OpenAIRolloutEngine):
     pass
 
 
+class ShardedTorchRolloutEngine(TorchRolloutEngine):
+    """The rollout engine of one rank of an FSDP2 run (``train.parallel=fsdp``): ``update_weights``
+    receives the learner's sharded policy and copies its whole weights, gathered from all ranks
+    (a collective: every rank updates its engine at the same time)."""
+
+    def update_weights(self, state: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
+        super().update_weights(distributed.rollout_weights(state) if isinstance(state, torch.nn.Module) else state,
+                               version)
+
+
 def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer) -> TorchRolloutEngine | OpenAIRolloutEngine:
     """The rollout engine: in process (a copy of the policy), or a server driven over HTTP whose
     weights are set to the policy's before the first rollout. ``policy`` is the plain model (for
@@ -91,11 +102,16 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer) -> TorchRol
             r.server_url, r.server_model or cfg.model.path, tokenizer, seed=cfg.seed, sync_weights=r.sync_weights)
         engine.update_weights(policy, 0)
         return engine
-    return (LoraTorchRolloutEngine if lora else TorchRolloutEngine)(
-        copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
+    sharded = cfg.train.world_size > 1 and cfg.train.parallel == "fsdp"  # (LoRA with FSDP is refused)
+    engine_cls = LoraTorchRolloutEngine if lora else ShardedTorchRolloutEngine if sharded else TorchRolloutEngine
+    return engine_cls(copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
 
 
 def build_components(cfg: RunConfig) -> Components:
+    """Every component of a run. With several ranks (train/distributed.py) each rank builds its own,
+    all from the same seed: the learner shares or shards the policy, each engine samples its rank's
+    share of the prompts (``distributed.seed_rollout`` gives each rank its own random stream)."""
+    distributed.check(cfg)
     seed_everything(cfg.seed)
     splits = build_task_splits(cfg.task)  # fail on bad data before loading any model
     tokenizer = load_tokenizer(cfg.model.path)

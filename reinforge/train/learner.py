@@ -15,6 +15,13 @@ corrected by truncated or masked importance weights on the per-token policy loss
 With ``model.lora.enabled`` the policy is the base model with LoRA adapters (train/lora.py):
 the optimizer sees only the adapter parameters, and the reference log-probs of the KL term come
 from the same model with its adapters disabled, so there is no second copy of the weights.
+
+Data-parallel (``train.world_size`` > 1, train/distributed.py, docs/distributed.md): every rank
+calls ``update`` with its own rows (whole groups). The rows of all ranks, in rank order, form the
+global batch: the mini-batches are cut from it exactly as one process would cut them, the
+denominators of each mini-batch are all-reduced, the advantages are estimated on the gathered
+rewards, the gradients are summed over ranks and the metrics reduced, so the update equals one
+process's on the global batch (tests/test_distributed.py).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from reinforge.algo.value import clipped_value_loss, explained_variance
 from reinforge.config import RunConfig
 from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.rollout.lean_llama import supports as shared_prefix_supported
+from reinforge.train import distributed
 from reinforge.train.critic import Critic
 from reinforge.train.logprobs import token_logprobs
 from reinforge.train.lora import is_lora_model, wrap_lora
@@ -73,6 +81,27 @@ class MetricSums:
         self.sums[name] += value
         self.counts[name] += 1
 
+    def add_share(self, name: str, value: float) -> None:
+        """This rank's share of a value that is the sum over ranks (a loss with global denominators)."""
+        self.sums[name] += value
+        self.counts[name] += 1.0 / distributed.world()
+
+    def all_reduce(self) -> None:
+        """Sums and counts over ranks, so the means weigh every token of every rank alike (the
+        ``*_max`` entries: the maximum over ranks). A no-op with one process."""
+        if distributed.world() == 1:
+            return
+        names = sorted(set().union(*distributed.all_gather_object(sorted(self.sums))))
+        summed = [n for n in names if not n.endswith("_max")]
+        maxed = [n for n in names if n.endswith("_max")]
+        totals = distributed.all_reduce([self.sums.get(n, 0.0) for n in summed] +
+                                        [self.counts.get(n, 0.0) for n in summed])
+        peaks = distributed.all_reduce([self.sums.get(n, 0.0) for n in maxed], "max")
+        for i, n in enumerate(summed):
+            self.sums[n], self.counts[n] = totals[i], totals[len(summed) + i]
+        for n, v in zip(maxed, peaks, strict=True):
+            self.sums[n], self.counts[n] = v, 1.0
+
     def means(self) -> dict[str, float]:
         return {k: self.sums[k] / max(self.counts[k], 1.0) for k in self.sums}
 
@@ -83,6 +112,11 @@ class Learner:
     With ``cfg.model.lora.enabled`` a plain ``model`` is wrapped with LoRA adapters here (in place;
     a model already wrapped by peft is taken as is); the reference policy is then the base with
     the adapters disabled, and ``ref_model`` must be None.
+
+    In a process group of several ranks the policy is prepared by ``distributed.wrap_model``
+    (``train.parallel``: ddp broadcasts rank 0's weights; fsdp shards them in place, and
+    ``self.model`` is then the FSDP2 module). The reference model and the critic stay whole on
+    every rank (the critic's gradients are summed over ranks).
     """
 
     def __init__(
@@ -93,6 +127,14 @@ class Learner:
         self.lora = is_lora_model(model)
         if self.lora and ref_model is not None:
             raise ValueError("a LoRA policy's reference is its base model with the adapters disabled: pass no ref_model")
+        self.world = distributed.world()
+        self.fsdp = self.world > 1 and cfg.train.parallel == "fsdp"
+        if self.fsdp and self.lora:
+            raise ConfigError("train.parallel=fsdp does not support model.lora.enabled=true (the adapters are small "
+                              "and the base is frozen: use train.parallel=ddp)")
+        model = distributed.wrap_model(model, cfg.train.parallel)  # before the optimizer sees the parameters
+        if critic is not None:
+            distributed.wrap_model(critic.model, "ddp")
         self.model = model.train()
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
         self.critic = critic
@@ -116,10 +158,13 @@ class Learner:
         self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)
         self.step = 0
         # The shared-prefix forward calls the HF modules (q_proj, mlp, ...), so on the peft-injected
-        # model it runs the LoRA layers: adapters included, and disabled with them.
+        # model it runs the LoRA layers: adapters included, and disabled with them. Under FSDP2 it is
+        # off: it calls the layers' submodules directly, and FSDP2 gathers a layer's sharded
+        # parameters only around that layer's own forward.
         hf_model = model.get_base_model() if self.lora else model
         self.shared_prefix = (
-            SharedPrefixForward(hf_model) if t.shared_prefix and shared_prefix_supported(hf_model) else None
+            SharedPrefixForward(hf_model)
+            if t.shared_prefix and not self.fsdp and shared_prefix_supported(hf_model) else None
         )
 
     @property
@@ -136,8 +181,13 @@ class Learner:
         return 1.0
 
     def state_dict(self) -> dict:
+        """The learner's state for a checkpoint. Under FSDP2 a collective (every rank calls it): the
+        optimizer's whole state, keyed by parameter name, on rank 0."""
+        optimizer = (
+            distributed.full_optimizer_state(self.model, self.optimizer) if self.fsdp else self.optimizer.state_dict()
+        )
         state = {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "shuffle": self.shuffle.get_state(),
             "step": self.step,
@@ -148,7 +198,10 @@ class Learner:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:
+            distributed.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.shuffle.set_state(state["shuffle"])
         self.step = state["step"]
@@ -156,43 +209,85 @@ class Learner:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
 
+    def restore_policy(self, ckpt, dtype: str = "float32", device: str = "cpu") -> None:  # type: ignore[no-untyped-def]
+        """Set the policy's weights to a checkpoint's (``checkpoint.restore_policy``; under FSDP2 every
+        rank reads the checkpoint and keeps its shard)."""
+        if not self.fsdp:
+            from reinforge.train.checkpoint import restore_policy
+
+            restore_policy(self.model, ckpt, dtype, device)
+            return
+        from reinforge.train.model import load_model
+
+        distributed.load_full_state_dict(self.model, load_model(str(ckpt), dtype, device).state_dict())
+
+    def checkpoint_model(self) -> nn.Module | distributed.FullStateModel:
+        """What ``save_checkpoint`` saves: the policy; under FSDP2 (a collective: every rank calls it)
+        its whole weights, which ``save_pretrained`` writes like a plain model's."""
+        if self.fsdp:
+            return distributed.FullStateModel(self.model, distributed.full_state_dict(self.model))
+        return self.model
+
     # ------------------------------------------------------------------ update
-    def update(self, batch: Batch) -> dict[str, float]:
-        """All optimizer steps for one rollout batch; returns metrics averaged over them."""
+    def update(self, batch: Batch | None) -> dict[str, float]:
+        """All optimizer steps for one rollout batch; returns metrics averaged over them.
+
+        With several ranks every rank calls it at once with its own rows (None when it has none):
+        the global batch is all ranks' rows in rank order, and every rank returns its metrics."""
+        if batch is None and self.world == 1:
+            raise ValueError("Learner.update: no batch")
         self.step += 1
         t = self.cfg.train
         stats = MetricSums()
-        n_updates = t.epochs * min(t.minibatches, len(batch))
-        self._prepare(batch, stats, recompute_old=n_updates > 1 or self.algo.kl.placement == "reward")
+        n, me = (len(batch) if batch is not None else 0), (distributed.rank() if self.world > 1 else 0)
+        sizes = distributed.all_reduce([n if r == me else 0 for r in range(self.world)])
+        offset, total = int(sum(sizes[:me])), int(sum(sizes))
+        n_updates = t.epochs * min(t.minibatches, total)
+        self._prepare(batch, stats, n_updates > 1 or self.algo.kl.placement == "reward", offset)
         train_policy = self.critic is None or self.step > self.algo.critic.warmup_steps
         for _ in range(t.epochs):
-            order = torch.randperm(len(batch), generator=self.shuffle) if n_updates > 1 else torch.arange(len(batch))
-            for mb_index in torch.tensor_split(order, min(t.minibatches, len(batch))):
-                self._optimizer_step(batch.select(mb_index), stats, train_policy)
+            order = torch.randperm(total, generator=self.shuffle) if n_updates > 1 else torch.arange(total)
+            for mb_index in torch.tensor_split(order, min(t.minibatches, total)):
+                mine = mb_index[(mb_index >= offset) & (mb_index < offset + n)] - offset  # all of it, one process
+                self._optimizer_step(batch.select(mine) if len(mine) else None, stats, train_policy)
         if train_policy:
             self.scheduler.step()
+        stats.all_reduce()
         out = stats.means()
         if self.uses_kl:
-            self.kl_ctl.update(out.get("kl_ref", 0.0), n_steps=len(batch))
+            self.kl_ctl.update(out.get("kl_ref", 0.0), n_steps=total)
             out["kl_coef"] = self.kl_ctl.value
         if self.critic is not None:
-            out["critic/explained_variance"] = explained_variance(batch.values, batch.returns, batch.loss_mask)
+            out["critic/explained_variance"] = (
+                explained_variance(batch.values, batch.returns, batch.loss_mask) if self.world == 1
+                else _global_explained_variance(batch)
+            )
         out["lr"] = self.scheduler.get_last_lr()[0]
         out["updates"] = float(n_updates if train_policy else 0)
         return out
 
     @torch.no_grad()
-    def _prepare(self, batch: Batch, stats: MetricSums, recompute_old: bool) -> None:
+    def _prepare(self, batch: Batch | None, stats: MetricSums, recompute_old: bool, offset: int = 0) -> None:
         """No-grad passes at the start of the update (pi_old, pi_ref, critic values), then advantages.
 
-        With the KL in the reward, r_t gains -beta * KL_t (per token, before advantages)."""
+        With the KL in the reward, r_t gains -beta * KL_t (per token, before advantages). ``batch`` is
+        None on a rank without rows (it still joins the collectives); ``offset``: its first row's
+        index in the global batch."""
         algo = self.algo
+        if batch is None:
+            if recompute_old:
+                self._equal_forwards(0, self._most_forwards(0), grad=False)
+            self._advantages(None, None, None, offset)
+            return
         n, width = batch.input_ids.shape
         old = torch.zeros(n, width) if recompute_old else None
         ref = torch.zeros(n, width) if self.uses_kl else None
         values = torch.zeros(n, width) if self.critic is not None else None
         passes = old is not None or ref is not None or values is not None
-        for rows in micro_batches(batch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens) if passes else ():
+        micros = list(micro_batches(batch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens)) if passes else []
+        if old is not None:
+            self._equal_forwards(len(micros), self._most_forwards(len(micros)), grad=False)
+        for rows in micros:
             mb = batch.select(rows)
             cols = mb.input_ids.shape[1]
             if old is not None:
@@ -209,29 +304,83 @@ class Learner:
             kl = self.kl_estimator(old, ref) * batch.loss_mask
             token_rewards = -self.kl_ctl.value * kl
             stats.add_tokens("kl_ref", kl, batch.loss_mask)
-        extra = {"turn_returns": batch.turn_returns} if batch.turn_returns is not None else {}
-        batch.advantages = self.advantage(
-            batch.rewards, batch.group_index, batch.loss_mask, values, algo,
-            token_rewards=token_rewards, baseline=batch.baseline, **extra,
-        ).to(torch.float32)
+        batch.advantages = self._advantages(batch, values, token_rewards, offset)
         if values is not None:
             token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)
             _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, algo.gamma, algo.lam)
             batch.returns = batch.returns.to(torch.float32)
 
-    def _optimizer_step(self, minibatch: Batch, stats: MetricSums, train_policy: bool) -> None:
-        norm = AggNorm.of(minibatch.loss_mask, self.max_len_norm)
+    def _advantages(self, batch: Batch | None, values: Tensor | None, token_rewards: Tensor | None,
+                    offset: int) -> Tensor | None:
+        """The advantages of ``batch``'s rows. With several ranks the estimator runs on all ranks' rows
+        (gathered in rank order), so batch-level statistics (REINFORCE++'s normalisation, whitened
+        GAE) are those of the global batch; each rank keeps its rows."""
+        inputs = None if batch is None else {
+            "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
+            "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
+        }
+        if self.world > 1:
+            inputs = _concat_rows(distributed.all_gather_object(_to_cpu(inputs)))
+        if batch is None:
+            return None
+        assert inputs is not None
+        extra = {"turn_returns": inputs["turn_returns"]} if inputs["turn_returns"] is not None else {}
+        adv = self.advantage(
+            inputs["rewards"], inputs["group_index"], inputs["mask"], inputs["values"], self.algo,
+            token_rewards=inputs["token_rewards"], baseline=inputs["baseline"], **extra,
+        ).to(torch.float32)
+        if self.world > 1:
+            adv = adv[offset: offset + len(batch), : batch.loss_mask.shape[1]].to(batch.loss_mask.device)
+        return adv
+
+    def _most_forwards(self, mine: int) -> int:
+        """FSDP2: every rank must run the same number of policy forwards and backwards (each gathers
+        the sharded weights with the other ranks): the most micro-batches any rank has."""
+        return int(distributed.all_reduce([float(mine)], "max")[0]) if self.fsdp else mine
+
+    def _equal_forwards(self, mine: int, most: int, grad: bool) -> None:
+        """A rank with ``mine`` < ``most`` micro-batches runs empty ones (one token, zero loss) to make
+        up the difference; the last backward of the step reduce-scatters. A no-op for DDP and one process."""
+        for i in range(mine, most):
+            self._sync_gradients(i == most - 1)
+            ids = torch.zeros((1, 1), dtype=torch.long, device=self._device)
+            with torch.set_grad_enabled(grad):
+                logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+                if grad:
+                    (logits.float().sum() * 0.0).backward()
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _sync_gradients(self, last: bool) -> None:
+        """FSDP2 reduce-scatters the accumulated gradients in the last backward of a step only."""
+        if self.fsdp:
+            self.model.set_requires_gradient_sync(last)
+
+    def _optimizer_step(self, minibatch: Batch | None, stats: MetricSums, train_policy: bool) -> None:
+        """One optimizer step on this rank's rows of a global mini-batch (None: no rows here)."""
+        mask = minibatch.loss_mask if minibatch is not None else None
+        tokens, seqs = distributed.all_reduce([float(mask.sum()), float(mask.shape[0])] if mask is not None
+                                              else [0.0, 0.0])  # AggNorm.of(mask) over the ranks' rows
+        norm = AggNorm(num_tokens=max(tokens, 1.0), num_seqs=max(seqs, 1.0), max_len=self.max_len_norm)
+        value_norm = AggNorm(num_tokens=norm.num_tokens, num_seqs=norm.num_seqs)
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.optimizer.zero_grad(set_to_none=True)
         total_loss = total_pg = 0.0
-        value_norm = AggNorm.of(minibatch.loss_mask)
-        for micro_rows in micro_batches(minibatch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens):
-            micro = minibatch.select(micro_rows)
+        micros = (
+            list(micro_batches(minibatch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens))
+            if minibatch is not None else []
+        )
+        most = self._most_forwards(len(micros)) if train_policy else len(micros)
+        for i, micro_rows in enumerate(micros):
+            micro = minibatch.select(micro_rows)  # type: ignore[union-attr]
             if self.critic is not None:
                 self._critic_backward(micro, value_norm, stats)
             if not train_policy:
                 continue
+            self._sync_gradients(i == most - 1)
             loss, pg_loss = self._micro_loss(micro, norm, stats)
             total_loss, total_pg = total_loss + float(loss.detach()), total_pg + pg_loss
             if not torch.isfinite(loss):
@@ -240,21 +389,29 @@ class Learner:
                     f"{_batch_summary(micro)}. Hint: lower train.lr and check the rewards for NaN/inf."
                 )
             loss.backward()
+        if train_policy:
+            self._equal_forwards(len(micros), most, grad=True)
         if self.critic is not None:
+            distributed.all_reduce_grads([p for p in self.critic.model.parameters() if p.requires_grad])
             grad = torch.nn.utils.clip_grad_norm_(self.critic.model.parameters(), self.critic.cfg.grad_clip)
             stats.add_scalar("critic/grad_norm", float(grad))
             self.critic.optimizer.step()
         if not train_policy:
             return
+        if not self.fsdp:  # DDP: sum the gradients over ranks (FSDP2 has reduce-scattered them)
+            distributed.all_reduce_grads([p for p in self.model.parameters() if p.requires_grad])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor, the norm over all shards
+            grad_norm = grad_norm.full_tensor()
         if not torch.isfinite(grad_norm):
             raise TrainingDiverged(
                 f"step {self.step}: the gradient norm is {grad_norm.item()} (non-finite). Batch statistics: "
-                f"{_batch_summary(minibatch)}. Hint: lower train.lr or train.grad_clip."
+                f"{_batch_summary(minibatch) if minibatch is not None else 'no rows on this rank'}. "
+                "Hint: lower train.lr or train.grad_clip."
             )
         stats.add_scalar("grad_norm", float(grad_norm))
-        stats.add_scalar("loss", total_loss)
-        stats.add_scalar("pg_loss", total_pg)
+        stats.add_share("loss", total_loss)
+        stats.add_share("pg_loss", total_pg)
         self.optimizer.step()
 
     def _critic_backward(self, mb: Batch, norm: AggNorm, stats: MetricSums) -> None:
@@ -330,6 +487,54 @@ def _add_mismatch(stats: MetricSums, logp: Tensor, mb: Batch) -> None:
     masked = diff * mb.loss_mask
     stats.sums["logprob_mismatch_max"] = max(stats.sums.get("logprob_mismatch_max", 0.0), float(masked.max()))
     stats.counts["logprob_mismatch_max"] = 1.0
+
+
+def _to_cpu(inputs: dict[str, Tensor | None] | None) -> dict[str, Tensor | None] | None:
+    return None if inputs is None else {k: v.cpu() if v is not None else None for k, v in inputs.items()}
+
+
+def _concat_rows(parts: list[dict[str, Tensor | None] | None]) -> dict[str, Tensor | None] | None:
+    """Ranks' advantage inputs as one batch: rows in rank order, [N, L] tensors right-padded with
+    zeros to the widest, group ids renumbered per rank (0, 1, ... in order of id) so that groups of
+    different ranks never merge."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    width = max(p["mask"].shape[1] for p in parts)  # type: ignore[union-attr]
+    out: dict[str, Tensor | None] = {}
+    for key in parts[0]:
+        values = [p[key] for p in parts]
+        if values[0] is None:
+            out[key] = None
+        elif key == "group_index":
+            ids, seen = [], 0
+            for v in values:
+                _, inverse = torch.unique(v, return_inverse=True)
+                ids.append(inverse + seen)
+                seen += int(inverse.max()) + 1 if inverse.numel() else 0
+            out[key] = torch.cat(ids)
+        elif values[0].dim() == 2:
+            out[key] = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values])
+        else:
+            out[key] = torch.cat(values)
+    return out
+
+
+def _global_explained_variance(batch: Batch | None) -> float:
+    """``explained_variance`` over every rank's masked tokens (from all-reduced moments)."""
+    r = v = torch.zeros(0, dtype=torch.float64)
+    if batch is not None and batch.values is not None and batch.returns is not None:
+        live = batch.loss_mask != 0
+        r, v = batch.returns.detach().double()[live], batch.values.detach().double()[live]
+    d = r - v
+    n, sr, srr, sd, sdd = distributed.all_reduce([float(r.numel()), float(r.sum()), float((r * r).sum()),
+                                                  float(d.sum()), float((d * d).sum())])
+    if n == 0:
+        return 0.0
+    var_r, var_d = srr / n - (sr / n) ** 2, sdd / n - (sd / n) ** 2
+    if var_r <= 1e-12 * max(srr / n, 1e-30):
+        return 0.0
+    return 1.0 - var_d / var_r
 
 
 def _batch_summary(mb: Batch) -> str:
