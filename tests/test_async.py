@@ -128,8 +128,8 @@ def test_async_run_respects_the_bound(tmp_path, max_staleness):
     assert all(m["async/lag_max"] <= max_staleness for m in rows) and all(m["batch/sequences"] > 0 for m in rows)
     if max_staleness == 0:
         assert all(m["async/lag_max"] == 0 for m in rows)
-    else:
-        assert any(m["async/lag_max"] > 0 for m in rows)  # it did run ahead of the learner
+    else:  # it ran ahead of the learner (how far depends on timing: a slow worker takes newer weights)
+        assert max(m["async/in_flight"] for m in rows) >= 1
     assert rows[-1]["async/dropped_groups"] == 0
 
 
