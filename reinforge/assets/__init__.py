@@ -1,9 +1,10 @@
-"""Shipped assets. `tiny-base` is a small Llama-architecture model built by scripts/build_tiny_base.py."""
+"""Shipped assets: `tiny-base`, a small Llama-architecture model built by scripts/build_tiny_base.py, and
+`tiny-agent`, its extension to tool calls and multi-turn games built by scripts/build_tiny_agent.py."""
 
 from pathlib import Path
 
 ASSETS_DIR = Path(__file__).resolve().parent
-SHIPPED_MODELS = {"tiny-base": ASSETS_DIR / "tiny-base"}
+SHIPPED_MODELS = {"tiny-base": ASSETS_DIR / "tiny-base", "tiny-agent": ASSETS_DIR / "tiny-agent"}
 
 
 def resolve_model_path(name_or_path: str) -> Path:

@@ -48,7 +48,7 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.
 def _existing_model_dir(path: str) -> str:
     directory = resolve_model_path(path)
     if not directory.is_dir():
-        raise ConfigError(f"model.path: {path!r} is not a directory with an HF model (or a shipped alias: tiny-base)")
+        raise ConfigError(f"model.path: {path!r} is not a directory with an HF model (or a shipped alias: tiny-base, tiny-agent)")
     if not (directory / "config.json").is_file() and not (directory / "adapter_config.json").is_file():
         raise ConfigError(f"model.path: {directory} has no config.json (nor a LoRA adapter_config.json); is it a Hugging "
                           "Face model directory?")
