@@ -33,7 +33,9 @@ def _ray():
 
 
 class RolloutActor:
-    """A Ray actor around ``RolloutWorkerCore``."""
+    """A Ray actor around ``RolloutWorkerCore``. ``set_weights`` and ``generate`` run in separate
+    concurrency groups (one thread each), so new weights are taken while a batch is generated and
+    batches never run two at a time on one engine."""
 
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
         self.core = RolloutWorkerCore(worker_id, cfg)
@@ -58,6 +60,15 @@ class RolloutActor:
         return self.core.run(request)
 
 
+def _remote_actor_class(ray):
+    """``RolloutActor`` as a Ray actor class with its two concurrency groups."""
+    methods = {"set_weights": "weights", "generate": "rollout", "ready": "rollout"}
+    cls = type("RayRolloutActor", (RolloutActor,), {
+        name: ray.method(concurrency_group=group)(getattr(RolloutActor, name)) for name, group in methods.items()
+    })
+    return ray.remote(num_cpus=1, concurrency_groups={"weights": 1, "rollout": 1})(cls)
+
+
 class RayRolloutWorkers:
     def __init__(self, cfg: RunConfig, model: torch.nn.Module, version: int) -> None:
         ray = self.ray = _ray()
@@ -69,7 +80,7 @@ class RayRolloutWorkers:
             else:
                 ray.init(num_cpus=max(2, cfg.orchestrate.rollout_workers), include_dashboard=False,
                          log_to_driver=False)
-        self._actor_cls = ray.remote(num_cpus=1, max_concurrency=2)(RolloutActor)
+        self._actor_cls = _remote_actor_class(ray)
         self.actors = [self._new_actor(i) for i in range(cfg.orchestrate.rollout_workers)]
         self.pending: dict = {}  # object ref -> (actor index, request)
         self.restarts = 0

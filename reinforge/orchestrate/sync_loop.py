@@ -202,7 +202,7 @@ class _Loop:
             if gathered is None:
                 return {}
             trajs, bstats, adv = gathered
-        n_groups = len({t.group_id for t in trajs})
+        n_groups = max(len({t.group_id for t in trajs}), 1)
         self._write_samples(step, trajs)
         self._write_reward_failures(step, trajs)
         generated = sum(t.num_generated for t in trajs)
@@ -398,6 +398,8 @@ class CollapseDetector:
         self.patience, self.flat_steps, self.warned = patience, 0, False
 
     def update(self, metrics: dict[str, Any]) -> str | None:
+        if "reward/mean" not in metrics:  # nothing was sampled this step (all dropped as stale)
+            return None
         flat = metrics["groups/spread_frac"] == 0 and metrics["reward/mean"] < 1.0
         self.flat_steps = self.flat_steps + 1 if flat else 0
         if self.flat_steps < self.patience or self.warned:
@@ -412,6 +414,8 @@ class CollapseDetector:
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     n = len(trajs)
+    if n == 0:  # e.g. every group of an async batch was too stale
+        return {"rollout/trajectories": 0.0}
     rewards = [t.reward for t in trajs]
     mean = sum(rewards) / n
     terms: dict[str, list[float]] = {}
