@@ -170,6 +170,36 @@ def test_resume_reissues_the_requests_in_flight(tmp_path):
     assert again == tasks  # the same batches, neither skipped nor drawn twice
 
 
+@pytest.mark.parametrize("weight_update", ["wait", "inflight"])
+def test_ray_actor_waits_for_the_admitted_weights(tmp_path, weight_update):
+    """Ray does not order calls across an actor's concurrency groups: a batch that arrives before
+    the weights the learner published first must wait for them, not sample with older ones."""
+    import threading
+
+    from reinforge.orchestrate.ray_backend import RolloutActor
+    from reinforge.orchestrate.rollout_worker import RolloutRequest
+
+    cfg = load_config(None, [f"output_dir={tmp_path}", *COMMON, f"orchestrate.weight_update={weight_update}",
+                             "orchestrate.timeout_s=60"])
+    c = build_components(cfg)
+    actor = RolloutActor(0, cfg)
+    state = {n: p.detach().clone() for n, p in c.learner.model.named_parameters()}
+    actor.set_weights(state, 0)
+    out = {}
+    request = RolloutRequest(3, c.sampler.next_batch(2), seed=3, min_version=1)
+    thread = threading.Thread(target=lambda: out.setdefault("r", actor.generate(request)))
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive()  # blocked: version 1 has not arrived
+    actor.set_weights(state, 1)
+    thread.join(60)
+    result = out["r"]
+    assert result.error is None and {t.version for t in result.trajectories} == {1}
+    actor.timeout_s = 0.05
+    late = actor.generate(RolloutRequest(4, request.tasks, seed=4, min_version=2))
+    assert "version 2 did not arrive" in late.error
+
+
 @pytest.mark.slow
 def test_ray_backend_on_one_machine(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'reinforge[ray]')")

@@ -98,6 +98,7 @@ class AsyncLoop(_Loop):
 
     def _submit(self, request: RolloutRequest) -> None:
         request.on_error = self.c.reward_pool.on_error
+        request.min_version = max(0, request.update - 1 - self.control.max_staleness)
         self.in_flight[request.update] = request
         self.workers.submit(request)
         self.next_submit = max(self.next_submit, request.update + 1)

@@ -3,9 +3,11 @@
 Same contract as ``RolloutWorkers`` (``submit``, ``next_result``, ``publish``, ``restarts``,
 ``close``), so ``AsyncLoop`` runs unchanged. Each actor hosts a ``RolloutWorkerCore``; new weights
 go into Ray's object store once per update (``ray.put`` of the parameters) and every actor gets
-the reference. Actors are threaded (``max_concurrency=2``), so ``set_weights`` runs while a
-``generate`` is under way: with ``weight_update: inflight`` the engine applies the weights
-between two decode steps, with ``wait`` before the next request.
+the reference. Actors have two concurrency groups (one thread each), so ``set_weights`` runs while
+a ``generate`` is under way: with ``weight_update: inflight`` the engine applies the weights
+between two decode steps, with ``wait`` before the next request. Calls in different groups are
+not ordered, so a ``generate`` may arrive before the ``set_weights`` the learner sent first: it
+waits until the actor holds weights of the request's ``min_version`` (admission control).
 
 ``ray.init()`` starts a local Ray when ``orchestrate.ray_address`` is unset (this machine: about
 5 s and 0.5-0.9 GB), or joins the cluster at that address. Ray is an optional extra, imported here
@@ -14,6 +16,7 @@ only. A dead actor is replaced and its requests re-issued, as for processes.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -40,24 +43,35 @@ class RolloutActor:
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
         self.core = RolloutWorkerCore(worker_id, cfg)
         self.inflight = cfg.orchestrate.weight_update == "inflight"
+        self.timeout_s = cfg.orchestrate.timeout_s
         self._waiting: tuple | None = None
+        self._received = threading.Condition()
+        self._latest = self.core.engine.version  # the newest version received
 
     def ready(self) -> int:
         return self.core.worker_id
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        if version <= self.core.engine.version:
-            return
-        if self.inflight:
-            self.core.engine.stage_weights(state, version)
-        else:
-            self._waiting = (state, version)
+        with self._received:
+            if version <= self._latest:
+                return
+            if self.inflight:
+                self.core.engine.stage_weights(state, version)
+            else:
+                self._waiting = (state, version)
+            self._latest = version
+            self._received.notify_all()
 
     def generate(self, request: RolloutRequest) -> RolloutResult:
-        if self._waiting is not None:
-            self.core.engine.update_weights(*self._waiting)
-            self._waiting = None
-        return self.core.run(request)
+        with self._received:
+            if not self._received.wait_for(lambda: self._latest >= request.min_version, self.timeout_s):
+                return RolloutResult(request.update, self.core.worker_id,
+                                     error=f"weights of version {request.min_version} did not arrive in "
+                                           f"{self.timeout_s:g}s (orchestrate.timeout_s); newest: {self._latest}")
+            waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            self.core.engine.update_weights(*waiting)
+        return self.core.run(request)  # staged in-flight weights are applied as generation starts
 
 
 def _remote_actor_class(ray):

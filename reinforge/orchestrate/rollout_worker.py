@@ -36,6 +36,7 @@ class RolloutRequest:
     tasks: list[Task]
     seed: int
     on_error: str = "raise"  # the reward pool's policy for this batch
+    min_version: int = 0  # admission control: sample with weights of at least this version
 
 
 @dataclass
