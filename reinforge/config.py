@@ -321,6 +321,22 @@ class TrainConfig(_Strict):
     fused_optimizer: bool = Field(
         False, description="torch's fused AdamW kernel (one kernel for all parameters; benchmarks/bench_learner.py)"
     )
+    packing: bool = Field(
+        False, description="pack sequences end to end in the training forward (no compute on padding); micro-batches "
+        "then hold micro_batch_tokens real tokens; replaces shared_prefix (docs/memory.md)"
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each layer's activations in the backward instead of keeping them (less memory, "
+        "about one more forward of compute)"
+    )
+    autocast: Literal["none", "bf16"] = Field(
+        "none", description="bf16: run the policy/reference forwards under torch.autocast(bfloat16); log-probs, "
+        "losses, weights and optimizer state stay float32"
+    )
+    offload_reference: bool = Field(
+        False, description="keep the frozen reference model on the CPU and bring it to model.device only for its "
+        "pass at the start of each update"
+    )
     world_size: int = Field(
         1, ge=1, description="data-parallel ranks; > 1 spawns them (or run under torchrun); docs/distributed.md"
     )
@@ -438,6 +454,19 @@ class RunConfig(_Strict):
         if self.task.kind in ("calculator", "guessing") and not self.env.multi_turn:
             raise ValueError(f"task.kind={self.task.kind} is played in a multi-turn environment: set env.name "
                              f"(e.g. env.name={self.task.kind})")
+        return self
+
+
+    @model_validator(mode="after")
+    def _memory_features_fit(self) -> RunConfig:
+        if self.train.offload_reference and self.model.lora.enabled:
+            raise ValueError("train.offload_reference: a LoRA policy has no reference copy to offload (its reference "
+                             "is the base with the adapters disabled); set it to false")
+        if self.train.autocast == "bf16" and self.model.device.startswith("cuda"):
+            import torch
+
+            if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+                raise ValueError(f"train.autocast=bf16: the GPU of model.device={self.model.device} has no bfloat16")
         return self
 
 

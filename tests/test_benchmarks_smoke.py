@@ -13,6 +13,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 SMOKE = {
     "bench_async.py": ["--steps", "2", "--repeats", "1", "--eval-every", "1", "--heldout", "8", "--staleness", "1"],
+    "bench_memory.py": ["--quick", "--repeats", "1"],
     "bench_learner.py": ["--prompts", "2", "--group", "2", "--repeats", "1"],
     "bench_rollout.py": ["--sizes", "tiny", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--repeats", "1"],
     "bench_sandbox.py": ["--runs", "2"],

@@ -298,6 +298,7 @@ class _ProcessBackend:
                 try:
                     status, payload, seconds = conn.recv()  # type: ignore[union-attr]
                 except (EOFError, OSError):
+                    worker.process.join(5.0)  # the pipe closes before the exit status is reapable
                     code = worker.process.exitcode
                     raw[i] = ("error", f"the verifier's worker process died (exit code {code})",
                               time.monotonic() - start, None)
@@ -331,6 +332,7 @@ class _ProcessBackend:
         except (EOFError, OSError):
             status = "died"
         if status != "ready":
+            worker.process.join(5.0)
             raise ReinforgeError(
                 f"a verifier worker process failed to start (exit code {worker.process.exitcode}): the verifier "
                 "could not be unpickled in a fresh interpreter; is it defined in an importable module?"

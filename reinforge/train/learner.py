@@ -16,6 +16,13 @@ With ``model.lora.enabled`` the policy is the base model with LoRA adapters (tra
 the optimizer sees only the adapter parameters, and the reference log-probs of the KL term come
 from the same model with its adapters disabled, so there is no second copy of the weights.
 
+Memory (docs/memory.md): ``train.packing`` packs the sequences of a micro-batch end to end
+(train/packing.py; micro-batches then hold ``micro_batch_tokens`` mostly real tokens),
+``train.gradient_checkpointing`` recomputes each layer's activations in the backward,
+``train.autocast: bf16`` runs the policy and reference forwards under bfloat16 autocast (log-probs,
+losses, weights and optimizer state stay float32), ``train.offload_reference`` keeps the frozen
+reference on the CPU between its passes.
+
 Data-parallel (``train.world_size`` > 1, train/distributed.py, docs/distributed.md): every rank
 calls ``update`` with its own rows (whole groups). The rows of all ranks, in rank order, form the
 global batch: the mini-batches are cut from it exactly as one process would cut them, the
@@ -26,6 +33,7 @@ process's on the global batch (tests/test_distributed.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Iterator
@@ -45,6 +53,7 @@ from reinforge.train import distributed
 from reinforge.train.critic import Critic
 from reinforge.train.logprobs import token_logprobs
 from reinforge.train.lora import is_lora_model, wrap_lora
+from reinforge.train.packing import packed_micro_batches, packed_token_logprobs
 from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 from reinforge.types import Batch
 
@@ -137,6 +146,16 @@ class Learner:
             distributed.wrap_model(critic.model, "ddp")
         self.model = model.train()
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
+        t = cfg.train
+        self.packing = t.packing
+        self.offload_reference = t.offload_reference and self.ref_model is not None
+        if self.offload_reference:
+            self.ref_model.to("cpu")
+        hf_model = model.get_base_model() if self.lora else model
+        if t.gradient_checkpointing:
+            if not getattr(hf_model, "supports_gradient_checkpointing", False):
+                raise ConfigError(f"train.gradient_checkpointing: {type(hf_model).__name__} does not support it")
+            hf_model.activation_checkpointing_enable({"use_reentrant": False})
         self.critic = critic
         self.cfg = cfg
         self.algo = cfg.algo
@@ -149,7 +168,6 @@ class Learner:
             raise ConfigError("algo.advantage=gae needs a critic (a value model); it is built by build_components")
         self.max_len_norm = cfg.algo.max_len_norm or float(cfg.rollout.max_new_tokens)
         self.temperature = cfg.rollout.temperature
-        t = cfg.train
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=t.betas, weight_decay=t.weight_decay,
             **({"fused": True} if t.fused_optimizer else {}),
@@ -160,11 +178,10 @@ class Learner:
         # The shared-prefix forward calls the HF modules (q_proj, mlp, ...), so on the peft-injected
         # model it runs the LoRA layers: adapters included, and disabled with them. Under FSDP2 it is
         # off: it calls the layers' submodules directly, and FSDP2 gathers a layer's sharded
-        # parameters only around that layer's own forward.
-        hf_model = model.get_base_model() if self.lora else model
+        # parameters only around that layer's own forward. Packing replaces it.
         self.shared_prefix = (
-            SharedPrefixForward(hf_model)
-            if t.shared_prefix and not self.fsdp and shared_prefix_supported(hf_model) else None
+            SharedPrefixForward(hf_model, checkpoint_layers=t.gradient_checkpointing)
+            if t.shared_prefix and not t.packing and not self.fsdp and shared_prefix_supported(hf_model) else None
         )
 
     @property
@@ -284,20 +301,21 @@ class Learner:
         ref = torch.zeros(n, width) if self.uses_kl else None
         values = torch.zeros(n, width) if self.critic is not None else None
         passes = old is not None or ref is not None or values is not None
-        micros = list(micro_batches(batch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens)) if passes else []
+        micros = self._micro_batches(batch) if passes else []
         if old is not None:
             self._equal_forwards(len(micros), self._most_forwards(len(micros)), grad=False)
-        for rows in micros:
-            mb = batch.select(rows)
-            cols = mb.input_ids.shape[1]
-            if old is not None:
-                logp, _ = self._logprobs(self.model, mb)
-                old[rows, :cols] = logp
-                _add_mismatch(stats, logp, mb)
-            if ref is not None:
-                ref[rows, :cols] = self._reference_logprobs(mb)
-            if values is not None:
-                values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
+        with self._reference_on_device(ref is not None):
+            for rows in micros:
+                mb = batch.select(rows)
+                cols = mb.input_ids.shape[1]
+                if old is not None:
+                    logp, _ = self._logprobs(self.model, mb)
+                    old[rows, :cols] = logp
+                    _add_mismatch(stats, logp, mb)
+                if ref is not None:
+                    ref[rows, :cols] = self._reference_logprobs(mb)
+                if values is not None:
+                    values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
         token_rewards = None
         if ref is not None and algo.kl.placement == "reward":
@@ -353,6 +371,33 @@ class Learner:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _micro_batches(self, batch: Batch) -> list[list[int]]:
+        """Row groups of one forward/backward within ``train.micro_batch_tokens``: padded (rows x
+        longest row) or, with packing, packed rows of mostly real tokens."""
+        lengths = batch.attention_mask.sum(-1)
+        budget = self.cfg.train.micro_batch_tokens
+        if self.packing:
+            return packed_micro_batches(lengths.tolist(), budget)
+        return list(micro_batches(lengths, budget))
+
+    @contextlib.contextmanager
+    def _reference_on_device(self, needed: bool) -> Iterator[None]:
+        """With ``offload_reference``: the reference model on the policy's device for this block only."""
+        if not (needed and self.offload_reference):
+            yield
+            return
+        assert self.ref_model is not None
+        self.ref_model.to(self._device)
+        try:
+            yield
+        finally:
+            self.ref_model.to("cpu")
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.train.autocast == "bf16":
+            return torch.autocast(self._device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def _sync_gradients(self, last: bool) -> None:
         """FSDP2 reduce-scatters the accumulated gradients in the last backward of a step only."""
         if self.fsdp:
@@ -369,10 +414,7 @@ class Learner:
         if self.critic is not None:
             self.critic.optimizer.zero_grad(set_to_none=True)
         total_loss = total_pg = 0.0
-        micros = (
-            list(micro_batches(minibatch.attention_mask.sum(-1), self.cfg.train.micro_batch_tokens))
-            if minibatch is not None else []
-        )
+        micros = self._micro_batches(minibatch) if minibatch is not None else []
         most = self._most_forwards(len(micros)) if train_policy else len(micros)
         for i, micro_rows in enumerate(micros):
             micro = minibatch.select(micro_rows)  # type: ignore[union-attr]
@@ -437,16 +479,23 @@ class Learner:
         return self._logprobs(self.ref_model, mb)[0]
 
     def _logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Per-token log-probs (and entropies) of ``mb`` under ``model``; each group's prompt computed
-        once when the shared-prefix forward applies, else the model's own forward."""
-        if self.shared_prefix is not None:
-            fwd = self.shared_prefix if model is self.model else SharedPrefixForward(model)
-            out = shared_prefix_logprobs(
-                fwd, mb.input_ids, mb.attention_mask, mb.prefix_len, mb.group_index, self.temperature, entropy
-            )
-            if out is not None:
-                return out
-        return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, entropy, entropy_grad=True)
+        """Per-token log-probs (and entropies) of ``mb`` under ``model`` (float32, also under autocast):
+        packed rows with ``train.packing``; else each group's prompt computed once when the
+        shared-prefix forward applies; else the model's own forward over the padded rows."""
+        with self._autocast():
+            if self.packing:
+                width = int(mb.attention_mask.sum(-1).max())
+                return packed_token_logprobs(model, mb.input_ids, mb.attention_mask, width, self.temperature, entropy,
+                                             entropy_grad=True)
+            if self.shared_prefix is not None:
+                fwd = self.shared_prefix if model is self.model else SharedPrefixForward(model)
+                out = shared_prefix_logprobs(
+                    fwd, mb.input_ids, mb.attention_mask, mb.prefix_len, mb.group_index, self.temperature, entropy
+                )
+                if out is not None:
+                    return out
+            return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, entropy,
+                                  entropy_grad=True)
 
     def _micro_loss(self, mb: Batch, norm: AggNorm, stats: MetricSums) -> tuple[Tensor, float]:
         """This micro-batch's share of the mini-batch loss (global denominators in ``norm``)."""

@@ -38,6 +38,19 @@ def plan_packing(lengths: list[int], budget_tokens: int) -> list[list[int]]:
     return rows
 
 
+def packed_micro_batches(lengths: list[int], budget_tokens: int) -> list[list[int]]:
+    """Dynamic micro-batches for packed training: the sequences are packed first-fit decreasing
+    into rows as wide as the longest one (W), and consecutive rows form a micro-batch of at most
+    ``budget_tokens`` // W rows (at least one). A micro-batch thus holds up to ``budget_tokens``
+    tokens of which almost all are real, where padded micro-batches hold rows x longest row."""
+    if not lengths:
+        return []
+    width = max(max(lengths), 1)
+    rows = plan_packing(lengths, width)
+    per_micro = max(1, budget_tokens // width)
+    return [sorted(i for row in rows[k:k + per_micro] for i in row) for k in range(0, len(rows), per_micro)]
+
+
 def packed_token_logprobs(
     model: nn.Module,
     input_ids: Tensor,

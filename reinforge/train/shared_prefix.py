@@ -8,13 +8,16 @@ their gradients — equals the ordinary forward over the G full sequences (teste
 1e-5), at the cost of (prompt + G x completion) instead of G x (prompt + completion) tokens.
 
 Reads the HF module's parameters directly (plain torch ops, autograd works); architectures other
-than those ``LeanLlama`` supports use the HF forward instead.
+than those ``LeanLlama`` supports use the HF forward instead. With ``checkpoint_layers`` each
+layer runs under ``torch.utils.checkpoint`` (non-reentrant) when gradients are on: its activations
+are recomputed in the backward instead of kept (``train.gradient_checkpointing``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torch import Tensor, nn
 
 from reinforge.algo.losses import entropy_from_logits
@@ -24,11 +27,12 @@ from reinforge.rollout.lean_llama import apply_rotary, rotary_cos_sin, supports
 class SharedPrefixForward:
     """Differentiable forward over (unique prompts, completions) for an HF Llama/Qwen2 model."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, checkpoint_layers: bool = False) -> None:
         if not supports(model):
             raise ValueError(f"shared-prefix training does not support model_type {model.config.model_type!r}")
         cfg = model.config
         self.model = model
+        self.checkpoint_layers = checkpoint_layers
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
 
@@ -43,6 +47,24 @@ class SharedPrefixForward:
         k = apply_rotary(attn.k_proj(h).view(b, t, self.n_kv, d).transpose(1, 2), cos, sin)
         v = attn.v_proj(h).view(b, t, self.n_kv, d).transpose(1, 2)
         return q, k, v
+
+    def _layer(self, layer: nn.Module, xp: Tensor, xc: Tensor, rotary: tuple[Tensor, ...], mask_p: Tensor,
+               mask_c: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
+        """One decoder layer over the prompts ``xp`` [U, P, D] and the completions ``xc`` [N, C, D]."""
+        cos_p, sin_p, cos_c, sin_c = rotary
+        u, p, n, c = xp.shape[0], xp.shape[1], xc.shape[0], xc.shape[1]
+        gqa = self.n_heads != self.n_kv
+        at = layer.self_attn
+        qp, kp, vp = self._qkv(at, layer.input_layernorm(xp), cos_p, sin_p)
+        qc, kc, vc = self._qkv(at, layer.input_layernorm(xc), cos_c, sin_c)
+        att_p = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask_p, enable_gqa=gqa)
+        keys, values = torch.cat([kp[group], kc], dim=2), torch.cat([vp[group], vc], dim=2)
+        att_c = F.scaled_dot_product_attention(qc, keys, values, attn_mask=mask_c, enable_gqa=gqa)
+        xp = xp + at.o_proj(att_p.transpose(1, 2).reshape(u, p, -1))
+        xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(n, c, -1))
+        xp = xp + layer.mlp(layer.post_attention_layernorm(xp))
+        xc = xc + layer.mlp(layer.post_attention_layernorm(xc))
+        return xp, xc
 
     def __call__(
         self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
@@ -67,18 +89,13 @@ class SharedPrefixForward:
         mask_p = (pmask[:, None, None, :] & torch.ones(p, p, dtype=torch.bool, device=group.device).tril()) | own
         causal_c = torch.ones(c, c, dtype=torch.bool, device=group.device).tril()
         mask_c = torch.cat([pmask[group][:, None, None, :].expand(n, 1, c, p), causal_c.expand(n, 1, c, c)], dim=-1)
-        gqa = self.n_heads != self.n_kv
+        rotary = (cos_p, sin_p, cos_c, sin_c)
+        recompute = self.checkpoint_layers and torch.is_grad_enabled()
         for layer in m.layers:
-            at = layer.self_attn
-            qp, kp, vp = self._qkv(at, layer.input_layernorm(xp), cos_p, sin_p)
-            qc, kc, vc = self._qkv(at, layer.input_layernorm(xc), cos_c, sin_c)
-            att_p = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask_p, enable_gqa=gqa)
-            keys, values = torch.cat([kp[group], kc], dim=2), torch.cat([vp[group], vc], dim=2)
-            att_c = F.scaled_dot_product_attention(qc, keys, values, attn_mask=mask_c, enable_gqa=gqa)
-            xp = xp + at.o_proj(att_p.transpose(1, 2).reshape(u, p, -1))
-            xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(n, c, -1))
-            xp = xp + layer.mlp(layer.post_attention_layernorm(xp))
-            xc = xc + layer.mlp(layer.post_attention_layernorm(xc))
+            if recompute:
+                xp, xc = checkpoint(self._layer, layer, xp, xc, rotary, mask_p, mask_c, group, use_reentrant=False)
+            else:
+                xp, xc = self._layer(layer, xp, xc, rotary, mask_p, mask_c, group)
         # token j of a completion is predicted from the position before it: the prompt's last for j = 0
         hidden = torch.cat([xp[group, -1:], xc[:, :-1]], dim=1)
         logits = self.model.lm_head(m.norm(hidden)).float()
