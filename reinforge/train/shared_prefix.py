@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from reinforge.algo.losses import entropy_from_logits
 from reinforge.rollout.lean_llama import apply_rotary, rotary_cos_sin, supports
