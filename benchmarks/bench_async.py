@@ -6,8 +6,8 @@ and held-out accuracy after equal samples.
 Each setting trains the shipped tiny base with the default recipe's algorithm for ``--steps``
 updates of 16 prompts x 8 samples (equal samples for every setting), evaluating held-out greedy
 accuracy every ``--eval-every`` updates. Settings: ``sync`` (one process, 2 torch threads) and
-``async s=K`` (one rollout worker process with 1 thread, the learner with 1 thread,
-max_staleness K, in-flight weight updates). Each run is a fresh subprocess; repeats are
+``async s=K`` (one rollout worker process with ``--rollout-threads`` (1), the learner with
+``--learner-threads`` (1), max_staleness K, in-flight weight updates). Each run is a fresh subprocess; repeats are
 interleaved (sync, s=1, s=2, ..., sync, ...). Wall-clock counts the training steps only (the sum
 of ``time/step_s``; the held-out evaluations are excluded for every setting alike). "to target"
 is the wall-clock at the first evaluation reaching ``--target``. Medians over repeats with the
@@ -46,7 +46,8 @@ def run(setting: str, args, workdir: Path, repeat: int) -> dict:
     ]
     if setting != "sync":
         overrides += ["orchestrate.mode=async", f"orchestrate.max_staleness={setting.split('=')[1]}",
-                      "orchestrate.weight_update=inflight"]
+                      "orchestrate.weight_update=inflight", f"orchestrate.learner_threads={args.learner_threads}",
+                      f"orchestrate.rollout_threads={args.rollout_threads}"]
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps({"overrides": overrides})], capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode != 0:
@@ -72,6 +73,8 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--heldout", type=int, default=200)
     p.add_argument("--staleness", default="1,2,4")
+    p.add_argument("--learner-threads", type=int, default=1, help="async: torch threads of the learner")
+    p.add_argument("--rollout-threads", type=int, default=1, help="async: torch threads of the rollout worker")
     args = p.parse_args()
     settings = ["sync"] + [f"async s={s}" for s in args.staleness.split(",")]
     results: dict[str, list[dict]] = {s: [] for s in settings}
@@ -82,7 +85,8 @@ def main() -> None:
                 r = results[setting][-1]
                 print(f"# {setting} repeat {repeat}: {json.dumps(r)}", flush=True)
     print(f"{os.cpu_count()} CPU cores; {args.steps} updates x 128 samples; target held-out greedy accuracy "
-          f"{args.target}; median (min-max) of {args.repeats}")
+          f"{args.target}; async: learner {args.learner_threads} thread(s), rollout worker "
+          f"{args.rollout_threads}; median (min-max) of {args.repeats}")
     print("| setting | train wall-clock s | speed-up | to target s | speed-up to target | final held-out acc |")
     print("|---|---|---|---|---|---|")
     base = statistics.median(r["wall_s"] for r in results["sync"])

@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--settings", default=",".join(SETTINGS))
     p.add_argument("--quick", action="store_true", help="one tiny shape, two settings (a smoke test)")
     args = p.parse_args()
-    grid = {"tiny": [(128, 16), (256, 16), (256, 64)], "30m": [(256, 16), (512, 16), (512, 32)]}
+    grid = {"tiny": [(128, 16), (256, 16), (256, 64)], "30m": [(256, 16), (512, 16)]}
     settings = args.settings.split(",")
     if args.quick:
         grid, settings, args.models = {"tiny": [(64, 8)]}, ["default", "all"], "tiny"

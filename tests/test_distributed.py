@@ -37,6 +37,9 @@ VARIANTS: dict[str, tuple[list[str], list[list[int]]]] = {
                          "algo.kl.estimator=k1", "train.micro_batch_tokens=40"], [[0, 1], [2, 3]]),
     # critic (gradients summed over ranks), whitened GAE over the global batch, KL in the reward, 2 mini-batches
     "ppo": (["preset=ppo", "train.micro_batch_tokens=40"], [[0, 1], [2, 3]]),
+    # the memory switches: packed dynamic micro-batches and gradient checkpointing (inside FSDP2's hooks)
+    "packed_checkpointed": (["algo.loss_agg=token_mean", "train.micro_batch_tokens=40", "train.packing=true",
+                             "train.gradient_checkpointing=true"], [[0, 1], [2, 3]]),
     "uneven": (["algo.loss_agg=seq_mean_token_sum", "train.micro_batch_tokens=40", "train.minibatches=2"],
                [[0, 1, 2, 3], []]),
 }
