@@ -102,9 +102,16 @@ def main() -> None:
     p.add_argument("--models", default="tiny,30m")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--shapes", default="", help="only these shapes, e.g. tiny:256x64,30m:256x16 (model:LxB)")
     p.add_argument("--quick", action="store_true", help="one tiny shape, two settings (a smoke test)")
     args = p.parse_args()
     grid = {"tiny": [(128, 16), (256, 16), (256, 64)], "30m": [(256, 16), (512, 16)]}
+    if args.shapes:
+        grid = {}
+        for item in args.shapes.split(","):
+            model, shape = item.split(":")
+            grid.setdefault(model, []).append(tuple(int(v) for v in shape.split("x")))
+        args.models = ",".join(grid)
     settings = args.settings.split(",")
     if args.quick:
         grid, settings, args.models = {"tiny": [(64, 8)]}, ["default", "all"], "tiny"
