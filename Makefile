@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch first, pinned to the CPU wheel: a range would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install install-dev lint base-model clean
+.PHONY: demo test test-learning install install-dev lint base-model clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -30,6 +30,9 @@ demo: install
 
 test: install-dev
 	$(BIN)/python -m pytest -q --durations=15
+
+test-learning: install-dev  # the multi-minute RL learning curves (tests marked learning)
+	$(BIN)/python -m pytest -q -m learning --durations=15
 
 lint: install-dev
 	$(BIN)/ruff check reinforge tests scripts benchmarks

@@ -1,17 +1,21 @@
 """RL on the shipped tiny-agent model raises success on each built-in environment (docs/agent_model.md).
 
-One short end-to-end run of each agent recipe (GRPO through `train`, multi-turn episodes, the recipe's
-own task, environment and hyper-parameters). Success is measured on sampled episodes at the training
-temperature (mean@n): that is what a few CPU minutes of RL on tiny-agent reliably improves; greedy
-success barely moves (docs/agent_model.md has the measured numbers, per seed).
+The calculator (about 4 min) and guessing (about 3 min) runs are marked ``learning``: not in the
+default run (the suite's 15-minute budget), run by ``make test-learning``; the retry run (about 2
+min) is in the default suite.
+
+One end-to-end run of each agent recipe as shipped (GRPO through `train`, 60 steps of multi-turn
+episodes; 2-4 minutes each on 2 idle CPU cores: shorter runs did not learn measurably). Success is
+measured on sampled episodes at the training temperature (mean@n): that is what a few CPU minutes of
+RL on tiny-agent improves; greedy success does not move (docs/agent_model.md has the numbers per seed).
 
 - calculator, retry: held-out mean@8 (``eval.json``, written by ``eval.final_samples``) before vs after.
 - guessing: every prompt is the same (``guess 1-32``), only the secret differs, so RL learns one
   decision tree. It finds the secrets it trains on more often, and the held-out secrets less often
   (docs/agent_model.md): the test measures success on the train secrets.
 
-Margins: about half of the smaller of the gains measured on seeds 0 and 1, and well above what the same
-run with ``train.lr=1e-9`` (no learning) gives.
+Margins: about half of the smaller of the gains measured on seeds 0 and 1, and above what the same run
+with ``train.lr=1e-9`` (no learning) gives: the two evaluations then differ by sampling noise only.
 """
 
 import json
@@ -39,24 +43,17 @@ def _sampled_success(result) -> tuple[float, float]:
     return data["before"]["mean_at_n"], data["after"]["mean_at_n"]
 
 
-def _train_success(metrics, first: int, last: int) -> tuple[float, float]:
-    """The rollouts' success rate (fresh train prompts) over the first and the last steps."""
-    acc = [m["reward/accuracy"] for m in metrics if "reward/accuracy" in m]
-    return sum(acc[:first]) / first, sum(acc[-last:]) / last
-
-
-@pytest.mark.slow
+@pytest.mark.learning
 def test_rl_raises_calculator_success(tmp_path):
-    """agent_calculator: sampled success rises, held-out and on the fresh train prompts of each step;
-    the policy stops answering without calling the tool."""
+    """agent_calculator: sampled held-out success rises, and the policy stops answering without
+    calling the tool (about 1 in 10 training episodes at first)."""
     result = _train(tmp_path, "agent_calculator", "eval.final_samples=8")
     before, after = _sampled_success(result)
-    assert after >= before + 0.015, (before, after)  # measured: +0.058 (seed 0), +0.032 (seed 1)
+    assert after >= before + 0.02, (before, after)  # measured: +0.058 (seed 0), +0.032 (seed 1); lr 1e-9: +0.012
     metrics = read_jsonl(result.run_dir / "metrics.jsonl")
-    first, last = _train_success(metrics, 20, 20)
-    assert last >= first + 0.025, (first, last)  # measured: +0.066, +0.045
     calls = [m["episode/tool_calls_mean"] for m in metrics if "episode/tool_calls_mean" in m]
-    assert sum(calls[-10:]) / 10 >= sum(calls[:10]) / 10 + 0.05, calls  # measured: 0.91 -> 1.04, 0.92 -> 1.03
+    first, last = sum(calls[:10]) / 10, sum(calls[-10:]) / 10
+    assert last >= first + 0.05, (first, last)  # measured: 0.91 -> 1.04, 0.92 -> 1.03; lr 1e-9: 0.82 -> 0.81
 
 
 @pytest.mark.slow
@@ -64,7 +61,7 @@ def test_rl_raises_retry_success(tmp_path):
     """agent_retry: sampled held-out success (within 3 attempts) rises."""
     result = _train(tmp_path, "agent_retry", "eval.final_samples=8")
     before, after = _sampled_success(result)
-    assert after >= before + 0.025, (before, after)  # measured: +0.053 (seed 0), +0.047 (seed 1)
+    assert after >= before + 0.025, (before, after)  # measured: +0.053 (seed 0), +0.047 (seed 1); lr 1e-9: +0.011
 
 
 def _guessing_train_success(model: str) -> float:
@@ -76,7 +73,7 @@ def _guessing_train_success(model: str) -> float:
     return result.mean_at_n
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_rl_raises_guessing_success_on_train_secrets(tmp_path):
     """agent_guessing: success on the secrets RL plays rises (held-out secrets: see the module doc)."""
     result = _train(tmp_path, "agent_guessing")
