@@ -2,6 +2,10 @@
 and held-out accuracy after equal samples.
 
     python benchmarks/bench_async.py [--steps 150] [--repeats 3] [--target 0.5] [--staleness 1,2,4]
+    python benchmarks/bench_async.py --recipe agent_guessing --steps 60 --heldout 192 --target 0.45
+
+``--recipe`` trains another recipe (e.g. a multi-turn agent recipe, where generation is about half
+of a synchronous step) with the same settings; ``--set key=value`` adds overrides to every run.
 
 Each setting trains the shipped tiny base with the default recipe's algorithm for ``--steps``
 updates of 16 prompts x 8 samples (equal samples for every setting), evaluating held-out greedy
@@ -31,7 +35,7 @@ from reinforge.config import load_config
 from reinforge.orchestrate.sync_loop import train
 from reinforge.track.jsonl import read_jsonl
 spec = json.loads(sys.argv[1])
-result = train(load_config(None, spec["overrides"]), progress_every=10**6)
+result = train(load_config(spec["recipe"], spec["overrides"]), progress_every=10**6)
 rows = read_jsonl(result.run_dir / "metrics.jsonl")
 print("RESULT " + json.dumps(rows))
 """
@@ -42,13 +46,13 @@ def run(setting: str, args, workdir: Path, repeat: int) -> dict:
         f"output_dir={workdir}", f"name={setting.replace(' ', '_').replace('=', '')}-{repeat}", f"seed={repeat}",
         f"train.steps={args.steps}", f"eval.every={args.eval_every}", "eval.final_samples=0", "checkpoint.every=0",
         "train.time_limit_s=0", "log.report=false", "log.samples_per_step=0", f"task.heldout_size={args.heldout}",
-        "train.lr_schedule=constant",
+        "train.lr_schedule=constant", *args.set,
     ]
     if setting != "sync":
         overrides += ["orchestrate.mode=async", f"orchestrate.max_staleness={setting.split('=')[1]}",
                       "orchestrate.weight_update=inflight", f"orchestrate.learner_threads={args.learner_threads}",
                       f"orchestrate.rollout_threads={args.rollout_threads}"]
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps({"overrides": overrides})], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps({"recipe": args.recipe, "overrides": overrides})], capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"{setting} failed:\n{proc.stderr[-3000:]}")
@@ -67,6 +71,8 @@ def run(setting: str, args, workdir: Path, repeat: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default=None, help="recipe name or path (default: the default recipe)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--target", type=float, default=0.5)
@@ -84,7 +90,7 @@ def main() -> None:
                 results[setting].append(run(setting, args, Path(tmp), repeat))
                 r = results[setting][-1]
                 print(f"# {setting} repeat {repeat}: {json.dumps(r)}", flush=True)
-    print(f"{os.cpu_count()} CPU cores; {args.steps} updates x 128 samples; target held-out greedy accuracy "
+    print(f"{os.cpu_count()} CPU cores; recipe {args.recipe or 'default'}; {args.steps} updates; target held-out greedy accuracy "
           f"{args.target}; async: learner {args.learner_threads} thread(s), rollout worker "
           f"{args.rollout_threads}; median (min-max) of {args.repeats}")
     print("| setting | train wall-clock s | speed-up | to target s | speed-up to target | final held-out acc |")

@@ -19,8 +19,8 @@ then the peak RSS window is reset (``/proc/self/clear_refs``) and ``--repeats`` 
 "peak" is the process's peak resident set during those updates; "act" is peak minus the RSS just
 before them (activations, gradients and temporaries; weights and the optimizer state are already
 resident after the warm-up). Settings are interleaved per (model, L, B); ratios are against
-``default`` in the same run. Models: ``tiny`` = the shipped tiny-base (0.5M parameters,
-context 256); ``30m`` = a Llama config built here (hidden 512, 8 layers, vocab 8192: 29.4M).
+``default`` in the same run. Models: ``tiny`` = the shipped tiny-base (2.4M parameters;
+pretrained at context 64, run here at up to 256: rotary positions have no hard limit); ``30m`` = a Llama config built here (hidden 512, 8 layers, vocab 8192: 29.4M).
 ``micro_batch_tokens`` is 4096 for every setting.
 """
 

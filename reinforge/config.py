@@ -122,7 +122,7 @@ class TaskConfig(_Strict):
     rg_chat: bool = True
     rg_answer_tag: str | None = "answer"
     # procedural agent tasks (calculator, guessing): keyword arguments of their task source
-    params: dict[str, Any] = Field(default_factory=dict, description="calculator: digits, ops; guessing: low, high")
+    params: dict[str, Any] = Field(default_factory=dict, description="calculator: digits, ops; guessing: low, high, repeats")
 
     @field_validator("verifier")
     @classmethod
@@ -317,7 +317,8 @@ class TrainConfig(_Strict):
     shared_prefix: bool = Field(
         True, description="compute each group's shared prompt once in the training forward (Llama/Qwen2; exact)"
     )
-    time_limit_s: float = Field(0.0, ge=0, description="stop after this many seconds of training (0 = no limit)")
+    time_limit_s: float = Field(0.0, ge=0, description="stop after this many seconds from the start of the run "
+                                "(the evaluations before training included; 0 = no limit)")
     fused_optimizer: bool = Field(
         False, description="torch's fused AdamW kernel (one kernel for all parameters; benchmarks/bench_learner.py)"
     )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 
-from reinforge.data.agent_tasks import AGENT_TASK_SOURCES, calculator_splits, calculator_task, guessing_splits
+from reinforge.data.agent_tasks import AGENT_TASK_SOURCES, calculator_splits, calculator_task, guessing_splits, guessing_task
 from reinforge.data.base import Task
 from reinforge.envs.calculator import MAX_EXPR_CHARS, CalculatorEnv, evaluate, last_integer
 from reinforge.envs.guessing import GuessingEnv
@@ -298,6 +299,21 @@ def test_guessing_splits_are_disjoint_by_secret():
     with pytest.raises(ValueError, match="low < high"):
         guessing_splits(low=5, high=5)
     assert set(AGENT_TASK_SOURCES) == {"calculator", "guessing"}
+
+
+def test_guessing_splits_with_repeats_hold_every_secret_in_both_splits():
+    splits = guessing_splits(low=1, high=32, heldout_size=320, seed=0, repeats=50)
+    train, heldout = splits.train[:], splits.heldout[:]
+    assert len(train) == 32 * 50 - 320 and len(heldout) == 320
+    assert not {t.id for t in train} & {t.id for t in heldout}
+    assert {int(t.answer) for t in train} == {int(t.answer) for t in heldout} == set(range(1, 33))
+    counts = np.bincount([int(t.answer) for t in heldout], minlength=33)[1:]
+    assert counts.min() >= 3 and counts.max() <= 20  # about 10 per secret: uniform, not a block of secrets
+    assert [t.id for t in guessing_splits(1, 32, 8, seed=0, repeats=2).train[:]][:3] == ["guess-1", "guess-2", "guess-3"]
+    assert guessing_task(32 + 6, low=1, high=32).id == "guess-7-r1"
+    assert guessing_task(32 + 6, low=1, high=32).answer == "7"
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1, got 0"):
+        guessing_splits(repeats=0)
 
 
 # ---------------------------------------------------------------- registry

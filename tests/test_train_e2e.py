@@ -89,6 +89,21 @@ def test_checkpoints_are_pruned_and_config_saved(tmp_path):
         train(_cfg(tmp_path, "ck", "train.steps=1"))
 
 
+def test_final_evaluations_share_their_sampling_seed_and_leave_training_alone(tmp_path):
+    """eval.json's before and after sample from the same seed: a policy that did not move (lr so small
+    that no fp32 weight changes) scores exactly the same, samples included; and the evaluations do not
+    change what training samples."""
+    common = ["train.steps=2", "eval.every=0", "task.heldout_size=24", "train.lr=1e-30", "algo.kl.coef=0"]
+    result = train(_cfg(tmp_path, "crn", *common, "eval.final_samples=4"))
+    final = json.loads((result.run_dir / "eval.json").read_text())
+    before, after = final["before"], final["after"]
+    assert after["policy_version"] == 2 and 0 < before["mean_at_n"] < 1  # sampled, not all right or all wrong
+    for key in ("mean_at_n", "pass_at_k", "maj_at_k", "pass_curve"):
+        assert before[key] == after[key], key
+    plain = train(_cfg(tmp_path, "no-final-eval", *common))
+    assert _untimed(read_jsonl(plain.run_dir / "metrics.jsonl")) == _untimed(read_jsonl(result.run_dir / "metrics.jsonl"))
+
+
 @pytest.mark.slow
 def test_grpo_improves_heldout_accuracy(tmp_path):
     """40 GRPO steps on the tiny model raise held-out greedy accuracy clearly above the base."""

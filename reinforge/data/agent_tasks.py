@@ -2,8 +2,11 @@
 
 - ``calculator``: ``"482*37="`` with the exact integer answer, operands with exactly the given
   digit counts (products the tiny model cannot do in its head: use `CalculatorEnv`'s ``calc``).
-- ``guessing``: one task per secret number in ``[low, high]``, prompt ``"guess 1-32"``, answer the
-  secret (for `GuessingEnv`).
+- ``guessing``: prompt ``"guess 1-32"``, answer the secret (for `GuessingEnv`). With ``repeats=1``
+  there is one task per secret and train / held-out never share a secret; with ``repeats=R > 1``
+  each secret is R tasks (episodes), so both splits draw secrets uniformly from the whole range and
+  the held-out split measures the *strategy* on the same game, not memorised secrets (the prompt
+  is the same for every secret, so a policy can only learn a distribution over secrets).
 
 As in ``arithmetic.py``, every task is an index into a grid; a seeded random subset of indices
 is the held-out split and the rest is train, so the splits never overlap and ids are stable.
@@ -65,24 +68,32 @@ def calculator_splits(
 
 
 def guessing_task(index: int, low: int, high: int) -> Task:
-    """The task whose secret is ``low + index``."""
-    secret = low + index
+    """The task at ``index`` of the grid repeat x secret: secret ``low + index % (high - low + 1)``;
+    the id carries the repeat from the second one on (``guess-7``, ``guess-7-r1``, ...)."""
+    repeat, offset = divmod(index, high - low + 1)
+    secret = low + offset
     return Task(
-        id=f"guess-{secret}",
+        id=f"guess-{secret}" if repeat == 0 else f"guess-{secret}-r{repeat}",
         prompt=[{"role": "user", "content": f"guess {low}-{high}"}],
         answer=str(secret),
         metadata={"low": low, "high": high},
     )
 
 
-def guessing_splits(low: int = 1, high: int = 32, heldout_size: int = 8, seed: int = 1234) -> TaskSplits:
-    """One task per secret in ``[low, high]``; train and held-out never share a secret (seeded)."""
+def guessing_splits(
+    low: int = 1, high: int = 32, heldout_size: int = 8, seed: int = 1234, repeats: int = 1
+) -> TaskSplits:
+    """``repeats`` tasks per secret in ``[low, high]``, split by task (seeded). ``repeats=1``: train
+    and held-out never share a secret; ``repeats > 1``: both splits hold (about) uniform secrets."""
     if any(isinstance(v, bool) or not isinstance(v, int) for v in (low, high)) or not 0 <= low < high:
         raise ValueError(f"need integers 0 <= low < high, got low={low!r}, high={high!r}")
-    total = high - low + 1
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    total = (high - low + 1) * repeats
     if total > MAX_GRID:
-        raise ValueError(f"[{low}, {high}] holds {total} secrets; at most {MAX_GRID} are supported")
-    return _split(total, heldout_size, seed, partial(guessing_task, low=low, high=high), f"guessing({low}-{high})")
+        raise ValueError(f"[{low}, {high}] x {repeats} repeats makes {total} tasks; at most {MAX_GRID} are supported")
+    name = f"guessing({low}-{high})" if repeats == 1 else f"guessing({low}-{high}, repeats={repeats})"
+    return _split(total, heldout_size, seed, partial(guessing_task, low=low, high=high), name)
 
 
 AGENT_TASK_SOURCES: dict[str, Callable[..., TaskSplits]] = {"calculator": calculator_splits, "guessing": guessing_splits}

@@ -40,6 +40,7 @@ from reinforge.train.memory import peak_mb, reset_peak
 from reinforge.types import Trajectory
 
 COLLAPSE_PATIENCE = 5  # steps in a row with no reward spread in any group before we warn
+FINAL_EVAL_SEED_OFFSET = 7_919  # eval.json's sampling seed = run seed + this (apart from training's stream)
 
 
 @dataclass
@@ -296,6 +297,10 @@ class _Loop:
 
     def _evaluate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
+        generator = getattr(self.c.engine, "generator", None)
+        training_state = generator.get_state() if generator is not None else None
+        if generator is not None:  # the same sampling stream before and after: they differ by the policy only
+            generator.manual_seed(cfg.seed + FINAL_EVAL_SEED_OFFSET)
         result = evaluate(
             self.c.engine, self.c.splits.heldout, self.c.reward_pool,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
@@ -305,12 +310,18 @@ class _Loop:
 
     def _final_eval(self, when: str) -> None:
         """mean@n, pass@k, maj@k with bootstrap intervals on the held-out split, into eval.json; after
-        training, also the before/after pass@k curves (passk.png)."""
+        training, also the before/after pass@k curves (passk.png). Both evaluations sample from the
+        same seed (common random numbers), so an unchanged policy scores exactly the same; the rollout
+        generator's state is restored afterwards, so training samples as it would without them."""
         import json
 
         from reinforge.eval.plots import plot_pass_curves
 
         cfg = self.cfg
+        generator = getattr(self.c.engine, "generator", None)
+        training_state = generator.get_state() if generator is not None else None
+        if generator is not None:  # the same sampling stream before and after: they differ by the policy only
+            generator.manual_seed(cfg.seed + FINAL_EVAL_SEED_OFFSET)
         result = evaluate(
             self.c.engine, self.c.splits.heldout, self.c.reward_pool,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
@@ -318,6 +329,8 @@ class _Loop:
             ks=[k for k in (1, 2, 4, 8, 16, 32, 64) if k <= cfg.eval.final_samples],
             system_prompt=cfg.task.system_prompt, confidence=True, player=self._player(),
         )
+        if training_state is not None:
+            generator.set_state(training_state)  # training samples as if there had been no evaluation
         path = self.run_dir / "eval.json"
         data = json.loads(path.read_text()) if path.is_file() else {}
         data[when] = {"policy_version": self.c.engine.version, "samples": cfg.eval.final_samples,
