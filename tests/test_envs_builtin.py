@@ -8,7 +8,13 @@ import pickle
 import numpy as np
 import pytest
 
-from reinforge.data.agent_tasks import AGENT_TASK_SOURCES, calculator_splits, calculator_task, guessing_splits, guessing_task
+from reinforge.data.agent_tasks import (
+    AGENT_TASK_SOURCES,
+    calculator_splits,
+    calculator_task,
+    guessing_splits,
+    guessing_task,
+)
 from reinforge.data.base import Task
 from reinforge.envs.calculator import MAX_EXPR_CHARS, CalculatorEnv, evaluate, last_integer
 from reinforge.envs.guessing import GuessingEnv

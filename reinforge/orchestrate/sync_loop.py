@@ -297,10 +297,6 @@ class _Loop:
 
     def _evaluate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
-        generator = getattr(self.c.engine, "generator", None)
-        training_state = generator.get_state() if generator is not None else None
-        if generator is not None:  # the same sampling stream before and after: they differ by the policy only
-            generator.manual_seed(cfg.seed + FINAL_EVAL_SEED_OFFSET)
         result = evaluate(
             self.c.engine, self.c.splits.heldout, self.c.reward_pool,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
