@@ -4,18 +4,19 @@ The calculator (about 4 min) and guessing (about 3 min) runs are marked ``learni
 default run (the suite's 15-minute budget), run by ``make test-learning``; the retry run (about 2
 min) is in the default suite.
 
-One end-to-end run of each agent recipe as shipped (GRPO through `train`, 60 steps of multi-turn
-episodes; 2-4 minutes each on 2 idle CPU cores: shorter runs did not learn measurably). Success is
-measured on sampled episodes at the training temperature (mean@n): that is what a few CPU minutes of
-RL on tiny-agent improves; greedy success does not move (docs/agent_model.md has the numbers per seed).
+One end-to-end run of each agent recipe as shipped (GRPO with a KL term through `train`, 60 steps of
+multi-turn episodes; 2-4 minutes each on 2 idle CPU cores: shorter runs did not learn measurably).
+Success is measured on the held-out split (``eval.json``, written by ``eval.final_samples``), sampled
+at the training temperature (mean@n) before vs after; the two evaluations share their sampling seed,
+so a policy that did not change scores the same twice.
 
-- calculator, retry: held-out mean@8 (``eval.json``, written by ``eval.final_samples``) before vs after.
-- guessing: held-out mean@16 before vs after. Every prompt is the same (``guess 1-32``), so the recipe's
-  task draws every secret 50 times and both splits hold all 32 secrets: with a held-out split of
-  *secrets*, RL bent the policy toward the train secrets and held-out success fell (docs/agent_model.md).
+- calculator: mean@8, and tool calls per training episode (first 10 steps vs last 10).
+- retry: mean@8 and greedy success.
+- guessing: mean@16. Every prompt is the same (``guess 1-32``), so the recipe's task draws every secret
+  50 times and both splits hold all 32 secrets: with a held-out split of *secrets*, RL bent the policy
+  toward the train secrets and held-out success fell (docs/agent_model.md).
 
-Margins: about half of the smaller of the gains measured on seeds 0 and 1, and above what the same run
-with ``train.lr=1e-9`` (no learning) gives: the two evaluations then differ by sampling noise only.
+Margins: about half of the smallest gain measured over seeds (docs/agent_model.md has the runs).
 """
 
 import json
@@ -45,19 +46,22 @@ def test_rl_raises_calculator_success(tmp_path):
     calling the tool (about 1 in 10 training episodes at first)."""
     result = _train(tmp_path, "agent_calculator", "eval.final_samples=8")
     before, after = _sampled_success(result)
-    assert after >= before + 0.02, (before, after)  # measured: +0.058 (seed 0), +0.032 (seed 1); lr 1e-9: +0.012
+    assert after >= before + 0.035, (before, after)  # measured: +0.069 (seed 0), +0.110 (seed 1)
     metrics = read_jsonl(result.run_dir / "metrics.jsonl")
     calls = [m["episode/tool_calls_mean"] for m in metrics if "episode/tool_calls_mean" in m]
     first, last = sum(calls[:10]) / 10, sum(calls[-10:]) / 10
-    assert last >= first + 0.05, (first, last)  # measured: 0.91 -> 1.04, 0.92 -> 1.03; lr 1e-9: 0.82 -> 0.81
+    assert last >= first + 0.05, (first, last)  # measured: 0.85 -> 1.00, 0.88 -> 0.98; lr 1e-9: 0.82 -> 0.81
 
 
 @pytest.mark.slow
 def test_rl_raises_retry_success(tmp_path):
-    """agent_retry: sampled held-out success (within 3 attempts) rises."""
+    """agent_retry: held-out success (within 3 attempts) rises, sampled and greedy."""
     result = _train(tmp_path, "agent_retry", "eval.final_samples=8")
     before, after = _sampled_success(result)
-    assert after >= before + 0.025, (before, after)  # measured: +0.053 (seed 0), +0.047 (seed 1); lr 1e-9: +0.011
+    assert after >= before + 0.04, (before, after)  # measured: +0.107, +0.087, +0.078 (seeds 0, 1, 2)
+    final = json.loads((result.run_dir / "eval.json").read_text())
+    greedy_before, greedy_after = final["before"]["greedy_accuracy"], final["after"]["greedy_accuracy"]
+    assert greedy_after >= greedy_before + 0.035, (greedy_before, greedy_after)  # measured: +0.152, +0.096, +0.070
 
 
 @pytest.mark.learning
