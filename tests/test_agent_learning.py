@@ -70,4 +70,4 @@ def test_rl_raises_guessing_success(tmp_path):
     50 episodes-tasks), so the held-out number measures the strategy, not memorised secrets."""
     result = _train(tmp_path, "agent_guessing")
     before, after = _sampled_success(result)
-    assert after >= before + 0.025, (before, after)  # measured: +0.072 (seed 0), +0.051 (seed 1); lr 1e-9: +0.010
+    assert after >= before + 0.015, (before, after)  # measured: +0.091, +0.028, +0.068 (seeds 0-2)
