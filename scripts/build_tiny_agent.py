@@ -542,7 +542,7 @@ plays the guessing and retry games at a non-trivial but imperfect level: RL has 
 Held-out success, played with reinforge's rollout engine and `episode_player` exactly as the recipes
 `agent_calculator`, `agent_guessing`, `agent_retry` evaluate it. Guessing here is the build's split:
 pretraining saw the 24 train secrets, and this row is the 8 held-out secrets; the `agent_guessing`
-recipe evaluates on all 32 secrets (greedy 0.391, mean@16 0.301 before RL: docs/agent_model.md).
+recipe evaluates on all 32 secrets (greedy 0.391, mean@16 0.30-0.32 before RL: docs/agent_model.md).
 
 | environment | greedy | {sampled_header} |
 |---|---|---|---|
