@@ -105,3 +105,75 @@ def test_missing_extra_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # makes `import reasoning_gym` fail
     with pytest.raises(ConfigError, match=r"pip install 'reinforge\[reasoning-gym\]'"):
         reasoning_gym_splits("leg_counting", size=5, heldout_size=1)
+
+
+MALFORMED = ["zzz", "", "-1", "1 2 3", "[[", "A"]
+
+
+def test_every_registered_task_builds_and_scores_like_its_own_scorer(rg):
+    """All of reasoning-gym's tasks by name: items build, a reference answer (where the task has one)
+    scores 1, and every answer scores what the task's own ``score_answer`` gives, or 0 where that
+    scorer raises on an answer it cannot parse; our verifier never raises on a model's answer."""
+    from reasoning_gym.factory import DATASETS
+    from reasoning_gym.utils import extract_answer
+
+    names = sorted(set(DATASETS) - {"composite"})
+    assert len(names) > 50
+    raised_natively = set()
+    for name in names:
+        native = rg.create_dataset(name, size=1, seed=0)  # default params, like the splits below
+        s = reasoning_gym_splits(name, size=2, heldout_size=1, seed=5)
+        for task in [*s.heldout, *s.train]:
+            entry = task.metadata["rg_entry"]
+            assert task.metadata["task"] == name and task.answer == ("" if entry["answer"] is None else str(entry["answer"]))
+            for candidate in [task.answer, *MALFORMED]:
+                completion = f"<think>x</think><answer>{candidate}</answer>"
+                ours = reasoning_gym_score(task, completion)
+                try:
+                    expected = float(native.score_answer(extract_answer(completion), entry))
+                except Exception:
+                    raised_natively.add(name)
+                    expected = 0.0
+                assert ours.reward == pytest.approx(expected), (name, candidate)
+                if candidate == task.answer and entry["answer"] is not None:
+                    assert ours.correct, (name, candidate)
+    assert "prime_factorization" in raised_natively  # the case the fallback is for is exercised
+
+
+def test_a_scorer_that_cannot_read_its_own_reference_is_an_error(rg, monkeypatch):
+    from reinforge.data import reasoning_gym as module
+
+    s = reasoning_gym_splits("prime_factorization", size=2, heldout_size=1, seed=5)
+    task = s.train[0]
+    assert reasoning_gym_score(task, "<answer>zzz</answer>").reward == 0.0  # the scorer raises on "zzz"
+
+    def broken(answer, entry):
+        raise KeyError("metadata")
+
+    monkeypatch.setattr(module, "_scorer", lambda name, params: broken)
+    with pytest.raises(KeyError, match="metadata"):
+        reasoning_gym_score(task, f"<answer>{task.answer}</answer>")
+
+
+def test_the_composite_dataset_points_to_mixtures(rg):
+    with pytest.raises(ConfigError, match=r"give a mixture as a list of tasks \(task.rg_tasks"):
+        reasoning_gym_splits("composite", size=5, heldout_size=1)
+
+
+def test_items_follow_the_seed_even_where_the_task_draws_from_the_global_random(rg):
+    """list_functions draws from Python's global ``random`` while generating items; the splits seed it
+    (and restore it), so the same seed gives the same questions every time and the caller's global
+    stream is left where it was."""
+    import random
+
+    random.seed(123)
+    expected_next = random.random()
+    random.seed(123)
+    runs = []
+    for _ in range(3):
+        runs.append(_questions(reasoning_gym_splits("list_functions", size=12, heldout_size=4, seed=1).train))
+        random.random()  # move the global stream between builds
+    assert runs[0] == runs[1] == runs[2]
+    random.seed(123)
+    reasoning_gym_splits("list_functions", size=12, heldout_size=4, seed=1)
+    assert random.random() == expected_next

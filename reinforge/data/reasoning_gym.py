@@ -7,8 +7,11 @@
 two datasets whose seeds differ by less than their size share items: a held-out split "from another
 seed" would overlap the train split. Instead one dataset of ``heldout_size + size`` items is built
 per task; items ``0 .. heldout_size-1`` are held out and the rest are for training (so the held-out
-split does not change with ``size``). Held-out questions are then deduplicated, and every training
-item whose question text also is a held-out question is dropped: the splits never share a question.
+split does not change with ``size``). Items are generated with Python's and numpy's global generators
+seeded from the task's seed as well (and restored after), because a few tasks draw from them: the
+same seed gives the same items in every run, which exact resumption needs. Held-out questions are
+then deduplicated, and every training item whose question text also is a held-out question is
+dropped: the splits never share a question.
 
 **Mixtures.** A list of ``{"name", "weight", "params"}``. We build the mixture ourselves rather than
 with reasoning-gym's ``composite`` dataset, which draws each item's task at random: here each task
@@ -21,16 +24,20 @@ its items are exactly ``reasoning_gym.create_dataset(name, seed=seed, ...)``'s.
 **Scoring.** The ``reasoning_gym`` verifier reads the answer inside the last ``<answer>...</answer>``
 tags (reasoning-gym's convention, ``reasoning_gym.utils.extract_answer``; the whole completion when
 the tasks were built with ``answer_tag=None``) and returns the task's ``score_answer`` as the reward;
-``correct`` means a score of 1. Importing this module registers the verifier.
+``correct`` means a score of 1. An answer the task's scorer cannot parse (some scorers raise on
+one) scores 0; a scorer that raises on its own reference answer too is broken, and that error is
+raised for the reward pool's error policy. Importing this module registers the verifier.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
 import json
-from collections.abc import Callable, Mapping, Sequence
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -97,6 +104,9 @@ def _create(name: str, params: Mapping[str, Any], **size_seed: int) -> Any:
     rg = _rg()
     from reasoning_gym.factory import DATASETS
 
+    if name == "composite":
+        raise ConfigError("reasoning_gym: give a mixture as a list of tasks (task.rg_tasks: [{name, weight, params}, "
+                          "...]) rather than reasoning-gym's 'composite' dataset")
     if name not in DATASETS:
         close = difflib.get_close_matches(name, list(DATASETS), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else f" ({len(DATASETS)} tasks: {', '.join(sorted(DATASETS)[:8])}, ...)"
@@ -110,6 +120,21 @@ def _create(name: str, params: Mapping[str, Any], **size_seed: int) -> Any:
         return rg.create_dataset(name, **params, **size_seed)
     except (AssertionError, ValueError, TypeError) as e:
         raise ConfigError(f"reasoning_gym task {name!r}: invalid params {dict(params)}: {e}") from None
+
+
+@contextlib.contextmanager
+def _global_rngs_seeded(seed: int) -> Iterator[None]:
+    """Seed Python's and numpy's global generators for the block, then restore their states. A few
+    reasoning-gym tasks (``list_functions``) draw from the global ``random`` while generating items,
+    so without this their items change from run to run despite the dataset's seed."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
 
 
 def _derived_seed(seed: int, position: int) -> int:
@@ -167,8 +192,10 @@ def reasoning_gym_splits(
         n_held, n_total = held_n[k], held_n[k] + train_n[k]
         if n_total == 0:
             continue
-        ds = _create(spec.name, spec.params, size=n_total, seed=seed if len(specs) == 1 else _derived_seed(seed, k))
-        items = [_task(spec, ds.category, i, ds[i], chat, answer_tag) for i in range(n_total)]
+        task_seed = seed if len(specs) == 1 else _derived_seed(seed, k)
+        with _global_rngs_seeded(task_seed):
+            ds = _create(spec.name, spec.params, size=n_total, seed=task_seed)
+            items = [_task(spec, ds.category, i, ds[i], chat, answer_tag) for i in range(n_total)]
         heldout += items[:n_held]
         train += items[n_held:]
     unique: dict[str, Task] = {}
@@ -209,5 +236,22 @@ def reasoning_gym_score(task: Task, completion: str) -> RewardResult:
 
         answer = extract_answer(completion, tag_name=tag)
     params = json.dumps(meta.get("rg_params") or {}, sort_keys=True)
-    score = float(_scorer(meta["task"], params)(answer=answer, entry=meta["rg_entry"]))
+    scorer, entry = _scorer(meta["task"], params), meta["rg_entry"]
+    try:
+        score = float(scorer(answer=answer, entry=entry))
+    except Exception:
+        if not _reads_its_reference(scorer, entry):
+            raise  # the scorer is broken, not the answer: the reward pool's error policy decides
+        score = 0.0
     return RewardResult(score, score >= 1.0, answer)
+
+
+def _reads_its_reference(scorer: Callable[..., float], entry: dict[str, Any]) -> bool:
+    """Whether ``scorer`` scores the entry's own reference answer without raising. Some tasks' scorers
+    raise on an answer they cannot parse (prime_factorization on "zzz", boxnet on "-1"): when the same
+    scorer reads the reference, the fault is the model's answer, which then scores 0."""
+    try:
+        scorer(answer=None if entry.get("answer") is None else str(entry["answer"]), entry=entry)
+    except Exception:
+        return False
+    return True
