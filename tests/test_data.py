@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from reinforge.data.arithmetic import arithmetic_splits
+from reinforge.data.arithmetic import arithmetic_splits, column_carries
 from reinforge.data.base import TaskSampler
 from reinforge.data.jsonl import jsonl_splits, read_jsonl_tasks
 from reinforge.errors import DataError
@@ -19,6 +19,22 @@ def test_arithmetic_splits_are_disjoint_seeded_and_correct():
         m = t.metadata
         assert int(t.answer) == (m["a"] + m["b"] if m["op"] == "+" else m["a"] - m["b"])
         assert t.prompt[0]["content"] == f"{m['a']}{m['op']}{m['b']}="
+
+
+@pytest.mark.parametrize(("a", "b", "op", "carries"), [
+    (23, 45, "+", 0), (27, 45, "+", 1), (99, 1, "+", 2), (999, 1, "+", 3), (0, 0, "+", 0), (95, 5, "+", 2),
+    (45, 23, "-", 0), (50, 7, "-", 1), (7, 50, "-", 1), (100, 1, "-", 2), (91, 19, "-", 1), (1000, 1, "-", 3),
+])
+def test_arithmetic_difficulty_counts_column_carries_and_borrows(a, b, op, carries):
+    assert column_carries(a, b, op) == carries
+
+
+def test_arithmetic_tasks_carry_their_difficulty():
+    tasks = list(arithmetic_splits(digits=2, ops="+", heldout_size=500, seed=1).heldout)
+    by = {d: sum(t.metadata["difficulty"] == d for t in tasks) for d in (0, 1, 2)}
+    assert sum(by.values()) == 500 and all(by.values())  # every level occurs in a 500-problem split
+    t = next(t for t in tasks if t.metadata["difficulty"] == 0)
+    assert all(int(x) + int(y) < 10 for x, y in zip(f"{t.metadata['a']:02d}", f"{t.metadata['b']:02d}", strict=True))
 
 
 def test_sampler_is_deterministic_and_resumable():

@@ -152,6 +152,29 @@ def test_eval_json_of_reinforge_eval_and_custom_out_path(tmp_path):
     assert "No samples.jsonl" in page
 
 
+def test_breakdown_by_task_metadata_is_tabled_per_column(tmp_path):
+    run = tmp_path / "run"
+    _synthetic_run(run, ["reward/mean"], samples=False)
+    before = {"num_prompts": 5, "samples": 4, "greedy_accuracy": 0.4, "mean_at_n": 0.35,
+              "breakdown": {"difficulty": {"0": {"prompts": 3, "greedy_accuracy": 0.6667, "mean@4": 0.5},
+                                           "<2>": {"prompts": 2, "greedy_accuracy": 0.0, "mean@4": 0.125}}}}
+    after = {**before, "breakdown": {"difficulty": {"0": {"prompts": 3, "greedy_accuracy": 1.0, "mean@4": 0.75}}}}
+    (run / "eval.json").write_text(json.dumps({"before": before, "after": after}))
+    page = write_report(run).read_text()
+    table = page.split('<table class="eval breakdown">')[1].split("</table>")[0]
+    assert "<th>before</th><th>after</th>" in table
+    assert '<tr><th>difficulty = 0 <small>(3 prompts)</small></th><td class="num">0.6667 / 0.5</td><td class="num">1 / 0.75</td></tr>' in table
+    assert '<th>difficulty = &lt;2&gt; <small>(2 prompts)</small></th><td class="num">0 / 0.125</td><td>–</td>' in table
+
+
+def test_no_breakdown_table_without_one(tmp_path):
+    run = tmp_path / "run"
+    _synthetic_run(run, ["reward/mean"], samples=False)
+    (run / "eval.json").write_text(json.dumps({"before": {"greedy_accuracy": 0.4}, "after": {"greedy_accuracy": 0.5}}))
+    page = write_report(run).read_text()
+    assert "<th>before</th>" in page and "breakdown" not in page.split('<section id="eval">')[1].split("<details>")[0]
+
+
 def _tiny_png():
     import matplotlib
 

@@ -79,9 +79,13 @@ def test_checkpoints_are_pruned_and_config_saved(tmp_path):
     assert final["before"]["greedy_accuracy"] == pytest.approx(read_jsonl(result.run_dir / "metrics.jsonl")[0]
                                                               ["eval/heldout_acc"])
     assert set(final["after"]["pass_at_k"]) == {"1", "2", "4", "8", "16"} and final["after"]["policy_version"] > 0
+    by_carries = final["after"]["breakdown"]["difficulty"]  # arithmetic's difficulty: column carries
+    assert set(by_carries) == {"0", "1", "2"} and sum(g["prompts"] for g in by_carries.values()) == 100
+    assert "mean@16" in by_carries["1"]
     assert (result.run_dir / "passk.png").stat().st_size > 1000
     html = (result.run_dir / "report.html").read_text()
     assert "data:image/png;base64," in html and "pass@16" in html  # the loop ends with the report
+    assert f"difficulty = 1 <small>({int(by_carries['1']['prompts'])} prompts)</small>" in html
     assert list((result.run_dir).glob("**/events.out.tfevents.*"))  # the tensorboard sink was written
     samples = read_jsonl(result.run_dir / "samples.jsonl")
     assert len(samples) == 4 * 4 and {"prompt", "completion", "reward"} <= samples[0].keys()

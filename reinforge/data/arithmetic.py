@@ -3,7 +3,9 @@
 Every problem is an index into the full grid of (operator, a, b); a seeded random subset of
 indices is the held-out split and the train split is the rest, so the two never overlap.
 The prompt is one user message whose content is ``"{a}{op}{b}="``; the answer is the
-decimal result (e.g. ``"46"``).
+decimal result (e.g. ``"46"``). ``metadata["difficulty"]`` is the number of column carries (``+``)
+or borrows (``-``, of the larger minus the smaller operand) the problem needs, so evaluation breaks
+accuracy down by it (``23+45`` needs 0, ``27+45`` needs 1, ``99+1`` needs 2).
 """
 
 from __future__ import annotations
@@ -17,6 +19,19 @@ from reinforge.data.base import IndexedSplit, Task, TaskSplits
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
 
 
+def column_carries(a: int, b: int, op: str) -> int:
+    """Carries of the schoolbook sum ``a + b``, or borrows of ``max(a, b) - min(a, b)`` for ``-``."""
+    if op == "-":
+        a, b = max(a, b), min(a, b)
+    count = carry = 0
+    while a or b:
+        column = a % 10 + b % 10 + carry if op == "+" else a % 10 - b % 10 - carry
+        carry = int(column >= 10) if op == "+" else int(column < 0)
+        count += carry
+        a, b = a // 10, b // 10
+    return count
+
+
 def arithmetic_problem(index: int, digits: int, ops: str) -> Task:
     """The problem at ``index`` of the grid ops x [0, 10^digits) x [0, 10^digits)."""
     n = 10**digits
@@ -27,7 +42,7 @@ def arithmetic_problem(index: int, digits: int, ops: str) -> Task:
         id=f"arith-{index}",
         prompt=[{"role": "user", "content": f"{a}{op}{b}="}],
         answer=str(OPERATORS[op](a, b)),
-        metadata={"a": a, "b": b, "op": op},
+        metadata={"a": a, "b": b, "op": op, "difficulty": column_carries(a, b, op)},
     )
 
 

@@ -381,6 +381,34 @@ def _eval_value(result: dict[str, Any], key: str, ci_key: str) -> str:
     return text
 
 
+def _breakdown_table(columns: dict[str, dict[str, Any]]) -> str:
+    """Per-group scores (task metadata such as ``difficulty``): greedy accuracy and mean@n by column."""
+    keys = list(dict.fromkeys(k for c in columns.values() for k in (c.get("breakdown") or {})))
+    if not keys:
+        return ""
+    rows = []
+    for key in keys:
+        groups = list(dict.fromkeys(g for c in columns.values() for g in (c.get("breakdown") or {}).get(key, {})))
+        for group in groups:
+            cells, prompts = [], set()
+            for c in columns.values():
+                metrics = (c.get("breakdown") or {}).get(key, {}).get(group)
+                if metrics is None:
+                    cells.append("<td>–</td>")
+                    continue
+                prompts.add(int(metrics.get("prompts", 0)))
+                text = _fmt(metrics.get("greedy_accuracy"))
+                mean = metrics.get(f"mean@{c.get('samples')}")
+                if mean is not None:
+                    text += f" / {_fmt(mean)}"
+                cells.append(f'<td class="num">{text}</td>')
+            n = "/".join(map(str, sorted(prompts)))
+            rows.append(f"<tr><th>{_e(key)} = {_e(group)} <small>({n} prompts)</small></th>{''.join(cells)}</tr>")
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    return (f'<h3>By task metadata</h3><table class="eval breakdown"><tr><th>group: greedy / mean@n</th>{head}</tr>'
+            f"{''.join(rows)}</table>")
+
+
 def _eval_section(data: dict[str, Any] | None, passk: Path | None) -> str:
     parts = ['<section id="eval"><h2>Evaluation</h2>']
     if data is None:
@@ -398,6 +426,7 @@ def _eval_section(data: dict[str, Any] | None, passk: Path | None) -> str:
                 for label, key, ci in _eval_rows(columns))
             parts.append(f'<table class="eval"><tr><th>metric (95% CI)</th>{head}</tr>'
                          f"<tr><th>setting</th>{meta}</tr>{body}</table>")
+            parts.append(_breakdown_table(columns))
         else:
             parts.append('<p class="note">eval.json has no greedy_accuracy results; raw content below.</p>')
         raw = json.dumps(data, indent=2, sort_keys=False)
