@@ -8,6 +8,7 @@ field and the allowed values. The fully resolved config is saved in the run dire
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,24 +84,35 @@ class RGTaskItem(_Strict):
 
 def _check_verifier(name: str) -> str:
     import reinforge.rewards  # noqa: F401  (registers every verifier)
+    from reinforge.rewards.imported import is_reference, normalise_reference
     from reinforge.rewards.verifiers import VERIFIERS
 
+    if is_reference(name):  # your own function: module:function or path/to/file.py:function
+        return normalise_reference(name)
     if name not in VERIFIERS:
-        raise ValueError(f"unknown verifier {name!r}; allowed: {', '.join(VERIFIERS.names())}")
+        raise ValueError(f"unknown verifier {name!r}; allowed: {', '.join(VERIFIERS.names())}, "
+                         "or your own function as module:function or path/to/file.py:function")
     return name
 
 
 class TaskConfig(_Strict):
     kind: Literal["arithmetic", "jsonl", "table", "reasoning_gym", "calculator", "guessing"] = "arithmetic"
-    verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them)")
+    verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them), or your "
+                          "own function (task, completion) -> RewardResult | float as module:function or file.py:function (a "
+                          "relative file in a recipe is found next to the recipe first)")
     heldout_size: int = Field(500, ge=1)
     seed: int = Field(1234, description="seed of the train/held-out split")
     # arithmetic
     digits: int = Field(2, ge=1, le=3)
     ops: str = "+"
     # jsonl and table
-    path: str | None = None
-    heldout_path: str | None = None
+    path: str | None = Field(
+        None, description="data file, directory or glob; a relative path in a recipe file is taken relative to the "
+        "recipe's directory when it exists there, else (and on the command line) relative to the working directory"
+    )
+    heldout_path: str | None = Field(
+        None, description="held-out data (default: a split of path); a relative path is found as for path"
+    )
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     system_prompt: str | None = None
@@ -191,9 +203,10 @@ class RewardConfig(_Strict):
         "loudly), zero after it",
     )
     workers: int = Field(2, ge=1, description="verifier workers scoring completions in parallel off the main loop")
-    pool: Literal["thread", "process"] = Field(
-        "thread", description="thread: for sandboxed code, reward models, judges; process: for CPU-bound "
-        "pure-Python verifiers such as math_verify (needs a picklable verifier)",
+    pool: Literal["auto", "thread", "process"] = Field(
+        "auto", description="thread: for sandboxed code, reward models, judges; process: for CPU-bound "
+        "pure-Python verifiers such as math_verify (needs a picklable verifier); auto: process when the "
+        "reward uses math_verify or reasoning_gym (and no reward model or judge), else thread",
     )
     timeout_s: float = Field(60.0, gt=0, description="per-call timeout of one reward computation")
 
@@ -536,11 +549,65 @@ def resolve_recipe_path(recipe: str | None) -> Path:
     raise ConfigError(f"recipe {recipe!r} is neither a file nor a shipped recipe (shipped: {', '.join(names)})")
 
 
+TASK_DATA_PATH_KEYS = ("path", "heldout_path")
+
+
+def _next_to_recipe(value: Any, recipe_dir: Path) -> str | None:
+    """``recipe_dir / value`` made absolute when ``value`` is a relative path (or glob) naming something
+    there; None otherwise (the value then stays relative to the working directory)."""
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return None
+    if any(ch in value for ch in "*?["):
+        try:
+            found = next(iter(recipe_dir.glob(value)), None) is not None
+        except (ValueError, NotImplementedError):  # a pattern pathlib does not take: leave it to the reader
+            found = False
+    else:
+        found = (recipe_dir / value).exists()
+    return os.path.normpath((recipe_dir / value).absolute()) if found else None
+
+
+def _verifier_next_to_recipe(value: Any, recipe_dir: Path) -> str | None:
+    """A ``file.py:function`` verifier whose file is next to the recipe, with that file made absolute."""
+    if not isinstance(value, str) or ":" not in value:
+        return None
+    target, _, attr = value.rpartition(":")
+    found = _next_to_recipe(target, recipe_dir) if target.endswith(".py") else None
+    return f"{found}:{attr}" if found else None
+
+
+def _resolve_recipe_paths(data: dict[str, Any], recipe_dir: Path) -> None:
+    """In place: the recipe's relative paths that name something next to the recipe file become
+    absolute: ``model.path``, ``task.path``, ``task.heldout_path`` (files, directories or globs),
+    ``file.py:function`` verifiers (``task.verifier``, a reward term's ``verifier``) and a reward
+    term's ``reward_model.path``. Any other value is kept as given (relative to the working
+    directory, as before)."""
+    sections = {key: data.get(key) for key in ("model", "task", "reward")}
+    model, task, reward = (v if isinstance(v, dict) else {} for v in sections.values())
+    for section, key in [(model, "path"), *((task, k) for k in TASK_DATA_PATH_KEYS)]:
+        if (found := _next_to_recipe(section.get(key), recipe_dir)) is not None:
+            section[key] = found
+    if (found := _verifier_next_to_recipe(task.get("verifier"), recipe_dir)) is not None:
+        task["verifier"] = found
+    terms = reward.get("terms")
+    for term in terms if isinstance(terms, list) else []:
+        if not isinstance(term, dict):
+            continue
+        if (found := _verifier_next_to_recipe(term.get("verifier"), recipe_dir)) is not None:
+            term["verifier"] = found
+        rm = term.get("reward_model")
+        if isinstance(rm, dict) and (found := _next_to_recipe(rm.get("path"), recipe_dir)) is not None:
+            rm["path"] = found
+
+
 def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Recipe YAML (or a shipped recipe name, default ``default``) + dotted overrides -> RunConfig.
 
     Precedence, lowest first: the recipe's own ``preset``, the recipe, a ``preset=NAME`` override
     (switching the algorithm replaces the recipe's keys that the preset sets), the other overrides.
+    A relative path written in the recipe (data, model, reward model, ``file.py:function`` verifier)
+    is found next to the recipe file when it exists there (shipped recipes use ``data/...``);
+    overrides are taken as given.
     """
     path = resolve_recipe_path(str(recipe) if recipe is not None else None)
     try:
@@ -549,6 +616,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    _resolve_recipe_paths(data, path.parent)  # the recipe's own paths only: overrides stay relative to the cwd
     overrides = list(overrides or [])
     switched = [o for o in overrides if o.split("=", 1)[0].strip() == "preset"]
     if switched:  # a preset named on the command line switches the algorithm: its keys replace the recipe's

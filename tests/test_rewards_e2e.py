@@ -4,6 +4,7 @@ reasoning-gym task, unit tests run in the sandbox, and a reward model composed w
 import json
 
 import pytest
+from model_fixtures import long_context_model, tiny_reward_model
 
 from reinforge.config import load_config
 from reinforge.orchestrate.sync_loop import train
@@ -36,33 +37,13 @@ def test_jsonl_math_dataset_with_math_verify(tmp_path):
     assert 0 <= result.heldout_after <= 1
 
 
-def _long_context_model(tmp_path):
-    """The shipped tokenizer with a small random Llama of 512 positions (reasoning-gym prompts are
-    longer than tiny-base's 64-token context, which the engine refuses to exceed)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from reinforge.train.model import load_tokenizer
-
-    tok = load_tokenizer("tiny-base")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=True))
-    path = tmp_path / "long-model"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 @pytest.mark.slow
 def test_reasoning_gym_task(tmp_path):
     pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install 'reinforge[reasoning-gym]')")
     with pytest.raises(Exception, match="exceeds the model's context of 64"):
         _run(tmp_path, "rg64", "task.kind=reasoning_gym", "task.rg_tasks=leg_counting", "task.verifier=reasoning_gym",
              "task.rg_size=40", "task.heldout_size=8")
-    model = _long_context_model(tmp_path)
+    model = long_context_model(tmp_path)
     result, rows = _run(tmp_path, "rg", "task.kind=reasoning_gym", "task.rg_tasks=leg_counting",
                         "task.verifier=reasoning_gym", "task.rg_size=40", "task.heldout_size=8",
                         "rollout.max_new_tokens=6", f"model.path={model}")
@@ -87,19 +68,7 @@ def test_code_tests_in_the_sandbox(tmp_path):
 
 @pytest.mark.slow
 def test_reward_model_composed_with_a_verifier(tmp_path):
-    import torch
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    from reinforge.train.model import load_tokenizer
-
-    tok = load_tokenizer("tiny-base")
-    torch.manual_seed(0)
-    rm = LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        num_labels=1, pad_token_id=tok.pad_token_id, max_position_embeddings=64))
-    rm_dir = tmp_path / "reward-model"
-    rm.save_pretrained(rm_dir)
-    tok.save_pretrained(rm_dir)
+    rm_dir = tiny_reward_model(tmp_path)
     terms = ("reward.terms=[{name: correct, verifier: exact_match, weight: 1.0}, "
              f"{{name: rm, weight: 0.5, reward_model: {{path: {rm_dir}, batch_size: 8}}}}]")
     result, rows = _run(tmp_path, "rm", terms, "task.heldout_size=10")

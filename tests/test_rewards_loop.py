@@ -4,7 +4,9 @@ samples, and process workers giving the same rewards as threads."""
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import Counter
 
 import pytest
 
@@ -91,3 +93,55 @@ def test_process_workers_score_like_threads(tmp_path):
     rewards = {kind: [m["reward/mean"] for m in read_jsonl(r.run_dir / "metrics.jsonl") if "reward/mean" in m]
                for kind, r in runs.items()}
     assert rewards["thread"] == rewards["process"] and len(rewards["thread"]) == 1
+
+
+WHERE_SCORED = """
+import multiprocessing
+import os
+
+from reinforge.rewards.verifiers import numeric_match
+
+
+def score(task, completion):
+    with open(os.environ["REINFORGE_TEST_SCORED_IN"], "a") as f:
+        f.write(f"{multiprocessing.current_process().name} {os.getppid()}\\n")
+    return numeric_match(task, completion)
+"""
+
+
+@pytest.mark.slow
+def test_an_async_rollout_worker_scores_in_process_workers(tmp_path, monkeypatch):
+    """Async rollout workers are daemonic processes, which multiprocessing forbids children by
+    default; the pool still starts its verifier processes there, each imports the user's reward
+    file itself, and the run trains on their scores."""
+    log = tmp_path / "scored_in.txt"
+    monkeypatch.setenv("REINFORGE_TEST_SCORED_IN", str(log))
+    (tmp_path / "where.py").write_text(WHERE_SCORED)
+    result = _train(tmp_path / "run", "orchestrate.mode=async", "reward.pool=process",
+                    f"task.verifier={tmp_path / 'where.py'}:score")
+    rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert len(rows) == 2
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert {name for name, _ in calls} == {"reinforge-verifier"}  # every call in a verifier process
+    by_parent = Counter(parent for _, parent in calls)
+    learner = str(os.getpid())  # the learner is this process: its pool scores the greedy held-out evaluations
+    assert by_parent.pop(learner) == 2 * EVAL_CALLS  # before and after training
+    (worker_calls,) = by_parent.values()  # the rollout worker's pool: every training sample
+    assert worker_calls >= 2 * STEP_CALLS and worker_calls % STEP_CALLS == 0  # (plus any batch it ran ahead)
+
+
+@pytest.mark.parametrize(("overrides", "kind"), [
+    ([], "thread"),  # exact_match: a string comparison gains nothing from a process
+    (["task.verifier=math_verify"], "process"),
+    (["task.verifier=reasoning_gym"], "process"),
+    (["task.verifier=math_verify", "reward.pool=thread"], "thread"),
+    (["task.verifier=exact_match", "reward.pool=process"], "process"),
+    (["reward.terms=[{name: m, verifier: math_verify}, {name: f, verifier: think_answer_format, weight: 0.1}]"], "process"),
+    (["reward.terms=[{name: m, verifier: math_verify}, {name: rm, reward_model: {path: rm}}]"], "thread"),
+    (["task.verifier=code_tests"], "thread"),
+    (["task.verifier=math_verify", "env.name=calculator"], "thread"),
+])
+def test_auto_pool_picks_processes_for_cpu_bound_verifiers(overrides, kind):
+    from reinforge.rewards.build import pool_kind
+
+    assert pool_kind(load_config(None, overrides)) == kind

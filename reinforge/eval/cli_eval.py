@@ -12,7 +12,7 @@ from reinforge.config import TaskConfig
 from reinforge.data.sources import build_task_splits
 from reinforge.errors import ConfigError
 from reinforge.eval.heldout import DEFAULT_KS, EvalResult, evaluate
-from reinforge.rewards.verifiers import VERIFIERS
+from reinforge.rewards.imported import resolve_verifier
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.train.checkpoint import latest_checkpoint
 from reinforge.train.model import load_model, load_tokenizer
@@ -50,7 +50,7 @@ def run_eval(
             task_cfg = TaskConfig(kind=task, path=str(data) if data else None, heldout_size=heldout_size)
         except ValidationError as e:
             raise ConfigError(f"--task/--data: {e.errors()[0]['msg']}") from None
-        verifier = VERIFIERS.get(task_cfg.verifier)
+        verifier = resolve_verifier(task_cfg.verifier)
     splits = build_task_splits(task_cfg)
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= samples]))
     if any(k < 1 or k > max(samples, 1) for k in ks) and samples:

@@ -2,27 +2,54 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from reinforge.config import RewardTermConfig, RunConfig
-from reinforge.rewards.pool import VerifierPool
-from reinforge.rewards.verifiers import VERIFIERS, Verifier
+from reinforge.errors import ConfigError
+from reinforge.rewards.imported import resolve_verifier
+from reinforge.rewards.pool import PoolKind, VerifierPool
+from reinforge.rewards.verifiers import Verifier
 
 
 def build_reward(cfg: RunConfig) -> Verifier:
     """``reward.terms`` empty: the task's verifier. Otherwise a ``CompositeReward`` of the terms
     (registered verifiers, reward models, LLM judges) with the configured error policy."""
     if not cfg.reward.terms:
-        return VERIFIERS.get(cfg.task.verifier)
+        return resolve_verifier(cfg.task.verifier)
     from reinforge.rewards.composite import CompositeReward, RewardTerm
 
     terms = [RewardTerm(t.name, _term_verifier(t, cfg), t.weight, t.primary, t.params) for t in cfg.reward.terms]
     return CompositeReward(terms, on_error="zero" if cfg.reward.on_error == "zero" else "raise")
 
 
+# Registered verifiers that compute in pure Python under the GIL: worth a process each
+# (math-verify scores 1.74x faster on 2 processes than inline, threads 0.90x: benchmarks/BENCHMARKS.md).
+CPU_BOUND_VERIFIERS = frozenset({"math_verify", "reasoning_gym"})
+
+
+def pool_kind(cfg: RunConfig) -> PoolKind:
+    """``reward.pool``, with ``auto`` resolved: processes when a single-turn reward uses a CPU-bound
+    pure-Python verifier (``CPU_BOUND_VERIFIERS``) and no reward model or judge (a model would be
+    loaded in every worker; a judge waits on HTTP); threads otherwise (sandboxed code, models, judges
+    and cheap string checks gain nothing from a process, and threads start at once). A multi-turn
+    environment calls its verifier itself, so its pool stays threads."""
+    if cfg.reward.pool != "auto":
+        return cfg.reward.pool
+    if cfg.env.name != "single_turn":
+        return "thread"
+    terms = cfg.reward.terms
+    if any(t.verifier is None for t in terms):
+        return "thread"
+    names = [t.verifier for t in terms] if terms else [cfg.task.verifier]
+    return "process" if CPU_BOUND_VERIFIERS & set(names) else "thread"
+
+
 def build_reward_pool(cfg: RunConfig, verifier: Verifier) -> VerifierPool:
-    """The loop's scorer: ``reward.workers`` threads or processes with ``reward.timeout_s`` per call;
-    the policy starts at ``raise`` for ``on_error: auto`` (the loop relaxes it after the first step)."""
+    """The loop's scorer: ``reward.workers`` threads or processes (``pool_kind``) with
+    ``reward.timeout_s`` per call; the policy starts at ``raise`` for ``on_error: auto`` (the loop
+    relaxes it after the first step)."""
     r = cfg.reward
-    return VerifierPool(verifier, workers=r.workers, timeout_s=r.timeout_s, kind=r.pool,
+    return VerifierPool(verifier, workers=r.workers, timeout_s=r.timeout_s, kind=pool_kind(cfg),
                         on_error="zero" if r.on_error == "zero" else "raise")
 
 
@@ -34,6 +61,9 @@ def _term_verifier(term: RewardTermConfig, cfg: RunConfig) -> str | Verifier:
         from reinforge.train.model import load_tokenizer
 
         rm = term.reward_model
+        if not (Path(rm.path).expanduser() / "config.json").is_file():
+            raise ConfigError(f"reward term {term.name!r}: reward_model.path {rm.path!r} is not a Hugging Face model "
+                              "directory (no config.json)")
         scorer = RewardModelScorer(rm.path, load_tokenizer(rm.path), batch_size=rm.batch_size, normalise=rm.normalise,
                                    max_length=rm.max_length, device=cfg.model.device)
         return RewardModelVerifier(scorer, threshold=rm.threshold)

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.rewards.imported import resolve_verifier
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult, Verifier
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class CompositeRewardResult(RewardResult):
 
 def _resolve(term: RewardTerm) -> Verifier:
     if isinstance(term.verifier, str):
-        return VERIFIERS.get(term.verifier)
+        return resolve_verifier(term.verifier)
     if not callable(term.verifier):
         raise ConfigError(f"reward term {term.name!r}: verifier must be a registered name or a callable, "
                           f"got {type(term.verifier).__name__}")

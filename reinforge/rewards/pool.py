@@ -1,7 +1,8 @@
 """``VerifierPool``: score many completions off the main loop, in parallel, each call with its own timeout.
 
 Two kinds of worker:
-- ``"thread"`` (default): worker threads. Right for verifiers that wait rather than compute: the
+- ``"thread"`` (this class's default; a run's ``reward.pool: auto`` picks per verifier, see
+  ``reinforge.rewards.build.pool_kind``): worker threads. Right for verifiers that wait rather than compute: the
   sandboxed code verifier (each test runs in a sandbox subprocess with its own hard wall clock),
   reward-model scoring (torch releases the GIL), LLM judges (HTTP). Threads start in
   microseconds and need no pickling. Limit: a thread cannot be killed, so a pure-Python verifier
@@ -20,12 +21,13 @@ attribute (``CompositeReward``, which can zero a single failed term) follows the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import pickle
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -232,6 +234,23 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
             conn.send(("error", f"the verifier's result does not pickle: {exc}", time.monotonic() - start))
 
 
+@contextlib.contextmanager
+def _may_start_children() -> Iterator[None]:
+    """Let a daemonic process (an async rollout worker) start the pool's workers: multiprocessing
+    refuses children to a process whose own ``daemon`` flag is set. The flag is lifted in this
+    process only while starting them (the parent's view of it is unchanged, so the parent still ends
+    it at exit), and the workers are daemonic and leave when their pipe closes with this process."""
+    current = mp.current_process()
+    if not current.daemon:
+        yield
+        return
+    current.daemon = False
+    try:
+        yield
+    finally:
+        current.daemon = True
+
+
 @dataclass
 class _Worker:
     process: Any
@@ -260,7 +279,8 @@ class _ProcessBackend:
         parent, child = self._ctx.Pipe()
         process = self._ctx.Process(target=_worker_main, args=(child, self._payload), daemon=True,
                                     name="reinforge-verifier")
-        process.start()
+        with _may_start_children():
+            process.start()
         child.close()
         return _Worker(process, parent, time.monotonic())
 
