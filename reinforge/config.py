@@ -522,16 +522,35 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def _list_index(item: str, key: str, part: str, items: list[Any]) -> int:
+    """``part`` as an index into the list at ``key`` (``reward.terms.1``), or a ConfigError."""
+    try:
+        index = int(part)
+    except ValueError:
+        raise ConfigError(f"override {item!r}: {key!r} is a list; index it by position, e.g. {key}.0") from None
+    if not -len(items) <= index < len(items):
+        raise ConfigError(f"override {item!r}: {key!r} has {len(items)} items; no index {index}")
+    return index
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``a.b.c=value`` overrides into a recipe mapping; a list is indexed by position
+    (``reward.terms.1.reward_model.path=/models/rm``). Missing sections are created."""
     for item in overrides:
         path, value = parse_override(item)
-        node = data
-        for part in path[:-1]:
+        node: Any = data
+        for depth, part in enumerate(path[:-1]):
+            if isinstance(node, list):
+                node = node[_list_index(item, ".".join(path[:depth]), part, node)]
+                continue
             nxt = node.setdefault(part, {})
-            if not isinstance(nxt, dict):
+            if not isinstance(nxt, dict | list):
                 raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
             node = nxt
-        node[path[-1]] = value
+        if isinstance(node, list):
+            node[_list_index(item, ".".join(path[:-1]), path[-1], node)] = value
+        else:
+            node[path[-1]] = value
     return data
 
 

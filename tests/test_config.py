@@ -41,6 +41,22 @@ def test_override_into_a_value_is_an_error():
         apply_overrides({}, ["seed"])
 
 
+def test_overrides_index_lists_by_position():
+    data = {"reward": {"terms": [{"name": "a", "verifier": "exact_match"},
+                                 {"name": "rm", "reward_model": {"path": "old"}}]}}
+    apply_overrides(data, ["reward.terms.1.reward_model.path=/models/rm", "reward.terms.0.weight=0.5",
+                           "reward.terms.-1.weight=2"])
+    assert data["reward"]["terms"] == [{"name": "a", "verifier": "exact_match", "weight": 0.5},
+                                       {"name": "rm", "reward_model": {"path": "/models/rm"}, "weight": 2}]
+    with pytest.raises(ConfigError, match=r"'reward.terms' has 2 items; no index 2"):
+        apply_overrides(data, ["reward.terms.2.weight=1"])
+    with pytest.raises(ConfigError, match=r"'reward.terms' is a list; index it by position, e.g. reward.terms.0"):
+        apply_overrides(data, ["reward.terms.rm.weight=1"])
+    data = {"rollout": {"stop": ["\n", "."]}}
+    apply_overrides(data, ["rollout.stop.1=!"])
+    assert data["rollout"]["stop"] == ["\n", "!"]
+
+
 def test_missing_recipe_names_shipped_ones():
     with pytest.raises(ConfigError, match="default"):
         load_config("no_such_recipe")
