@@ -53,8 +53,8 @@ def test_overrides_index_lists_by_position():
     with pytest.raises(ConfigError, match=r"'reward.terms' is a list; index it by position, e.g. reward.terms.0"):
         apply_overrides(data, ["reward.terms.rm.weight=1"])
     data = {"rollout": {"stop": ["\n", "."]}}
-    apply_overrides(data, ["rollout.stop.1=!"])
-    assert data["rollout"]["stop"] == ["\n", "!"]
+    apply_overrides(data, ["rollout.stop.1=END"])
+    assert data["rollout"]["stop"] == ["\n", "END"]
 
 
 def test_missing_recipe_names_shipped_ones():
