@@ -100,14 +100,18 @@ def test_a_reward_term_may_be_your_own_function(rewards_file):
     ("{file}:NOT_A_FUNCTION", r"'NOT_A_FUNCTION' is not callable \(a int\)"),
     ("no_such_module_xyz:f", r"verifier module 'no_such_module_xyz' is not importable"),
     ("{broken}:f", r"importing '.*broken\.py' failed: ZeroDivisionError: division by zero"),
+    ("{raises_value_error}:f", r"importing '.*raises_value_error\.py' failed: ValueError: bad setting"),
     (":f", r"expected module:function or path/to/file\.py:function"),
     ("nope", r"unknown verifier 'nope'; allowed: .*or your own function as module:function"),
 ])
 def test_bad_references_are_config_errors_naming_the_field(reference, message, rewards_file, tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("x = 1 / 0\n")
+    raises_value_error = tmp_path / "raises_value_error.py"
+    raises_value_error.write_text("raise ValueError('bad setting')\n")
+    reference = reference.format(file=rewards_file, broken=broken, raises_value_error=raises_value_error)
     with pytest.raises(ConfigError, match=r"task\.verifier: .*" + message):
-        load_config(None, [f"task.verifier={reference.format(file=rewards_file, broken=broken)}"])
+        load_config(None, [f"task.verifier={reference}"])
 
 
 def test_it_pickles_as_its_reference_and_process_workers_import_it(rewards_file):

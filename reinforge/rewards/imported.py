@@ -30,6 +30,10 @@ from reinforge.rewards.verifiers import VERIFIERS, RewardResult, Verifier
 _LOADED: dict[str, Any] = {}  # reference -> function, per process
 
 
+class VerifierReferenceError(ValueError):
+    """A ``module:function`` / ``file.py:function`` reference that does not name a callable."""
+
+
 def is_reference(name: str) -> bool:
     """``module:function`` or ``file.py:function`` rather than a registered verifier's name."""
     return ":" in name
@@ -37,51 +41,51 @@ def is_reference(name: str) -> bool:
 
 def normalise_reference(reference: str) -> str:
     """The reference with a relative file path made absolute; checks that it imports to a callable
-    (``ValueError`` saying what is wrong otherwise)."""
+    (``VerifierReferenceError``, a ``ValueError``, saying what is wrong otherwise)."""
     target, _, attr = reference.rpartition(":")
     if not target or not attr:
-        raise ValueError(f"verifier {reference!r}: expected module:function or path/to/file.py:function")
+        raise VerifierReferenceError(f"verifier {reference!r}: expected module:function or path/to/file.py:function")
     if target.endswith(".py"):
         path = Path(target).expanduser()
         if not path.is_file():
-            raise ValueError(f"verifier {reference!r}: no such file {str(path.absolute())!r}")
+            raise VerifierReferenceError(f"verifier {reference!r}: no such file {str(path.absolute())!r}")
         reference = f"{os.path.normpath(path.absolute())}:{attr}"
     load_reference(reference)
     return reference
 
 
 def load_reference(reference: str) -> Any:
-    """The callable a reference names (cached per process); ``ValueError`` if it does not import."""
+    """The callable a reference names (cached per process); ``VerifierReferenceError`` if it does not import."""
     if reference in _LOADED:
         return _LOADED[reference]
     target, _, attr = reference.rpartition(":")
     try:
         module = _load_file(Path(target)) if target.endswith(".py") else _import_module(target)
-    except ValueError:
+    except VerifierReferenceError:
         raise
     except Exception as exc:  # the user's module failed while importing: show its error
-        raise ValueError(f"verifier {reference!r}: importing {target!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise VerifierReferenceError(f"verifier {reference!r}: importing {target!r} failed: {type(exc).__name__}: {exc}") from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"verifier {reference!r}: {target!r} has no attribute {attr!r}")
+            raise VerifierReferenceError(f"verifier {reference!r}: {target!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"verifier {reference!r}: {attr!r} is not callable (a {type(obj).__name__})")
+        raise VerifierReferenceError(f"verifier {reference!r}: {attr!r} is not callable (a {type(obj).__name__})")
     _LOADED[reference] = obj
     return obj
 
 
 def _load_file(path: Path) -> ModuleType:
     if not path.is_file():
-        raise ValueError(f"verifier file {str(path)!r} does not exist")
+        raise VerifierReferenceError(f"verifier file {str(path)!r} does not exist")
     digest = hashlib.sha1(str(path.absolute()).encode()).hexdigest()[:10]
     name = f"reinforge_user_verifier_{path.stem}_{digest}"  # importable by pickle in this process
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ValueError(f"verifier file {str(path)!r} is not a Python module")
+        raise VerifierReferenceError(f"verifier file {str(path)!r} is not a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -93,21 +97,14 @@ def _load_file(path: Path) -> ModuleType:
 
 
 def _import_module(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        cwd = os.getcwd()
-        if exc.name != name.split(".")[0] or cwd in sys.path:
-            if exc.name == name.split(".")[0]:
-                raise ValueError(f"verifier module {name!r} is not importable (not installed, not in {cwd})") from None
-            raise
-    sys.path.insert(0, cwd)  # as `python -m` would have it: modules beside the recipe's user
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name == name.split(".")[0]:
-            raise ValueError(f"verifier module {name!r} is not importable (not installed, not in {cwd})") from None
-        raise
+    """``importlib.import_module``, with the working directory first on the path when the top-level
+    package is not found otherwise (as ``python -m`` has it; the ``reinforge`` script does not)."""
+    top, cwd = name.split(".")[0], os.getcwd()
+    if importlib.util.find_spec(top) is None and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    if importlib.util.find_spec(top) is None:
+        raise VerifierReferenceError(f"verifier module {name!r} is not importable (not installed, not in {cwd})")
+    return importlib.import_module(name)
 
 
 @dataclass(frozen=True)
