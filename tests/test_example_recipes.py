@@ -252,7 +252,7 @@ def test_reward_model_recipe(tmp_path):
     from reinforge.rewards.build import build_reward
 
     # the placeholder fails, naming the term, the key and its value
-    with pytest.raises(ConfigError, match=r"reward term 'rm': reward_model.path 'path/to/reward-model' is not"):
+    with pytest.raises(ConfigError, match=r"reward term 'rm': reward_model.path 'path/to/reward-model': not a Hugging Face model directory"):
         build_reward(load_config("reward_model"))
     index = next(i for i, t in enumerate(load_config("reward_model").reward.terms) if t.reward_model is not None)
     rm_path = tiny_reward_model(tmp_path)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from reinforge.config import RewardTermConfig, RunConfig
-from reinforge.errors import ConfigError
 from reinforge.rewards.imported import resolve_verifier
 from reinforge.rewards.pool import PoolKind, VerifierPool
 from reinforge.rewards.verifiers import Verifier
@@ -57,13 +54,11 @@ def _term_verifier(term: RewardTermConfig, cfg: RunConfig) -> str | Verifier:
     if term.verifier is not None:
         return term.verifier
     if term.reward_model is not None:
-        from reinforge.rewards.reward_model import RewardModelScorer, RewardModelVerifier
+        from reinforge.rewards.reward_model import RewardModelScorer, RewardModelVerifier, reward_model_dir
         from reinforge.train.model import load_tokenizer
 
         rm = term.reward_model
-        if not (Path(rm.path).expanduser() / "config.json").is_file():
-            raise ConfigError(f"reward term {term.name!r}: reward_model.path {rm.path!r} is not a Hugging Face model "
-                              "directory (no config.json)")
+        reward_model_dir(rm.path, f"reward term {term.name!r}: reward_model.path")  # before its tokenizer loads
         scorer = RewardModelScorer(rm.path, load_tokenizer(rm.path), batch_size=rm.batch_size, normalise=rm.normalise,
                                    max_length=rm.max_length, device=cfg.model.device)
         return RewardModelVerifier(scorer, threshold=rm.threshold)

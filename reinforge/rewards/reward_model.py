@@ -68,13 +68,18 @@ class RunningMeanStd:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
+def reward_model_dir(path: str, label: str = "reward model") -> Path:
+    """``path`` as a Hugging Face model directory, or a ConfigError starting with ``label``."""
+    directory = Path(path).expanduser()
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"{label} {path!r}: not a Hugging Face model directory (no config.json)")
+    return directory
+
+
 def _load(path: str, dtype: str) -> torch.nn.Module:
     from transformers import AutoModelForSequenceClassification
 
-    directory = Path(path).expanduser()
-    if not (directory / "config.json").is_file():
-        raise ConfigError(f"reward model {path!r}: not a Hugging Face model directory (no config.json)")
-    return AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=_DTYPES[dtype])
+    return AutoModelForSequenceClassification.from_pretrained(str(reward_model_dir(path)), dtype=_DTYPES[dtype])
 
 
 class RewardModelScorer:
