@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch first, pinned to the CPU wheel: a range would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-learning install install-dev lint base-model clean
+.PHONY: demo test test-numerics test-learning install install-dev lint base-model clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -30,6 +30,15 @@ demo: install
 
 test: install-dev
 	$(BIN)/python -m pytest -q --durations=15
+	@$(MAKE) --no-print-directory test-numerics
+
+# The tests marked numerics (two computation paths that must agree, compared in float64) again under
+# other CPU kernel sets and thread counts: AVX2 with 1 thread, then the scalar kernels with 2 (without the
+# 2-rank tests, 40 s). ATEN_CPU_CAPABILITY is torch's switch for its CPU kernel set.
+NUMERICS := $(BIN)/python -m pytest -q -p no:cacheprovider -m numerics
+test-numerics: install-dev
+	ATEN_CPU_CAPABILITY=avx2 REINFORGE_TEST_THREADS=1 $(NUMERICS)
+	ATEN_CPU_CAPABILITY=default REINFORGE_TEST_THREADS=2 $(NUMERICS) -k "not two_ranks"
 
 test-learning: install-dev  # the multi-minute RL learning curves (tests marked learning)
 	$(BIN)/python -m pytest -q -m learning --durations=15

@@ -58,7 +58,8 @@ class LoraConfig(_Strict):
 
 class ModelConfig(_Strict):
     path: str = Field("tiny-base", description="HF model directory, or a shipped alias ('tiny-base')")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = Field(
+        "float32", description="weights' dtype; float64 is for exact-arithmetic checks (slow)")
     device: str = Field("cpu", description="torch device for learner and rollout, e.g. 'cpu' or 'cuda'")
     lora: LoraConfig = Field(default_factory=LoraConfig)
 

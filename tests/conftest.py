@@ -1,7 +1,10 @@
+import os
+
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# 2 threads unless REINFORGE_TEST_THREADS says otherwise (`make test` re-runs the numerics tests with 1)
+torch.set_num_threads(int(os.environ.get("REINFORGE_TEST_THREADS", "2")))
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import signal
 
 import pytest
 import torch
+from numerics import assert_all_exact, exact_approx, float64_model
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError
@@ -21,6 +22,7 @@ from reinforge.orchestrate.staleness import AdmissionControl, split_stale
 from reinforge.orchestrate.sync_loop import train
 from reinforge.track.jsonl import read_jsonl
 from reinforge.train.learner import Learner
+from reinforge.train.logprobs import token_logprobs
 from reinforge.types import Trajectory
 
 COMMON = ["orchestrate.mode=async", "eval.every=0", "eval.final_samples=0", "task.heldout_size=16",
@@ -81,26 +83,35 @@ def test_stale_groups_are_dropped_whole():
 # ---- the decoupled objective -------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_decoupled_loss_equals_the_synchronous_loss_when_on_policy(tmp_path):
+    """With behaviour = proximal policy the truncated-IS (decoupled) update is the plain one. The engine's
+    log-probs give IS weights of 1 up to its numerics; with the learner's own log-probs as the behaviour's
+    (exactly on-policy) both updates are compared in float64 (tests/numerics.py)."""
     cfg = load_config(None, [f"output_dir={tmp_path}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-                             "algo.skip_equal_reward_groups=false", "task.heldout_size=4"])
+                             "algo.skip_equal_reward_groups=false", "task.heldout_size=4", "model.dtype=float64"])
     c = build_components(cfg)
+    float64_model(c.learner.model)
     tasks = c.sampler.next_batch(4)
     _, gens = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=0)
     trajs = score_single_turn(tasks, gens, 4, c.reward_pool)
     results = {}
-    for mode in ("none", "token_tis"):
+    for mode, behaviour in (("none", "engine"), ("token_tis", "engine"), ("token_tis", "learner")):
         run_cfg = cfg.model_copy(update={"algo": cfg.algo.model_copy(
             update={"mismatch": cfg.algo.mismatch.model_copy(update={"mode": mode})})})
         learner = Learner(copy.deepcopy(c.learner.model), run_cfg)
         batch, _ = build_batch(trajs, run_cfg.algo, c.engine.pad_id)
+        if behaviour == "learner":
+            with torch.no_grad():
+                own, _ = token_logprobs(learner.model, batch.input_ids, batch.attention_mask, cfg.rollout.temperature)
+            batch.sampling_logprobs = own * batch.loss_mask
         metrics = learner.update(batch)
-        results[mode] = (metrics, [p.detach().clone() for p in learner.model.parameters()])
-    (m0, p0), (m1, p1) = results["none"], results["token_tis"]
+        results[mode, behaviour] = (metrics, [p.detach().clone() for p in learner.model.parameters()])
+    (m0, p0), (m1, _), (m2, p2) = results["none", "engine"], results["token_tis", "engine"], results["token_tis", "learner"]
     assert m1["mismatch/is_weight"] == pytest.approx(1.0, abs=1e-4)  # behaviour = proximal up to numerics
-    assert m1["pg_loss"] == pytest.approx(m0["pg_loss"], abs=1e-5)
-    for a, b in zip(p0, p1, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert m2["mismatch/is_weight"] == exact_approx(1.0)
+    assert m2["pg_loss"] == exact_approx(m0["pg_loss"])
+    assert_all_exact(p2, p0)
 
 
 def test_async_defaults_to_truncated_is_and_rejects_what_it_cannot_do(tmp_path):

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from numerics import assert_exact, exact_approx, float64_model
 
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import GenerationRequest, SamplingParams
@@ -22,27 +23,33 @@ class Spy:
         lean.decode_slots = lambda ids, *a: (self.calls.append(("decode", ids.shape[0])), decode(ids, *a))[1]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("slots", [2, 5, 512])
 def test_greedy_equals_static_batch_for_any_slot_count(tiny_model, tiny_tokenizer, slots):
+    """The same arithmetic in other batches: compared in float64 (tests/numerics.py)."""
+    model = float64_model(copy.deepcopy(tiny_model))
     reqs = _requests(tiny_tokenizer, 12)
     params = SamplingParams(max_new_tokens=7, greedy=True, n=2)
-    static = TorchRolloutEngine(copy.deepcopy(tiny_model), tiny_tokenizer, continuous=False).generate(reqs, params)
-    engine = TorchRolloutEngine(copy.deepcopy(tiny_model), tiny_tokenizer, max_batch_sequences=slots)
+    static = TorchRolloutEngine(copy.deepcopy(model), tiny_tokenizer, continuous=False).generate(reqs, params)
+    engine = TorchRolloutEngine(copy.deepcopy(model), tiny_tokenizer, max_batch_sequences=slots)
     cont = engine.generate(reqs, params)
     assert [(g.request_id, g.sample_index) for g in cont] == [(g.request_id, g.sample_index) for g in static]
     for a, b in zip(cont, static, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason and a.text == b.text
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.logprobs == [exact_approx(x) for x in b.logprobs]
 
 
+@pytest.mark.numerics
 def test_sampled_logprobs_match_learner_with_few_slots(tiny_model, tiny_tokenizer):
+    """The engine's sampling log-probs are the learner's, in float64 (tests/numerics.py)."""
+    tiny_model = float64_model(copy.deepcopy(tiny_model))
     engine = TorchRolloutEngine(copy.deepcopy(tiny_model), tiny_tokenizer, seed=3, max_batch_sequences=6)
     gens = engine.generate(_requests(tiny_tokenizer, 10), SamplingParams(max_new_tokens=6, n=3, temperature=0.8))
     for g in gens:
         ids = torch.tensor([g.prompt_ids + g.token_ids])
         with torch.no_grad():
             logp, _ = token_logprobs(tiny_model, ids, torch.ones_like(ids), 0.8)
-        torch.testing.assert_close(logp[0, len(g.prompt_ids):], torch.tensor(g.logprobs), atol=1e-4, rtol=0)
+        assert_exact(logp[0, len(g.prompt_ids):], torch.tensor(g.logprobs, dtype=torch.float64))
 
 
 def test_freed_slots_are_refilled_and_the_tail_is_compacted(tiny_model, tiny_tokenizer):

@@ -46,6 +46,7 @@ def _ties(x: np.ndarray) -> np.ndarray:
 
 def test_reference_records_rliable_on_the_fixture_scores(ref, score_dict) -> None:
     assert ref["versions"]["rliable"] == "1.2.0"
+    assert ref["made_by"]["command"].startswith("python scripts/make_rliable_reference.py")
     rng = np.random.default_rng(10)  # the fixture of tests/test_eval_stats.py
     regenerated = {"a": rng.gamma(2.0, 0.5, size=(10, 5)), "b": rng.gamma(2.5, 0.5, size=(8, 5))}
     for key in KEYS:

@@ -1,7 +1,9 @@
-"""LeanLlama's logits equal the HF forward's (Llama and Qwen2 with GQA and QKV bias), with left padding."""
+"""LeanLlama's logits equal the HF forward's (Llama and Qwen2 with GQA and QKV bias), with left padding
+(mathematically equal paths: compared in float64, tests/numerics.py)."""
 
 import pytest
 import torch
+from numerics import assert_exact, float64_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from reinforge.rollout.lean_llama import LeanLlama, supports
@@ -12,10 +14,11 @@ def _tiny(kind: str):
     common = dict(vocab_size=40, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     if kind == "llama":
-        return LlamaForCausalLM(LlamaConfig(**common, rope_theta=500.0)).eval()
-    return Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False)).eval()
+        return float64_model(LlamaForCausalLM(LlamaConfig(**common, rope_theta=500.0)).eval())
+    return float64_model(Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False)).eval())
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_lean_logits_match_hf_with_left_padding_and_cache(kind):
     model = _tiny(kind)
@@ -35,7 +38,7 @@ def test_lean_logits_match_hf_with_left_padding_and_cache(kind):
     lean_logits = lean.forward(ids, pos, attn.bool(), cache)
     with torch.no_grad():
         hf = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-    torch.testing.assert_close(lean_logits, hf.logits[:, -1], rtol=0, atol=1e-5)
+    assert_exact(lean_logits, hf.logits[:, -1])
     hf_cache, next_pos = hf.past_key_values, pos[:, -1:] + 1
     for _ in range(3):  # decode steps
         tok = lean_logits.argmax(-1, keepdim=True)
@@ -44,10 +47,11 @@ def test_lean_logits_match_hf_with_left_padding_and_cache(kind):
         with torch.no_grad():
             hf = model(input_ids=tok, attention_mask=attn, position_ids=next_pos, past_key_values=hf_cache, use_cache=True)
         hf_cache = hf.past_key_values
-        torch.testing.assert_close(lean_logits, hf.logits[:, -1], rtol=0, atol=1e-5)
+        assert_exact(lean_logits, hf.logits[:, -1])
         next_pos = next_pos + 1
 
 
+@pytest.mark.numerics
 def test_sync_picks_up_in_place_weight_updates():
     model = _tiny("llama")
     lean = LeanLlama(model)
@@ -62,4 +66,4 @@ def test_sync_picks_up_in_place_weight_updates():
     with torch.no_grad():
         hf = model(input_ids=ids, attention_mask=attn).logits[:, -1]
     assert not torch.allclose(before, after)
-    torch.testing.assert_close(after, hf, rtol=0, atol=1e-5)
+    assert_exact(after, hf)

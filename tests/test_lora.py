@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from numerics import assert_all_exact, assert_exact, float64_model
 from safetensors.torch import load_file
 
 from reinforge.config import load_config
@@ -58,9 +59,20 @@ def lora_kl(tmp_path):
     c.reward_pool.close()
 
 
-def test_only_adapters_train_and_the_reference_is_the_base(lora_kl):
-    c = lora_kl
-    learner, base = c.learner, load_model("tiny-base")
+@pytest.fixture()
+def lora_kl64(tmp_path):
+    """``lora_kl`` in float64, for the checks that two paths compute the same values (tests/numerics.py)."""
+    c = build_components(_cfg(tmp_path, "c", "algo.kl.coef=0.1", "algo.skip_equal_reward_groups=false",
+                              "model.dtype=float64"))
+    float64_model(c.learner.model)
+    yield c
+    c.reward_pool.close()
+
+
+@pytest.mark.numerics
+def test_only_adapters_train_and_the_reference_is_the_base(lora_kl64):
+    c = lora_kl64
+    learner, base = c.learner, float64_model(load_model("tiny-base", "float64"))
     assert learner.lora and learner.ref_model is None and learner.uses_kl  # no second copy of the weights
     assert isinstance(c.engine, LoraTorchRolloutEngine)
     trainable = {name: p for name, p in learner.model.named_parameters() if p.requires_grad}
@@ -75,7 +87,7 @@ def test_only_adapters_train_and_the_reference_is_the_base(lora_kl):
     ref = learner._reference_logprobs(batch)
     base_lp, _ = token_logprobs(base, batch.input_ids, batch.attention_mask)
     policy_lp, _ = learner._logprobs(learner.model, batch)
-    assert torch.allclose(ref * mask, base_lp * mask, atol=1e-5)
+    assert_exact(ref * mask, base_lp * mask)
     assert (policy_lp - ref).mul(mask).abs().max() > 1e-2  # the adapters were really off for the reference
     assert {n for n, p in learner.model.named_parameters() if p.requires_grad} == set(trainable)
 
@@ -88,15 +100,16 @@ def test_only_adapters_train_and_the_reference_is_the_base(lora_kl):
     assert any(not torch.equal(params[n], w) for n, w in adapters.items())
 
 
-def test_shared_prefix_forward_runs_through_the_adapters(lora_kl):
+@pytest.mark.numerics
+def test_shared_prefix_forward_runs_through_the_adapters(lora_kl64):
     """The shared-prefix forward calls the HF modules, which peft replaced by LoRA layers: its
     log-probs and gradients equal the peft model's own forward (adapters on and off)."""
-    learner = lora_kl.learner
+    learner = lora_kl64.learner
     assert learner.shared_prefix is not None
     _set_adapters(learner.model)
-    batch = _rollout_batch(lora_kl)
+    batch = _rollout_batch(lora_kl64)
     mask = batch.loss_mask
-    weights = torch.rand(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    weights = torch.rand(mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * mask
     lora = [p for p in learner.model.parameters() if p.requires_grad]
 
     def grads(logp):
@@ -108,13 +121,12 @@ def test_shared_prefix_forward_runs_through_the_adapters(lora_kl):
     shared = shared_prefix_logprobs(learner.shared_prefix, *args, batch.prefix_len, batch.group_index)
     assert shared is not None
     hf, _ = token_logprobs(learner.model, *args)
-    assert torch.allclose(shared[0] * mask, hf * mask, atol=1e-5)
-    for a, b in zip(grads(shared[0]), grads(hf), strict=True):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    assert_exact(shared[0] * mask, hf * mask)
+    assert_all_exact(grads(shared[0]), grads(hf))
     with torch.no_grad(), learner.model.disable_adapter():
         off = shared_prefix_logprobs(learner.shared_prefix, *args, batch.prefix_len, batch.group_index)[0]
-    base_lp, _ = token_logprobs(load_model("tiny-base"), *args)
-    assert torch.allclose(off * mask, base_lp * mask, atol=1e-5)
+    base_lp, _ = token_logprobs(float64_model(load_model("tiny-base", "float64")), *args)
+    assert_exact(off * mask, base_lp * mask)
 
 
 def test_engine_gets_merged_weights_and_the_policy_is_untouched(lora_kl):

@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from numerics import exact_approx, float64_model
 
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError
@@ -21,7 +22,8 @@ def tasks() -> list[Task]:
     return [Task(f"t{i}", p, "0") for i, p in enumerate(PROMPTS)]
 
 
-def build(kind: str, tok, pad_token_id: int | None = 0, num_labels: int = 1) -> torch.nn.Module:
+def build(kind: str, tok, pad_token_id: int | None = 0, num_labels: int = 1, exact: bool = False) -> torch.nn.Module:
+    """A random reward model; ``exact``: in float64, for comparing two paths (tests/numerics.py)."""
     from transformers import (
         GPT2Config,
         GPT2ForSequenceClassification,
@@ -34,10 +36,12 @@ def build(kind: str, tok, pad_token_id: int | None = 0, num_labels: int = 1) -> 
         config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
                              initializer_range=0.5, pad_token_id=pad_token_id, num_labels=num_labels)
-        return LlamaForSequenceClassification(config).eval()
-    config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64, initializer_range=0.5,
-                        pad_token_id=pad_token_id, num_labels=num_labels)
-    return GPT2ForSequenceClassification(config).eval()
+        model = LlamaForSequenceClassification(config).eval()
+    else:
+        config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                            initializer_range=0.5, pad_token_id=pad_token_id, num_labels=num_labels)
+        model = GPT2ForSequenceClassification(config).eval()
+    return float64_model(model) if exact else model
 
 
 def one_by_one(model, ids_list: list[list[int]]) -> list[float]:
@@ -45,20 +49,22 @@ def one_by_one(model, ids_list: list[list[int]]) -> list[float]:
         return [model(input_ids=torch.tensor([ids])).logits[0, 0].item() for ids in ids_list]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_batched_scores_equal_one_by_one(kind, tiny_tokenizer):
-    model = build(kind, tiny_tokenizer)
+    model = build(kind, tiny_tokenizer, exact=True)
     scorer = RewardModelScorer(model, tiny_tokenizer, batch_size=4)
     batched = scorer.score(tasks(), COMPLETIONS)
     expected = one_by_one(model, [scorer.encode(t, c) for t, c in zip(tasks(), COMPLETIONS, strict=True)])
     assert np.ptp(expected) > 0.1  # the scores differ, so a mix-up of rows would show
-    assert batched == pytest.approx(expected, abs=1e-5)
+    assert batched == [exact_approx(e) for e in expected]
     assert tiny_tokenizer.padding_side == "left"  # the shared tokenizer is not modified
 
 
+@pytest.mark.numerics
 def test_left_padding_would_change_absolute_position_models(tiny_tokenizer):
     # Why we right-pad: GPT-2's learned positions shift under left padding (the tokenizer's side).
-    model = build("gpt2", tiny_tokenizer)
+    model = build("gpt2", tiny_tokenizer, exact=True)
     short, long = tiny_tokenizer("1+2=3")["input_ids"], tiny_tokenizer("12+34=46")["input_ids"]
     padded = torch.tensor([[0] * (len(long) - len(short)) + short, long])
     mask = (padded != 0).long()
@@ -67,7 +73,7 @@ def test_left_padding_would_change_absolute_position_models(tiny_tokenizer):
     alone = one_by_one(model, [short])[0]
     assert abs(left - alone) > 1e-3
     scorer = RewardModelScorer(model, tiny_tokenizer)
-    assert scorer.score([Task("a", "1+2=", "3"), Task("b", "12+34=", "0")], ["3", "46"])[0] == pytest.approx(alone, abs=1e-5)
+    assert scorer.score([Task("a", "1+2=", "3"), Task("b", "12+34=", "0")], ["3", "46"])[0] == exact_approx(alone)
 
 
 def test_encoding_chat_template_raw_text_and_messages_without_template(tiny_tokenizer):
@@ -84,14 +90,15 @@ def test_encoding_chat_template_raw_text_and_messages_without_template(tiny_toke
     assert no_template.encode(two, "3") == plain("1+\n2=3")["input_ids"]
 
 
+@pytest.mark.numerics
 def test_long_sequences_keep_their_end(tiny_tokenizer, caplog):
-    model = build("llama", tiny_tokenizer)
+    model = build("llama", tiny_tokenizer, exact=True)
     scorer = RewardModelScorer(model, tiny_tokenizer, max_length=4)
     task = Task("t", "12+34=", "46")
     with caplog.at_level(logging.WARNING, logger="reinforge.rewards.reward_model"):
         got = scorer.score([task, task], ["46", "4"])
     ids = tiny_tokenizer("12+34=46")["input_ids"]
-    assert got[0] == pytest.approx(one_by_one(model, [ids[-4:]])[0], abs=1e-5)
+    assert got[0] == exact_approx(one_by_one(model, [ids[-4:]])[0])
     assert scorer.truncated == 2 and len([r for r in caplog.records if "max_length" in r.getMessage()]) == 1
 
 
@@ -113,8 +120,8 @@ def test_loads_from_a_directory(tiny_tokenizer, tmp_path):
     model.save_pretrained(tmp_path)
     tiny_tokenizer.save_pretrained(tmp_path)
     loaded = RewardModelScorer(str(tmp_path), batch_size=2)  # the tokenizer comes from the same directory
-    expected = RewardModelScorer(model, tiny_tokenizer).score(tasks(), COMPLETIONS)
-    assert loaded.score(tasks(), COMPLETIONS) == pytest.approx(expected, abs=1e-5)
+    expected = RewardModelScorer(model, tiny_tokenizer, batch_size=2).score(tasks(), COMPLETIONS)
+    assert loaded.score(tasks(), COMPLETIONS) == pytest.approx(expected, abs=1e-5)  # the same computation
 
 
 # --- normalisation ------------------------------------------------------------------------------

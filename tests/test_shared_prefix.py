@@ -1,7 +1,9 @@
-"""The shared-prefix training forward gives the same log-probs, entropies and gradients as the HF forward."""
+"""The shared-prefix training forward gives the same log-probs, entropies and gradients as the HF forward
+(mathematically equal paths: compared in float64, tests/numerics.py)."""
 
 import pytest
 import torch
+from numerics import assert_exact, float64_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from reinforge.train.logprobs import token_logprobs
@@ -13,8 +15,8 @@ def _model(kind):
     common = dict(vocab_size=30, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     if kind == "llama":
-        return LlamaForCausalLM(LlamaConfig(**common))
-    m = Qwen2ForCausalLM(Qwen2Config(**common))
+        return float64_model(LlamaForCausalLM(LlamaConfig(**common)))
+    m = float64_model(Qwen2ForCausalLM(Qwen2Config(**common)))
     with torch.no_grad():
         for layer in m.model.layers:
             layer.self_attn.q_proj.bias.normal_()
@@ -38,16 +40,17 @@ def _batch():
         ids[i, : len(r)] = torch.tensor(r)
         attn[i, : len(r)] = 1
     prefix = torch.tensor(prefix)
-    loss_mask = (torch.arange(width) >= prefix[:, None]).float() * attn
+    loss_mask = (torch.arange(width) >= prefix[:, None]).double() * attn
     return ids, attn, loss_mask, prefix, torch.tensor(groups)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_values_and_gradients_match_hf_forward(kind, temperature):
     model = _model(kind)
     ids, attn, mask, prefix, groups = _batch()
-    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
 
     ref_logp, ref_ent = token_logprobs(model, ids, attn, temperature, entropy=True, entropy_grad=True)
     (((ref_logp + 0.1 * ref_ent) * weights * mask).sum()).backward()
@@ -57,11 +60,11 @@ def test_values_and_gradients_match_hf_forward(kind, temperature):
     out = shared_prefix_logprobs(SharedPrefixForward(model), ids, attn, prefix, groups, temperature, entropy=True)
     assert out is not None
     logp, ent = out
-    torch.testing.assert_close(logp * mask, ref_logp * mask, rtol=0, atol=1e-5)
-    torch.testing.assert_close(ent * mask, ref_ent * mask, rtol=0, atol=1e-5)
+    assert_exact(logp * mask, ref_logp * mask)
+    assert_exact(ent * mask, ref_ent * mask)
     (((logp + 0.1 * ent) * weights * mask).sum()).backward()
     for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-4, atol=1e-5, msg=n)
+        assert_exact(p.grad, ref_grads[n], msg=n)
 
 
 def test_rows_whose_prefixes_differ_fall_back():

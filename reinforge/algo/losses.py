@@ -227,6 +227,7 @@ def seq_mean_token_sum_norm(values: Tensor, mask: Tensor, norm: AggNorm) -> Tens
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Per-position entropy H = logsumexp(z) - sum_v softmax(z)_v z_v of the distribution softmax(z)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    """Per-position entropy H = logsumexp(z) - sum_v softmax(z)_v z_v of the distribution softmax(z)
+    (in float32 at least: half-precision logits are upcast, float64 stays float64)."""
+    logp = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)

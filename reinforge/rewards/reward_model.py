@@ -26,6 +26,7 @@ import torch
 
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError
+from reinforge.models.precision import at_least_float32
 from reinforge.rewards.verifiers import RewardResult
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class RewardModelScorer:
                 ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
                 mask[r, : len(encoded[i])] = 1
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-            for r, value in zip(rows, logits[:, 0].float().tolist(), strict=True):
+            for r, value in zip(rows, at_least_float32(logits[:, 0]).tolist(), strict=True):
                 scores[r] = value
         return scores
 

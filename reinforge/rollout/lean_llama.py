@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from reinforge.models.precision import at_least_float32
+
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2"}
 
 
@@ -135,7 +137,7 @@ class LeanLlama:
     def _rms(self, x: Tensor, w: Tensor) -> Tensor:
         if x.dtype == torch.float32:  # one fused op (the same arithmetic as below)
             return F.rms_norm(x, (x.shape[-1],), w, self.eps)
-        xf = x.float()
+        xf = at_least_float32(x)
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
@@ -244,7 +246,7 @@ class LeanLlama:
             keys, values = kc[:, :, :width], vc[:, :, :width]  # [S, kv, W, d]
             qg = q.view(n, hk, group, d)
             scores = torch.matmul(qg, keys.transpose(-1, -2)) + bias[:, None]  # [S, kv, group, W], q pre-scaled
-            att = torch.matmul(torch.softmax(scores.float(), dim=-1).to(values.dtype), values)  # [S, kv, group, d]
+            att = torch.matmul(torch.softmax(at_least_float32(scores), dim=-1).to(values.dtype), values)  # [S, kv, group, d]
             x = x + F.linear(att.reshape(n, hq * d), w["wo"], w["bo"])
             gate, up = F.linear(self._rms(x, w["ln2"]), w["w_gate_up"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w["w_down"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from reinforge.models.precision import at_least_float32
+
 
 def restrict_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     """Set to -inf every logit outside the top-k and outside the smallest nucleus of mass >= top_p."""
@@ -33,7 +35,7 @@ def sample_tokens(
 
     Greedy decoding reports log-probs under softmax(logits) (T = 1).
     """
-    logits = logits.float()
+    logits = at_least_float32(logits)
     if greedy:
         tokens = logits.argmax(-1)
         logp = torch.log_softmax(logits, -1)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
+from reinforge.models.precision import at_least_float32, compute_dtype
 from reinforge.rollout.lean_llama import LeanLlama
 from reinforge.rollout.lean_llama import supports as lean_supports
 from reinforge.rollout.sampling import sample_tokens
@@ -66,6 +67,7 @@ class TorchRolloutEngine:
         self.lean = LeanLlama(self.model) if use_lean_forward and lean_supports(self.model) else None
         self.continuous = continuous
         self.weight_poll: WeightPoll | None = None
+        self._logprob_dtype = compute_dtype(next(self.model.parameters()).dtype)
         self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
         self._staged_lock = threading.Lock()
 
@@ -144,7 +146,7 @@ class TorchRolloutEngine:
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
 
         tokens = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
-        logprobs = torch.zeros(batch, params.max_new_tokens, device=self.device)
+        logprobs = torch.zeros(batch, params.max_new_tokens, device=self.device, dtype=self._logprob_dtype)
         lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
 
@@ -198,14 +200,14 @@ class TorchRolloutEngine:
         cache = self.lean.new_slot_cache(n_slots, max(len(r.prompt_ids) for r in requests) + max_new)
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
         out_tok = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=dev)
-        out_lp = torch.zeros(rows, max_new, device=dev)
+        out_lp = torch.zeros(rows, max_new, device=dev, dtype=self._logprob_dtype)
         out_len = torch.full((rows,), max_new, dtype=torch.long, device=dev)
         out_stop = torch.zeros(rows, dtype=torch.bool, device=dev)
         out_ver = torch.full((rows, max_new), self.version, dtype=torch.long, device=dev)
         slot_row = torch.full((n_slots,), -1, dtype=torch.long, device=dev)  # output row held by each slot
         slot_pos = torch.zeros(n_slots, dtype=torch.long, device=dev)  # its next position (= cache length)
         slot_step = torch.zeros(n_slots, dtype=torch.long, device=dev)  # tokens generated so far
-        logits = torch.zeros(n_slots, self.lean.embed.shape[0], device=dev)
+        logits = torch.zeros(n_slots, self.lean.embed.shape[0], device=dev, dtype=self._logprob_dtype)
         next_request = 0
         while True:
             # admit waiting requests into free slots (prefill once per prompt, n slots each)
@@ -218,7 +220,7 @@ class TorchRolloutEngine:
                 ids = _right_pad([r.prompt_ids for r in batch], self.pad_id, dev)
                 source = torch.arange(admit, device=dev).repeat_interleave(n)
                 prompt_logits = self.lean.prefill_slots(ids, lengths, cache, slots, source)
-                logits[slots] = prompt_logits[source].float()
+                logits[slots] = at_least_float32(prompt_logits[source])
                 slot_row[slots] = torch.arange(next_request * n, (next_request + admit) * n, device=dev)
                 slot_pos[slots] = lengths[source]
                 slot_step[slots] = 0
@@ -249,7 +251,7 @@ class TorchRolloutEngine:
             ids = torch.full((slot_row.shape[0],), self.pad_id, dtype=torch.long, device=dev)
             ids[going] = tok[~done]
             positions = torch.where(slot_row >= 0, slot_pos, 0)
-            logits = self.lean.decode_slots(ids, positions, cache).float()
+            logits = at_least_float32(self.lean.decode_slots(ids, positions, cache))
             slot_pos[going] += 1
             slot_step[going] += 1
             if next_request == len(requests) and 2 * going.numel() <= slot_row.shape[0]:

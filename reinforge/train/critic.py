@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.config import CriticConfig
+from reinforge.models.precision import at_least_float32
 
 
 class ValueModel(nn.Module):
@@ -32,7 +33,7 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        values = self.head(hidden[:, :-1]).squeeze(-1).float()
+        values = at_least_float32(self.head(hidden[:, :-1]).squeeze(-1))
         return torch.cat([values.new_zeros(values.shape[0], 1), values], dim=1)
 
 

@@ -48,6 +48,7 @@ from reinforge.algo.mismatch import mismatch_correction
 from reinforge.algo.value import clipped_value_loss, explained_variance
 from reinforge.config import RunConfig
 from reinforge.errors import ConfigError, TrainingDiverged
+from reinforge.models.precision import compute_dtype
 from reinforge.rollout.lean_llama import supports as shared_prefix_supported
 from reinforge.train import distributed
 from reinforge.train.critic import Critic
@@ -297,9 +298,10 @@ class Learner:
             self._advantages(None, None, None, offset)
             return
         n, width = batch.input_ids.shape
-        old = torch.zeros(n, width) if recompute_old else None
-        ref = torch.zeros(n, width) if self.uses_kl else None
-        values = torch.zeros(n, width) if self.critic is not None else None
+        dtype = self._loss_dtype
+        old = torch.zeros(n, width, dtype=dtype) if recompute_old else None
+        ref = torch.zeros(n, width, dtype=dtype) if self.uses_kl else None
+        values = torch.zeros(n, width, dtype=dtype) if self.critic is not None else None
         passes = old is not None or ref is not None or values is not None
         micros = self._micro_batches(batch) if passes else []
         if old is not None:
@@ -326,7 +328,7 @@ class Learner:
         if values is not None:
             token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)
             _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, algo.gamma, algo.lam)
-            batch.returns = batch.returns.to(torch.float32)
+            batch.returns = batch.returns.to(dtype)
 
     def _advantages(self, batch: Batch | None, values: Tensor | None, token_rewards: Tensor | None,
                     offset: int) -> Tensor | None:
@@ -346,7 +348,7 @@ class Learner:
         adv = self.advantage(
             inputs["rewards"], inputs["group_index"], inputs["mask"], inputs["values"], self.algo,
             token_rewards=inputs["token_rewards"], baseline=inputs["baseline"], **extra,
-        ).to(torch.float32)
+        ).to(self._loss_dtype)
         if self.world > 1:
             adv = adv[offset: offset + len(batch), : batch.loss_mask.shape[1]].to(batch.loss_mask.device)
         return adv
@@ -370,6 +372,11 @@ class Learner:
     @property
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def _loss_dtype(self) -> torch.dtype:
+        """Log-probs, advantages and losses: float32, or float64 for a float64 model (exact checks)."""
+        return compute_dtype(next(self.model.parameters()).dtype)
 
     def _micro_batches(self, batch: Batch) -> list[list[int]]:
         """Row groups of one forward/backward within ``train.micro_batch_tokens``: padded (rows x

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.algo.losses import entropy_from_logits
+from reinforge.models.precision import at_least_float32
 
 
 def token_logprobs(
@@ -21,7 +22,8 @@ def token_logprobs(
     Returns (logp [N, L], entropy [N, L] or None); the entropy carries a gradient only with
     ``entropy_grad`` (an entropy bonus), otherwise it is a detached statistic.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    logits = at_least_float32(logits)
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)

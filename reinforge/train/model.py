@@ -14,7 +14,7 @@ from reinforge.assets import resolve_model_path
 from reinforge.errors import ConfigError
 from reinforge.train.lora import is_adapter_dir, load_merged
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def load_tokenizer(path: str):

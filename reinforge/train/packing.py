@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from reinforge.models.precision import at_least_float32
+
 
 def plan_packing(lengths: list[int], budget_tokens: int) -> list[list[int]]:
     """Rows of sequence indices, each row's total length <= ``budget_tokens`` (first-fit
@@ -91,7 +93,7 @@ def packed_token_logprobs(
     dtype = next(model.parameters()).dtype
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     logits = model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False).logits
-    logits = logits.float()
+    logits = at_least_float32(logits)
     if temperature != 1.0:
         logits = logits / temperature
     out_logp = logits.new_zeros(n, width)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from reinforge.algo.losses import entropy_from_logits
+from reinforge.models.precision import at_least_float32
 from reinforge.rollout.lean_llama import apply_rotary, rotary_cos_sin, supports
 
 
@@ -98,7 +99,7 @@ class SharedPrefixForward:
                 xp, xc = self._layer(layer, xp, xc, rotary, mask_p, mask_c, group)
         # token j of a completion is predicted from the position before it: the prompt's last for j = 0
         hidden = torch.cat([xp[group, -1:], xc[:, :-1]], dim=1)
-        logits = self.model.lm_head(m.norm(hidden)).float()
+        logits = at_least_float32(self.model.lm_head(m.norm(hidden)))
         if temperature != 1.0:
             logits = logits / temperature
         logp = torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)

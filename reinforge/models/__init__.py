@@ -1,0 +1,1 @@
+"""Model code shared by rollout and training."""
