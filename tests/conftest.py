@@ -4,7 +4,16 @@ import pytest
 import torch
 
 # 2 threads unless REINFORGE_TEST_THREADS says otherwise (`make test` re-runs the numerics tests with 1)
-torch.set_num_threads(int(os.environ.get("REINFORGE_TEST_THREADS", "2")))
+TEST_THREADS = int(os.environ.get("REINFORGE_TEST_THREADS", "2"))
+torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """Every test starts with TEST_THREADS torch threads, whatever an earlier test (or a training loop
+    it ran in this process) set."""
+    torch.set_num_threads(TEST_THREADS)
+    yield
 
 
 @pytest.fixture(scope="session")
