@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,12 +27,53 @@ class _Strict(BaseModel):
 
 
 def _check_registered(kind: str, name: str) -> str:
-    from reinforge.algo import REGISTRIES  # torch import, deferred until a config is built
+    from reinforge.parts import all_kinds  # torch import, deferred until a config is built
 
-    registry = REGISTRIES[kind]
+    registry = all_kinds()[kind]
     if name not in registry:
         raise ValueError(f"unknown {registry.kind} {name!r}; allowed: {', '.join(registry.names())}")
     return name
+
+
+class PartConfig(_Strict):
+    """A registered part named in a recipe with its own settings: ``{name: ..., params: {...}}``; the
+    params are validated by the part's declared settings model (``Registry.register(settings=...)``)."""
+
+    KIND: ClassVar[str] = ""
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict, description="the part's own settings")
+
+    @model_validator(mode="after")
+    def _registered_with_valid_settings(self) -> PartConfig:
+        _check_registered(self.KIND, self.name)
+        self.settings()  # fail now, naming the field
+        return self
+
+    def settings(self) -> Any:
+        from reinforge.parts import all_kinds
+
+        return all_kinds()[self.KIND].entry(self.name).make_settings(self.params, f"{self.KIND} {self.name} params")
+
+
+class LossTermConfig(PartConfig):
+    """An extra term of the loss: ``coef * agg(term)``, a registered loss term (reinforge algos)."""
+
+    KIND: ClassVar[str] = "loss_term"
+    coef: float = Field(1.0, description="the term's coefficient in the loss")
+
+
+class TaskSamplerConfig(PartConfig):
+    """Which training prompts each step draws (a registered task sampler)."""
+
+    KIND: ClassVar[str] = "task_sampler"
+    name: str = "uniform"
+
+
+class GroupSamplerConfig(PartConfig):
+    """How the completions of a prompt's group are produced (a registered group sampler)."""
+
+    KIND: ClassVar[str] = "group_sampler"
+    name: str = "independent"
 
 
 class LoraConfig(_Strict):
@@ -103,6 +144,7 @@ class TaskConfig(_Strict):
                           "relative file in a recipe is found next to the recipe first)")
     heldout_size: int = Field(500, ge=1)
     seed: int = Field(1234, description="seed of the train/held-out split")
+    sampler: TaskSamplerConfig = Field(default_factory=TaskSamplerConfig, description="which prompts a step draws")
     # arithmetic
     digits: int = Field(2, ge=1, le=3)
     ops: str = "+"
@@ -215,6 +257,8 @@ class RewardConfig(_Strict):
 class RolloutConfig(_Strict):
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=1, description="samples per prompt (G)")
+    group_sampler: GroupSamplerConfig = Field(default_factory=GroupSamplerConfig,
+                                              description="how a group's completions are produced")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -251,10 +295,16 @@ class KLConfig(_Strict):
 
 
 class MismatchConfig(_Strict):
-    mode: Literal["none", "token_tis", "seq_tis", "token_mask", "seq_mask"] = Field(
-        "none", description="rollout/training mismatch correction (the statistics are reported in every mode)"
+    mode: str = Field(
+        "none", description="rollout/training mismatch correction, a registered one (none, token_tis, seq_tis, "
+        "token_mask, seq_mask, or a plug-in's); the statistics are reported in every mode"
     )
     cap: float = Field(2.0, gt=1, description="truncation cap C (TIS) or masking threshold (ratio outside [1/C, C])")
+
+    @field_validator("mode")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return _check_registered("mismatch", v)
 
 
 class CriticConfig(_Strict):
@@ -293,6 +343,9 @@ class AlgoConfig(_Strict):
     )
     overlong_penalty: float = Field(1.0, ge=0, description="penalty at max length (soft overlong punishment)")
     overlong_filter: bool = Field(False, description="DAPO overlong filtering: no loss on truncated responses")
+    loss_terms: list[LossTermConfig] = Field(
+        default_factory=list, description="extra loss terms beyond the KL and entropy ones (e.g. a plug-in's)"
+    )
 
     @field_validator("advantage")
     @classmethod
@@ -437,6 +490,8 @@ class OrchestrateConfig(_Strict):
 
 
 class RunConfig(_Strict):
+    plugins: list[str] = Field(default_factory=list, description="your modules or .py files that register parts "
+                               "(imported before the recipe is validated; docs/extending.md)")
     preset: str | None = Field(None, description="algorithm preset the recipe builds on (reinforge algos lists them)")
     name: str | None = Field(None, description="run directory name under output_dir (default: a fresh name)")
     output_dir: str = "runs"
@@ -452,6 +507,14 @@ class RunConfig(_Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     orchestrate: OrchestrateConfig = Field(default_factory=OrchestrateConfig)
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _plugin_paths(cls, v: Any) -> Any:
+        from reinforge.plugins import normalise_plugin
+
+        v = [v] if isinstance(v, str) else v
+        return [normalise_plugin(p) if isinstance(p, str) else p for p in v] if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _async_corrects_off_policy(self) -> RunConfig:
@@ -602,6 +665,10 @@ def _resolve_recipe_paths(data: dict[str, Any], recipe_dir: Path) -> None:
     ``file.py:function`` verifiers (``task.verifier``, a reward term's ``verifier``) and a reward
     term's ``reward_model.path``. Any other value is kept as given (relative to the working
     directory, as before)."""
+    plugins = data.get("plugins")
+    for i, name in enumerate(plugins if isinstance(plugins, list) else []):
+        if isinstance(name, str) and name.endswith(".py") and (found := _next_to_recipe(name, recipe_dir)):
+            plugins[i] = found
     sections = {key: data.get(key) for key in ("model", "task", "reward")}
     model, task, reward = (v if isinstance(v, dict) else {} for v in sections.values())
     for section, key in [(model, "path"), *((task, k) for k in TASK_DATA_PATH_KEYS)]:
@@ -689,6 +756,10 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
         if not isinstance(preset, str):
             raise ConfigError(f"invalid config ({source}):\n  preset: must be a preset name (got {preset!r})")
         data = deep_merge(load_preset(preset), data)
+    from reinforge.plugins import load_plugins
+
+    plugins = data.get("plugins") or []
+    load_plugins([plugins] if isinstance(plugins, str) else plugins)  # their parts register before validation
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:

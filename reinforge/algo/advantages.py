@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from reinforge.algo.registry import Registry
+from reinforge.registry import Registry, kind
 
 
 class AdvantageFn(Protocol):
@@ -46,7 +46,7 @@ class AdvantageFn(Protocol):
     ) -> Tensor: ...
 
 
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+ADVANTAGES: Registry[AdvantageFn] = kind("advantage", Registry("advantage estimator"))
 
 
 def group_mean_std(values: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -105,6 +105,7 @@ def turn_returns(turn_rewards: list[float], gamma: float) -> list[float]:
             "k(t) = the turn of token t  [std scaling optional]",
     paper="turn-level credit for multi-turn agents, cf. Zeng et al. 2025 (arXiv:2505.11821); group baseline of "
           "Shao et al. 2024 (arXiv:2402.03300)",
+    needs=("turn_returns",),
 )
 def grpo_turn_advantage(
     rewards: Tensor,
@@ -394,6 +395,7 @@ def opo_advantage(
     "remax",
     formula="A_i = r_i - r(greedy completion of prompt(i)), broadcast to every token (+ token-reward returns-to-go)",
     paper="Li et al. 2023, ReMax: A Simple, Effective, and Efficient RL Method for Aligning LLMs (arXiv:2310.10505)",
+    needs=("baseline",),
 )
 def remax_advantage(
     rewards: Tensor,
@@ -460,6 +462,7 @@ def gae_advantages_and_returns(
         "r_t = tr_t + r_i [t = last]; whitened over the batch's masked tokens if scale_by_std"
     ),
     paper="Schulman et al. 2016, High-Dimensional Continuous Control Using GAE (arXiv:1506.02438)",
+    needs=("values",),
 )
 def gae_advantage(
     rewards: Tensor,

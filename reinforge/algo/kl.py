@@ -18,10 +18,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from reinforge.algo.registry import Registry
+from reinforge.registry import Registry, kind
 
 KLFn = Callable[[Tensor, Tensor], Tensor]
-KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
+KL_ESTIMATORS: Registry[KLFn] = kind("kl_estimator", Registry("KL estimator"))
 _SCHULMAN = "Schulman 2020, Approximating KL Divergence (joschu.net/blog/kl-approx.html)"
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from reinforge.algo.registry import Registry
+from reinforge.registry import Registry, kind
 
 
 class PolicyLossFn(Protocol):
@@ -35,7 +35,7 @@ class PolicyLossFn(Protocol):
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+POLICY_LOSSES: Registry[PolicyLossFn] = kind("policy_loss", Registry("policy loss"))
 
 
 @POLICY_LOSSES.register(
@@ -182,7 +182,7 @@ class AggNorm:
 
 
 AggFn = Callable[[Tensor, Tensor, AggNorm], Tensor]
-LOSS_AGG: Registry[AggFn] = Registry("loss aggregation")
+LOSS_AGG: Registry[AggFn] = kind("loss_agg", Registry("loss aggregation"))
 
 
 @LOSS_AGG.register(

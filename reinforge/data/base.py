@@ -84,6 +84,9 @@ class TaskSampler:
             self.position += take
         return out
 
+    def observe(self, trajectories: Sequence[Any]) -> None:
+        """The step's scored trajectories (a uniform sampler ignores them)."""
+
     def state_dict(self) -> dict[str, int]:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
 

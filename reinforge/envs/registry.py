@@ -20,37 +20,12 @@ from reinforge.envs.guessing import GuessingEnv
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.single_turn import SingleTurnEnv
 from reinforge.errors import ConfigError
+from reinforge.registry import Registry, kind
 from reinforge.rewards.verifiers import Verifier
 
 
 class EnvironmentConfigError(ConfigError, ValueError):
     """An unknown environment name or a bad parameter; the message names the allowed ones."""
-
-
-def _single_turn(verifier: Verifier | None, system_prompt: str | None) -> Environment:
-    assert verifier is not None  # checked by build_environment
-    return SingleTurnEnv(verifier, system_prompt)
-
-
-def _calculator(verifier: Verifier | None, system_prompt: str | None, max_tool_calls: int = 3) -> Environment:
-    return CalculatorEnv(max_tool_calls=max_tool_calls, system_prompt=system_prompt)
-
-
-def _guessing(verifier: Verifier | None, system_prompt: str | None, max_guesses: int = 6) -> Environment:
-    return GuessingEnv(max_guesses=max_guesses, system_prompt=system_prompt)
-
-
-def _retry(
-    verifier: Verifier | None, system_prompt: str | None, max_attempts: int = 3,
-    feedback: str = "wrong, try again", decay: float = 1.0,
-) -> Environment:
-    assert verifier is not None  # checked by build_environment
-    return RetryEnv(SingleTurnEnv(verifier, system_prompt), max_attempts=max_attempts, feedback=feedback, decay=decay)
-
-
-def _agent(verifier: Verifier | None, system_prompt: str | None) -> Environment:
-    raise ConfigError("env.name=agent: episodes are played by the agent (env.agent = 'module:function') through "
-                      "the OpenAI-compatible proxy, not by an Environment")
 
 
 AGENT = "agent"
@@ -73,25 +48,63 @@ class EnvSpec:
         return {p.name: p.default for p in list(inspect.signature(self.make).parameters.values())[2:]}
 
 
-ENVIRONMENTS: dict[str, EnvSpec] = {
-    spec.name: spec
-    for spec in (
-        EnvSpec("single_turn", _single_turn, True, None, "one completion scored by the task's verifier"),
-        EnvSpec("calculator", _calculator, False, ("calculator", "arithmetic"),
-                "calc tool calls, then a final integer answer (last integer == task.answer)"),
-        EnvSpec("guessing", _guessing, False, ("guessing",), "guess the secret (task.answer) with higher/lower hints"),
-        EnvSpec("retry", _retry, True, None, "single-turn verifier task with 'wrong, try again' and more attempts"),
-        EnvSpec(AGENT, _agent, False, None, "a black-box agent written for the OpenAI API (env.agent), through the "
-                "proxy (reinforge/serve/proxy.py)"),
-    )
-}
+ENVIRONMENTS: Registry[EnvSpec] = kind("env", Registry("environment"))
+
+
+def register_environment(
+    name: str, *, description: str, paper: str = "-", uses_verifier: bool = False,
+    task_kinds: tuple[str, ...] | None = None,
+) -> Callable[[Callable[..., Environment]], Callable[..., Environment]]:
+    """Register ``make(verifier, system_prompt, **params) -> Environment`` as environment ``name``
+    (``env.name`` in a recipe; ``env.params`` are its keyword parameters, their defaults its own)."""
+
+    def deco(make: Callable[..., Environment]) -> Callable[..., Environment]:
+        spec = EnvSpec(name, make, uses_verifier, task_kinds, description)
+        ENVIRONMENTS.register(name, formula=description, paper=paper)(spec)
+        return make
+
+    return deco
+
+
+@register_environment("single_turn", description="one completion scored by the task's verifier", uses_verifier=True)
+def _single_turn(verifier: Verifier | None, system_prompt: str | None) -> Environment:
+    assert verifier is not None  # checked by build_environment
+    return SingleTurnEnv(verifier, system_prompt)
+
+
+@register_environment("calculator", task_kinds=("calculator", "arithmetic"),
+                      description="calc tool calls, then a final integer answer (last integer == task.answer)")
+def _calculator(verifier: Verifier | None, system_prompt: str | None, max_tool_calls: int = 3) -> Environment:
+    return CalculatorEnv(max_tool_calls=max_tool_calls, system_prompt=system_prompt)
+
+
+@register_environment("guessing", task_kinds=("guessing",),
+                      description="guess the secret (task.answer) with higher/lower hints")
+def _guessing(verifier: Verifier | None, system_prompt: str | None, max_guesses: int = 6) -> Environment:
+    return GuessingEnv(max_guesses=max_guesses, system_prompt=system_prompt)
+
+
+@register_environment("retry", uses_verifier=True,
+                      description="single-turn verifier task with 'wrong, try again' and more attempts")
+def _retry(
+    verifier: Verifier | None, system_prompt: str | None, max_attempts: int = 3,
+    feedback: str = "wrong, try again", decay: float = 1.0,
+) -> Environment:
+    assert verifier is not None  # checked by build_environment
+    return RetryEnv(SingleTurnEnv(verifier, system_prompt), max_attempts=max_attempts, feedback=feedback, decay=decay)
+
+
+@register_environment(AGENT, description="a black-box agent written for the OpenAI API (env.agent), through the "
+                      "proxy (reinforge/serve/proxy.py)")
+def _agent(verifier: Verifier | None, system_prompt: str | None) -> Environment:
+    raise ConfigError("env.name=agent: episodes are played by the agent (env.agent = 'module:function') through "
+                      "the OpenAI-compatible proxy, not by an Environment")
 
 
 def environment_spec(name: str) -> EnvSpec:
-    try:
-        return ENVIRONMENTS[name]
-    except KeyError:
-        raise EnvironmentConfigError(f"env.name: unknown environment {name!r}; allowed: {', '.join(ENVIRONMENTS)}") from None
+    if name not in ENVIRONMENTS:
+        raise EnvironmentConfigError(f"env.name: unknown environment {name!r}; allowed: {', '.join(ENVIRONMENTS.in_order())}")
+    return ENVIRONMENTS.get(name)
 
 
 def build_environment(

@@ -27,6 +27,7 @@ import dataclasses
 import time
 from typing import Any
 
+from reinforge.algo.advantages import ADVANTAGES
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.components import Components
@@ -42,7 +43,8 @@ def check_async_config(c: Components) -> None:
     unsupported = {
         "env.name=agent": cfg.env.agent is not None,
         "algo.dynamic_sampling": cfg.algo.dynamic_sampling,
-        "algo.advantage=remax": cfg.algo.advantage == "remax",
+        f"algo.advantage={cfg.algo.advantage} (it needs a greedy baseline)": "baseline" in ADVANTAGES.needs(
+            cfg.algo.advantage),
         "rollout.engine=openai": cfg.rollout.engine == "openai",
     }
     bad = [k for k, v in unsupported.items() if v]

@@ -10,12 +10,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from reinforge.algo.objective import required_inputs
 from reinforge.config import RunConfig
-from reinforge.data.base import TaskSampler, TaskSplits
+from reinforge.data.base import TaskSplits
+from reinforge.data.samplers import TaskSamplerPart, build_task_sampler
 from reinforge.data.sources import build_task_splits
 from reinforge.envs.base import Environment
 from reinforge.envs.registry import build_environment
 from reinforge.orchestrate.multi_turn import EpisodeLimits
+from reinforge.plugins import load_plugins
 from reinforge.rewards.build import build_reward, build_reward_pool
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
@@ -36,7 +39,7 @@ class Components:
     learner: Learner
     engine: TorchRolloutEngine | OpenAIRolloutEngine
     splits: TaskSplits
-    sampler: TaskSampler
+    sampler: TaskSamplerPart
     verifier: Verifier
     reward_pool: VerifierPool
     make_env: Callable[[], Environment]
@@ -111,17 +114,19 @@ def build_components(cfg: RunConfig) -> Components:
     """Every component of a run. With several ranks (train/distributed.py) each rank builds its own,
     all from the same seed: the learner shares or shards the policy, each engine samples its rank's
     share of the prompts (``distributed.seed_rollout`` gives each rank its own random stream)."""
+    load_plugins(cfg.plugins)  # a spawned process (a rank) starts with the built-in parts only
     distributed.check(cfg)
     seed_everything(cfg.seed)
     splits = build_task_splits(cfg.task)  # fail on bad data before loading any model
     tokenizer = load_tokenizer(cfg.model.path)
     policy = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
-    # The KL reference: a frozen second copy; with LoRA the base itself, adapters disabled (no copy).
-    with_ref = cfg.algo.kl.coef > 0 and not cfg.model.lora.enabled
+    needs = required_inputs(cfg.algo)  # what the run's parts declare (registry.Entry.needs)
+    # The reference: a frozen second copy; with LoRA the base itself, adapters disabled (no copy).
+    with_ref = "ref_logp" in needs and not cfg.model.lora.enabled
     ref = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device) if with_ref else None
     critic = (
         build_critic(cfg.model.path, cfg.algo.critic, cfg.model.dtype, cfg.model.device)
-        if cfg.algo.advantage == "gae" else None
+        if "values" in needs else None
     )
     engine = build_engine(cfg, policy, tokenizer)  # before the learner adds LoRA adapters to the policy
     verifier = build_reward(cfg)
@@ -132,7 +137,7 @@ def build_components(cfg: RunConfig) -> Components:
         learner=Learner(policy, cfg, ref, critic),
         engine=engine,
         splits=splits,
-        sampler=TaskSampler(splits.train, seed=cfg.seed),
+        sampler=build_task_sampler(cfg.task.sampler.name, splits.train, cfg.seed, cfg.task.sampler.settings()),
         verifier=verifier,
         reward_pool=build_reward_pool(cfg, verifier),
         make_env=build_environment(cfg.env.name, verifier, system_prompt, cfg.env.params),

@@ -8,28 +8,33 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.algo.advantages import turn_returns
+from reinforge.algo.advantages import ADVANTAGES, turn_returns
 from reinforge.algo.shaping import soft_overlong_penalty
-from reinforge.config import AlgoConfig
+from reinforge.config import AlgoConfig, GroupSamplerConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import verifier_step_result
 from reinforge.rewards.pool import VerifierPool
+from reinforge.rollout.group_samplers import sample_groups
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 from reinforge.types import Batch, Trajectory
 
 
 def generate_single_turn(
-    tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams, seed: int
+    tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams, seed: int,
+    group_sampler: GroupSamplerConfig | None = None,
 ) -> tuple[list[Environment], list[Generation]]:
-    """Reset one environment per task and sample ``params.n`` completions for each prompt."""
+    """Reset one environment per task and sample ``params.n`` completions for each prompt (by the
+    registered ``group_sampler``; independently from the prompt when None)."""
     envs = [make_env() for _ in tasks]
     prompts = [env.reset(task, seed) for env, task in zip(envs, tasks, strict=True)]
     requests = [
         GenerationRequest(encode_prompt(engine.tokenizer, p), t.id) for p, t in zip(prompts, tasks, strict=True)
     ]
-    return envs, engine.generate(requests, params)
+    if group_sampler is None:
+        return envs, engine.generate(requests, params)
+    return envs, sample_groups(group_sampler.name, engine, requests, params, group_sampler.settings())
 
 
 def score_single_turn(
@@ -127,7 +132,7 @@ def build_batch(
     if baseline is not None:
         base = torch.tensor([b for b, k in zip(baseline, keep, strict=True) if k], dtype=torch.float32)
     batch = Batch.from_trajectories(kept, pad_id, base)
-    if algo.advantage == "grpo_turn":
+    if "turn_returns" in ADVANTAGES.needs(algo.advantage):
         batch.turn_returns = turn_return_tensor(kept, batch.input_ids.shape[1], algo.gamma)
     return batch, stats
 

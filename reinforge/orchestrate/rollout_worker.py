@@ -67,10 +67,12 @@ class RolloutWorkerCore:
 
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
         from reinforge.envs.registry import build_environment
+        from reinforge.plugins import load_plugins
         from reinforge.rewards.build import build_reward, build_reward_pool
         from reinforge.rollout.torch_engine import TorchRolloutEngine
         from reinforge.train.model import load_model, load_tokenizer
 
+        load_plugins(cfg.plugins)  # this process starts with the built-in parts only
         torch.set_num_threads(cfg.orchestrate.rollout_threads)
         torch.manual_seed(cfg.seed + 1000 * (worker_id + 1))
         self.worker_id, self.cfg = worker_id, cfg
@@ -94,7 +96,8 @@ class RolloutWorkerCore:
                 trajs = run_episodes(request.tasks, self.engine, self.make_env, self.params, self.limits, request.seed)
                 t1 = t2 = time.perf_counter()
             else:
-                _, gens = generate_single_turn(request.tasks, self.engine, self.make_env, self.params, seed=request.seed)
+                _, gens = generate_single_turn(request.tasks, self.engine, self.make_env, self.params, seed=request.seed,
+                                               group_sampler=self.cfg.rollout.group_sampler)
                 t1 = time.perf_counter()
                 trajs = score_single_turn(request.tasks, gens, self.params.n, self.pool)
                 t2 = time.perf_counter()

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from reinforge.algo.advantages import ADVANTAGES
 from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
 from reinforge.eval.heldout import evaluate
@@ -189,6 +190,7 @@ class _Loop:
         reset_peak(cfg.model.device)
         t_start = time.perf_counter()
         rollout = self.collect(step)
+        self.observe(rollout.sampled)
         t_gen = time.perf_counter()
         batch, bstats = build_batch(rollout.kept, cfg.algo, c.engine.pad_id, rollout.baseline)
         train_metrics: dict[str, float] = {}
@@ -230,6 +232,13 @@ class _Loop:
                             "adv/abs_mean": adv.abs().mean().item()})
         return metrics
 
+    def observe(self, trajs: list[Trajectory]) -> None:
+        """The task sampler sees every scored trajectory of the step (every rank's, so that samplers of
+        all ranks stay in the same state and keep drawing the same tasks)."""
+        if distributed.world() > 1:
+            trajs = [t for part in distributed.all_gather_object(trajs) for t in part]
+        self.c.sampler.observe(trajs)
+
     def publish_weights(self, version: int) -> None:
         """The new policy to the rollout engine (and, in async mode, to the rollout workers)."""
         self.c.engine.update_weights(self.c.learner.model, version)
@@ -255,13 +264,14 @@ class _Loop:
                 trajs = run_episodes(tasks, c.engine, c.make_env, c.sampling_params(), c.episode_limits(), step,
                                      group_offset=offset)
             else:
-                _, generations = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=step)
+                _, generations = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=step,
+                                                      group_sampler=cfg.rollout.group_sampler)
                 t0 = time.perf_counter()
                 trajs = score_single_turn(tasks, generations, g, c.reward_pool, group_offset=offset)
                 out.reward_s += time.perf_counter() - t0
             shape_overlong(trajs, algo, cfg.rollout.max_new_tokens)
             baseline = None
-            if algo.advantage == "remax":
+            if "baseline" in ADVANTAGES.needs(algo.advantage):  # e.g. ReMax's greedy baseline
                 greedy = self._greedy_baseline(tasks, step)
                 baseline = [greedy[t.group_id - offset] for t in trajs]
             out.sampled += trajs

@@ -13,18 +13,14 @@ imported as is, with the working directory on the path as ``python -m`` would ha
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from reinforge.data.base import Task
+from reinforge.plugins import import_user_module
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult, Verifier
 
 _LOADED: dict[str, Any] = {}  # reference -> function, per process
@@ -60,7 +56,7 @@ def load_reference(reference: str) -> Any:
         return _LOADED[reference]
     target, _, attr = reference.rpartition(":")
     try:
-        module = _load_file(Path(target)) if target.endswith(".py") else _import_module(target)
+        module = import_user_module(target, "verifier", VerifierReferenceError)
     except VerifierReferenceError:
         raise
     except Exception as exc:  # the user's module failed while importing: show its error
@@ -74,37 +70,6 @@ def load_reference(reference: str) -> Any:
         raise VerifierReferenceError(f"verifier {reference!r}: {attr!r} is not callable (a {type(obj).__name__})")
     _LOADED[reference] = obj
     return obj
-
-
-def _load_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise VerifierReferenceError(f"verifier file {str(path)!r} does not exist")
-    digest = hashlib.sha1(str(path.absolute()).encode()).hexdigest()[:10]
-    name = f"reinforge_user_verifier_{path.stem}_{digest}"  # importable by pickle in this process
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise VerifierReferenceError(f"verifier file {str(path)!r} is not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _import_module(name: str) -> ModuleType:
-    """``importlib.import_module``, with the working directory first on the path when the top-level
-    package is not found otherwise (as ``python -m`` has it; the ``reinforge`` script does not)."""
-    top, cwd = name.split(".")[0], os.getcwd()
-    if importlib.util.find_spec(top) is None and cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    if importlib.util.find_spec(top) is None:
-        raise VerifierReferenceError(f"verifier module {name!r} is not importable (not installed, not in {cwd})")
-    return importlib.import_module(name)
 
 
 @dataclass(frozen=True)

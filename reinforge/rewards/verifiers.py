@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from reinforge.algo.registry import Registry
 from reinforge.data.base import Task
+from reinforge.registry import Registry, kind
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class RewardResult:
 
 
 Verifier = Callable[[Task, str], RewardResult]
-VERIFIERS: Registry[Verifier] = Registry("verifier")
+VERIFIERS: Registry[Verifier] = kind("verifier", Registry("verifier"))
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 

@@ -2,9 +2,8 @@
 network, in a fresh directory, and reports what happened. Guarantees: docs/sandbox.md."""
 
 from reinforge.sandbox.backends import BACKENDS
-from reinforge.sandbox.detect import available_backends, best_backend
+from reinforge.sandbox.detect import available_backends, best_backend, run_python
 from reinforge.sandbox.records import Isolation, SandboxError, SandboxLimits, SandboxResult, Status
-from reinforge.sandbox.runner import run_python
 
 __all__ = [
     "BACKENDS",

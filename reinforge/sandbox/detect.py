@@ -1,4 +1,5 @@
-"""Which isolation backends work on this machine, found by running a probe program in each."""
+"""Which isolation backends work on this machine, found by running a probe program in each, and
+``run_python`` in the strongest of them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import logging
 import threading
 
 from reinforge.sandbox.backends import BACKENDS, binary_present
-from reinforge.sandbox.records import Isolation, SandboxError, SandboxLimits
+from reinforge.sandbox.records import Isolation, SandboxError, SandboxLimits, SandboxResult
+from reinforge.sandbox.runner import run_python_in
 
 log = logging.getLogger(__name__)
 _PROBE = "import sys; print(sys.version_info[0])"
@@ -16,12 +18,10 @@ _lock = threading.Lock()
 
 @functools.cache
 def _works(backend: Isolation) -> bool:
-    from reinforge.sandbox.runner import run_python
-
     if not binary_present(backend):
         return False
     try:
-        result = run_python(_PROBE, limits=SandboxLimits(timeout_s=30.0), backend=backend)
+        result = run_python_in(backend, _PROBE, limits=SandboxLimits(timeout_s=30.0))
     except SandboxError as exc:
         log.warning("sandbox backend %s is installed but does not work here: %s", backend, exc)
         return False
@@ -53,3 +53,19 @@ def _warn_weak() -> None:
         "sandbox: neither bubblewrap nor unshare works here; falling back to rlimits-only, whose network "
         "and exec blocking is a Python audit hook that native code can bypass (see docs/sandbox.md)"
     )
+
+
+def run_python(
+    code: str,
+    stdin: str = "",
+    limits: SandboxLimits = SandboxLimits(),
+    files: dict[str, str] | None = None,
+    *,
+    backend: Isolation | None = None,
+    python: str | None = None,
+) -> SandboxResult:
+    """``runner.run_python_in`` with ``backend`` defaulting to the strongest one that works here
+    (``best_backend()``): run ``code`` as ``main.py`` with ``stdin`` and ``files`` beside it under
+    ``limits``; never raises for anything the code does, raises ``SandboxError`` when the sandbox
+    itself cannot run."""
+    return run_python_in(backend or best_backend(), code, stdin, limits, files, python=python)

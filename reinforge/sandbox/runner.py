@@ -33,26 +33,22 @@ _CHUNK = 1 << 16
 _swept: set[int] = set()  # private uids whose stale work dirs this process has removed
 
 
-def run_python(
+def run_python_in(
+    backend: Isolation,
     code: str,
     stdin: str = "",
     limits: SandboxLimits = SandboxLimits(),
     files: dict[str, str] | None = None,
     *,
-    backend: Isolation | None = None,
     python: str | None = None,
 ) -> SandboxResult:
-    """Run ``code`` as ``main.py`` in a sandbox with ``stdin`` as its standard input and
+    """Run ``code`` as ``main.py`` in the sandbox ``backend`` with ``stdin`` as its standard input and
     ``files`` (relative path -> text) beside it; never raises for anything the code does.
 
-    ``backend`` defaults to the strongest one that works here (``best_backend()``); ``python``
-    to an interpreter the sandbox can use (run with ``-I -S``: standard library only).
+    ``python`` defaults to an interpreter the sandbox can use (run with ``-I -S``: standard library
+    only). ``reinforge.sandbox.run_python`` picks the strongest backend that works here.
     Raises ``SandboxError`` when the sandbox itself cannot run (bad arguments, broken backend).
     """
-    if backend is None:
-        from reinforge.sandbox.detect import best_backend
-
-        backend = best_backend()
     if backend not in backends.BACKENDS:
         raise SandboxError(f"unknown sandbox backend {backend!r}; allowed: {', '.join(backends.BACKENDS)}")
     files = _checked_files(files or {})

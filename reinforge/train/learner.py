@@ -41,10 +41,11 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from reinforge.algo import ADVANTAGES, KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, AggNorm
+from reinforge.algo import ADVANTAGES, KL_ESTIMATORS, LOSS_AGG, AggNorm
 from reinforge.algo.advantages import gae_advantages_and_returns, outcome_token_rewards
+from reinforge.algo.context import Context
 from reinforge.algo.kl_control import KLController
-from reinforge.algo.mismatch import mismatch_correction
+from reinforge.algo.objective import Objective, loss_terms, required_inputs
 from reinforge.algo.value import clipped_value_loss, explained_variance
 from reinforge.config import RunConfig
 from reinforge.errors import ConfigError, TrainingDiverged
@@ -160,13 +161,14 @@ class Learner:
         self.critic = critic
         self.cfg = cfg
         self.algo = cfg.algo
-        self.policy_loss = POLICY_LOSSES.get(cfg.algo.policy_loss)
-        self.aggregate = LOSS_AGG.get(cfg.algo.loss_agg)
-        self.advantage = ADVANTAGES.get(cfg.algo.advantage)
+        self.objective = Objective(cfg.algo.policy_loss, cfg.algo.loss_agg, cfg.algo.mismatch.mode,
+                                   cfg.algo.mismatch.cap, cfg.algo)
         self.kl_estimator = KL_ESTIMATORS.get(cfg.algo.kl.estimator)
         self.kl_ctl = KLController(cfg.algo.kl.coef, cfg.algo.kl.target, cfg.algo.kl.horizon)
-        if cfg.algo.advantage == "gae" and critic is None:
-            raise ConfigError("algo.advantage=gae needs a critic (a value model); it is built by build_components")
+        self.needs = required_inputs(cfg.algo)
+        if "values" in self.needs and critic is None:
+            raise ConfigError(f"algo.advantage={cfg.algo.advantage} needs a critic (a value model); it is built by "
+                              "build_components")
         self.max_len_norm = cfg.algo.max_len_norm or float(cfg.rollout.max_new_tokens)
         self.temperature = cfg.rollout.temperature
         self.optimizer = torch.optim.AdamW(
@@ -187,7 +189,8 @@ class Learner:
 
     @property
     def uses_kl(self) -> bool:
-        return (self.ref_model is not None or self.lora) and self.algo.kl.coef > 0
+        """Whether the update computes reference log-probs (a part declares ``ref_logp``)."""
+        return (self.ref_model is not None or self.lora) and "ref_logp" in self.needs
 
     def _lr_factor(self, step: int) -> float:
         t = self.cfg.train
@@ -344,11 +347,7 @@ class Learner:
         if batch is None:
             return None
         assert inputs is not None
-        extra = {"turn_returns": inputs["turn_returns"]} if inputs["turn_returns"] is not None else {}
-        adv = self.advantage(
-            inputs["rewards"], inputs["group_index"], inputs["mask"], inputs["values"], self.algo,
-            token_rewards=inputs["token_rewards"], baseline=inputs["baseline"], **extra,
-        ).to(self._loss_dtype)
+        adv = ADVANTAGES.call(self.algo.advantage, Context(**inputs), self.algo).to(self._loss_dtype)
         if self.world > 1:
             adv = adv[offset: offset + len(batch), : batch.loss_mask.shape[1]].to(batch.loss_mask.device)
         return adv
@@ -506,33 +505,26 @@ class Learner:
 
     def _micro_loss(self, mb: Batch, norm: AggNorm, stats: MetricSums) -> tuple[Tensor, float]:
         """This micro-batch's share of the mini-batch loss (global denominators in ``norm``)."""
-        algo = self.algo
+        terms = loss_terms(self.algo, self.kl_ctl.value)
         logp, entropy = self._logprobs(self.model, mb, entropy=True)
         assert entropy is not None and mb.advantages is not None
-        if algo.entropy_coef == 0:
+        if not self.objective.reads("entropy", terms):
             entropy = entropy.detach()
         mask = mb.loss_mask
         old_logp = mb.old_logprobs
         if old_logp is None:  # single update per batch: pi_old is exactly the current policy
             old_logp = logp.detach()
             _add_mismatch(stats, old_logp, mb)
-        is_weight, mismatch_metrics = mismatch_correction(
-            old_logp, mb.sampling_logprobs, mask, algo.mismatch.mode, algo.mismatch.cap
+        ctx = Context(
+            mask=mask, rewards=mb.rewards, group_index=mb.group_index, lengths=mask.sum(-1), baseline=mb.baseline,
+            turn_returns=mb.turn_returns, logp=logp, old_logp=old_logp, sampling_logp=mb.sampling_logprobs,
+            ref_logp=mb.ref_logprobs, entropy=entropy, values=mb.values, returns=mb.returns,
+            advantages=mb.advantages,
         )
-        pg, pg_metrics = self.policy_loss(logp, old_logp, mb.advantages, mask, algo)
-        pg_loss = self.aggregate(pg * is_weight, mask, norm)
-        loss = pg_loss
-        if self.uses_kl and algo.kl.placement == "loss":
-            kl = self.kl_estimator(logp, mb.ref_logprobs)
-            loss = loss + self.kl_ctl.value * self.aggregate(kl, mask, norm)
-            stats.add_tokens("kl_ref", kl, mask)
-        if algo.entropy_coef != 0:
-            loss = loss - algo.entropy_coef * self.aggregate(entropy, mask, norm)
+        loss, pg_loss, metrics = self.objective.loss(ctx, norm, terms)
         stats.add_tokens("entropy", entropy, mask)
-        for name, values in pg_metrics.items():
+        for name, values in metrics.items():
             stats.add_tokens(name, values, mask)
-        for name, values in mismatch_metrics.items():
-            stats.add_tokens(f"mismatch/{name}", values, mask)
         return loss, float(pg_loss.detach())
 
 

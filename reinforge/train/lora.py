@@ -11,7 +11,7 @@ optimizer sees the adapter parameters alone.
   model. The engine runs a plain HF model (and its lean forward); no engine here takes
   adapters directly.
 - Checkpoints: the adapter alone (``adapter_config.json`` + ``adapter_model.safetensors``, the
-  peft format), restored exactly by ``restore_adapter``; ``load_merged`` turns such a directory
+  peft format), restored exactly by ``restore_adapter``; ``merge_adapter`` turns such a directory
   into a plain HF model (eval, serve, ``reinforge export``).
 
 QLoRA-ready: a base loaded quantized (bitsandbytes 4/8-bit, on CUDA) goes through
@@ -77,7 +77,7 @@ def wrap_lora(model: nn.Module, cfg: LoraConfig, base_path: str | None = None, s
 
     The adapters' initialisation (A random, B = 0: the wrapped model starts equal to the base)
     depends on ``seed`` alone, not on the global RNG, which it leaves untouched. ``base_path``
-    is recorded in the adapter config, so a saved adapter knows its base (``load_merged``).
+    is recorded in the adapter config, so a saved adapter knows its base (``merge_adapter``).
     """
     peft = _peft()
     names = [name for name, _ in model.named_modules()]
@@ -199,12 +199,10 @@ def adapter_base_path(directory: Path) -> str:
     return base
 
 
-def load_merged(directory: str | Path, dtype: str = "float32", device: str = "cpu") -> nn.Module:
-    """A LoRA checkpoint (adapter directory) as a plain HF model: its base with the adapter merged."""
+def merge_adapter(base: nn.Module, directory: str | Path) -> nn.Module:
+    """A LoRA checkpoint (adapter directory) as a plain HF model: ``base`` (loaded from the adapter's
+    ``adapter_base_path``) with the adapter merged into it."""
     from peft import PeftModel
 
-    from reinforge.train.model import load_model
-
-    base = load_model(adapter_base_path(Path(directory)), dtype, device)
     with _quiet_peft():
         return PeftModel.from_pretrained(base, str(directory), adapter_name=ADAPTER_NAME).merge_and_unload()

@@ -7,12 +7,13 @@ with the adapter merged: eval, serve and export see a plain HF causal LM either 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
 from reinforge.assets import resolve_model_path
 from reinforge.errors import ConfigError
-from reinforge.train.lora import is_adapter_dir, load_merged
+from reinforge.train.lora import adapter_base_path, is_adapter_dir, merge_adapter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -32,8 +33,8 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.
     from transformers.utils import logging as hf_logging
 
     directory = _existing_model_dir(path)
-    if is_adapter_dir(directory):
-        return load_merged(directory, dtype, device)
+    if is_adapter_dir(directory):  # a LoRA checkpoint: its base with the adapter merged
+        return merge_adapter(load_model(str(adapter_base_path(Path(directory))), dtype, device), directory)
     hf_logging.disable_progress_bar()
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()

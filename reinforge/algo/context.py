@@ -1,0 +1,57 @@
+"""The context record handed to every advantage estimator, policy loss and loss term.
+
+A registered part names the fields it reads as its parameters (``Registry.call`` binds them); the
+learner fills what the parts of the run declare. Shapes: N sequences, T token positions; [N, T]
+tensors are aligned with the batch's ``input_ids`` and zero off the loss mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass
+class Context:
+    """Everything a method may need; None where the run does not compute it.
+
+    Rollout data: ``rewards`` [N] (outcome rewards), ``group_index`` [N] (long: the prompt each
+    sequence answers), ``mask`` [N, T] (1 on trained tokens), ``lengths`` [N] (trained tokens per
+    sequence), ``token_rewards`` [N, T] (per-token rewards, e.g. -beta * KL), ``baseline`` [N] (a
+    per-sequence baseline reward, e.g. ReMax's greedy reward), ``turn_returns`` [N, T] (multi-turn:
+    the discounted return from each token's turn on).
+
+    Log-probabilities [N, T]: ``logp`` (current policy, with gradient), ``old_logp`` (pi_old, the
+    proximal policy of the PPO ratio), ``sampling_logp`` (the rollout engine's, the behaviour
+    policy), ``ref_logp`` (the frozen reference), ``entropy`` (per-token entropy of the current
+    policy; with gradient when a part reads it).
+
+    Critic and credit [N, T]: ``values`` (V(s_t) at rollout time), ``returns`` (value targets),
+    ``advantages``. ``metadata``: per-batch extras a plug-in may pass along.
+    """
+
+    mask: Tensor
+    rewards: Tensor | None = None
+    group_index: Tensor | None = None
+    lengths: Tensor | None = None
+    token_rewards: Tensor | None = None
+    baseline: Tensor | None = None
+    turn_returns: Tensor | None = None
+    logp: Tensor | None = None
+    old_logp: Tensor | None = None
+    sampling_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+    entropy: Tensor | None = None
+    values: Tensor | None = None
+    returns: Tensor | None = None
+    advantages: Tensor | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def tensors(self) -> dict[str, Tensor | None]:
+        """The tensor fields by name (for gathering them over ranks)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metadata"}
+
+
+CONTEXT_FIELDS = frozenset(f.name for f in fields(Context))

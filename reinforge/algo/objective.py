@@ -1,0 +1,115 @@
+"""The training objective of one micro-batch, composed from registered parts over a ``Context``.
+
+    L = agg(w_t * l_t^policy) + sum_k c_k * agg(l_t^k)
+
+``l^policy`` is a ``POLICY_LOSSES`` entry, ``w_t`` the mismatch-correction weight
+(``MISMATCH_CORRECTIONS``), ``agg`` a ``LOSS_AGG`` entry with the mini-batch's global denominators,
+and each ``l^k`` an extra loss term (``LOSS_TERMS``: the KL penalty, the entropy bonus, or a
+plug-in's) with its coefficient ``c_k``. Every part reads the context fields it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from reinforge.algo.context import Context
+from reinforge.algo.kl import KL_ESTIMATORS
+from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm
+from reinforge.algo.mismatch import mismatch_correction
+from reinforge.registry import Registry, kind
+
+LOSS_TERMS: Registry = kind("loss_term", Registry("loss term"))
+
+
+@LOSS_TERMS.register(
+    "kl",
+    formula="+ beta * agg(k(log pi, log pi_ref)), k = algo.kl.estimator",
+    paper="Ouyang et al. 2022, InstructGPT (arXiv:2203.02155); in the loss: Shao et al. 2024, GRPO (arXiv:2402.03300)",
+    needs=("ref_logp",),
+)
+def kl_term(logp: Tensor, ref_logp: Tensor, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """The KL penalty against the reference policy, per token: k(log pi, log pi_ref)."""
+    kl = KL_ESTIMATORS.get(cfg.kl.estimator)(logp, ref_logp)
+    return kl, {"kl_ref": kl}
+
+
+@LOSS_TERMS.register(
+    "entropy",
+    formula="- c * agg(H_t), H_t = -sum_v pi(v) log pi(v)",
+    paper="Williams & Peng 1991; Mnih et al. 2016, A3C (arXiv:1602.01783)",
+)
+def entropy_term(entropy: Tensor, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """The entropy bonus: -H_t per token (a positive coefficient raises the entropy)."""
+    return -entropy, {}
+
+
+@dataclass(frozen=True)
+class Term:
+    """An extra loss term of the objective: a ``LOSS_TERMS`` entry, its coefficient and its settings."""
+
+    name: str
+    coef: float
+    cfg: Any = None
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The parts of one run's objective (names of registered entries) and the algorithm's settings."""
+
+    policy_loss: str
+    loss_agg: str
+    mismatch: str
+    mismatch_cap: float
+    cfg: Any
+
+    def reads(self, field: str, terms: Iterable[Term] = ()) -> bool:
+        """Whether the policy loss or any of ``terms`` reads context ``field`` (e.g. needs the entropy's gradient)."""
+        return field in POLICY_LOSSES.entry(self.policy_loss).params or any(
+            field in LOSS_TERMS.entry(t.name).params for t in terms)
+
+    def loss(self, ctx: Context, norm: AggNorm, terms: Iterable[Term]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(loss, policy-loss part, per-token metrics) of the micro-batch ``ctx`` (global denominators in ``norm``)."""
+        aggregate = LOSS_AGG.get(self.loss_agg)
+        is_weight, metrics = mismatch_correction(ctx.old_logp, ctx.sampling_logp, ctx.mask, self.mismatch,
+                                                 self.mismatch_cap)
+        metrics = {f"mismatch/{k}": v for k, v in metrics.items()}
+        pg, pg_metrics = POLICY_LOSSES.call(self.policy_loss, ctx, self.cfg)
+        metrics.update(pg_metrics)
+        pg_loss = aggregate(pg * is_weight, ctx.mask, norm)
+        loss = pg_loss
+        for term in terms:
+            values, term_metrics = LOSS_TERMS.call(term.name, ctx, term.cfg if term.cfg is not None else self.cfg)
+            loss = loss + term.coef * aggregate(values, ctx.mask, norm)
+            metrics.update(term_metrics)
+        return loss, pg_loss, metrics
+
+
+def loss_terms(cfg: Any, kl_coef: float | None = None) -> list[Term]:
+    """The extra loss terms a run's ``AlgoConfig`` asks for: the KL penalty when ``kl.coef`` > 0 and it
+    is placed in the loss (coefficient ``kl_coef``, the adaptive controller's current value), the
+    entropy bonus when ``entropy_coef`` != 0, then every ``loss_terms`` entry of the recipe."""
+    terms = []
+    if cfg.kl.coef > 0 and cfg.kl.placement == "loss":
+        terms.append(Term("kl", cfg.kl.coef if kl_coef is None else kl_coef))
+    if cfg.entropy_coef != 0:
+        terms.append(Term("entropy", cfg.entropy_coef))
+    for t in getattr(cfg, "loss_terms", ()):
+        terms.append(Term(t.name, t.coef, t.settings()))
+    return terms
+
+
+def required_inputs(cfg: Any) -> frozenset[str]:
+    """What the run's parts declare the loop must provide (``Entry.needs``): e.g. ``values`` (a
+    critic), ``ref_logp`` (a reference model), ``baseline`` (a greedy rollout), ``turn_returns``."""
+    from reinforge.algo.advantages import ADVANTAGES
+
+    needs = set(ADVANTAGES.needs(cfg.advantage)) | POLICY_LOSSES.needs(cfg.policy_loss)
+    for term in loss_terms(cfg):
+        needs |= LOSS_TERMS.needs(term.name)
+    if cfg.kl.coef > 0:  # in the loss (the kl term) or in the reward
+        needs.add("ref_logp")
+    return frozenset(needs)

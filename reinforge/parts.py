@@ -1,0 +1,20 @@
+"""Every kind of part, with every built-in part registered: ``all_kinds()`` imports the modules that
+register them and returns ``registry.KINDS`` (recipe key -> ``Registry``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from reinforge.registry import KINDS, Registry
+
+
+def all_kinds() -> Mapping[str, Registry]:
+    """Every registry, with every built-in part registered (plug-ins add theirs when imported)."""
+    import reinforge.algo  # noqa: F401
+    import reinforge.algo.objective  # noqa: F401
+    import reinforge.data.samplers  # noqa: F401
+    import reinforge.envs.registry  # noqa: F401
+    import reinforge.rewards  # noqa: F401
+    import reinforge.rollout.group_samplers  # noqa: F401
+
+    return KINDS

@@ -1,0 +1,139 @@
+"""Named registries of parts: every kind of part a recipe can name lives in one ``Registry``.
+
+An entry is a plain function (or a class) registered under a name with its formula and paper.
+What an entry *needs* from the loop is declared, never inferred from its name:
+
+* the function's own parameters name the fields of the context record it reads (``Registry.call``
+  binds them by name: an advantage estimator with a ``values`` parameter gets the critic's values,
+  a policy loss with ``ref_logp`` the reference log-probs); ``cfg`` is the part's settings;
+* ``needs`` lists the inputs the loop must produce for it because nothing else would (a critic's
+  ``values``, a ``greedy_baseline``, ``turn_returns``, ``ref_logp``, ...); the loop asks
+  ``Registry.needs(name)`` and provides them.
+
+No code outside a registry module tests a part's name (tests/test_architecture.py greps for it).
+``KINDS`` indexes every registry by the recipe key that names its parts (``reinforge.parts``
+imports the modules that fill them); a user's module named in a recipe's ``plugins:`` registers
+parts exactly like built-in ones (``reinforge.plugins``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from reinforge.errors import ConfigError
+
+F = TypeVar("F", bound=Callable)
+
+
+@dataclass(frozen=True)
+class Entry(Generic[F]):
+    name: str
+    fn: F
+    formula: str
+    paper: str
+    needs: frozenset[str] = frozenset()
+    params: tuple[str, ...] = field(default=(), compare=False)  # the fn's parameters, for Registry.call
+    settings: type | None = None  # the part's own options (a pydantic model), validated from the recipe
+
+    def make_settings(self, values: Mapping[str, Any], where: str) -> Any:
+        """The part's settings from a recipe mapping (``where`` names it in errors); with no settings
+        model declared, the mapping must be empty."""
+        if self.settings is None:
+            if values:
+                raise ConfigError(f"{where}: {self.name} takes no settings (got {', '.join(sorted(values))})")
+            return None
+        from pydantic import ValidationError
+
+        try:
+            return self.settings(**values)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise ConfigError(f"{where}: {problems}") from None
+
+
+class Registry(Generic[F]):
+    """A name -> part table for one kind of part."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry[F]] = {}
+
+    def register(self, name: str, *, formula: str, paper: str, needs: tuple[str, ...] | frozenset[str] = (),
+                 settings: type | None = None) -> Callable[[F], F]:
+        def deco(fn: F) -> F:
+            if name in self._entries and not _same_definition(self._entries[name].fn, fn):
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._entries[name] = Entry(name, fn, formula, paper, frozenset(needs), _parameters(fn), settings)
+            return fn
+
+        return deco
+
+    def entry(self, name: str) -> Entry[F]:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ConfigError(f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}") from None
+
+    def get(self, name: str) -> F:
+        return self.entry(name).fn
+
+    def needs(self, name: str) -> frozenset[str]:
+        """The inputs ``name`` declares that the loop must provide for it."""
+        return self.entry(name).needs
+
+    def call(self, name: str, context: Any, cfg: Any = None, **extra: Any) -> Any:
+        """``fn(**{p: context.p for each parameter p}, cfg=cfg)``: the context record's fields that the
+        function names as parameters (``extra`` first), so each part reads only what it uses."""
+        entry = self.entry(name)
+        kwargs = {p: extra[p] if p in extra else cfg if p == "cfg" else getattr(context, p) for p in entry.params}
+        return entry.fn(**kwargs)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def in_order(self) -> list[str]:
+        """The names in the order they were registered (built-in parts first)."""
+        return list(self._entries)
+
+    def entries(self) -> list[Entry[F]]:
+        return [self._entries[n] for n in self.names()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __getitem__(self, name: str) -> F:
+        return self.get(name)
+
+
+def _same_definition(a: Any, b: Any) -> bool:
+    """The same function defined again (a plug-in module imported or reloaded twice), not a clash."""
+    def where(x: Any) -> tuple:
+        x = getattr(x, "make", x)  # a spec object registered for its factory
+        return getattr(x, "__module__", None), getattr(x, "__qualname__", None)
+    return where(a) == where(b) and where(a) != (None, None)
+
+
+def _parameters(fn: Callable) -> tuple[str, ...]:
+    if not callable(fn):
+        return ()
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    names = [p.name for p in inspect.signature(target).parameters.values()
+             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return tuple(n for n in names if n != "self")
+
+
+KINDS: dict[str, Registry] = {}
+
+
+def kind(key: str, registry: Registry) -> Registry:
+    """Index ``registry`` under ``key`` (the recipe key that names its parts); returns it."""
+    if key in KINDS and KINDS[key] is not registry:
+        raise ValueError(f"part kind {key!r} is indexed twice")
+    KINDS[key] = registry
+    return registry
