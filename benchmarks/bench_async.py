@@ -32,7 +32,7 @@ from pathlib import Path
 CHILD = r"""
 import json, sys
 from reinforge.config import load_config
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 spec = json.loads(sys.argv[1])
 result = train(load_config(spec["recipe"], spec["overrides"]), progress_every=10**6)

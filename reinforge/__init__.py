@@ -5,3 +5,13 @@ Heavy modules (torch, transformers) are imported lazily by the parts that need t
 """
 
 __version__ = "0.1.0"
+
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``reinforge.train``: the learner package, callable as the one-call Python API (reinforge/api.py)."""
+    if name == "train":
+        import reinforge.train as train_package
+
+        return train_package
+    raise AttributeError(f"module 'reinforge' has no attribute {name!r}")

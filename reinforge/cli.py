@@ -57,7 +57,7 @@ def train(
         from rich.console import Console
 
         from reinforge.config import load_config
-        from reinforge.orchestrate.sync_loop import train as run_train
+        from reinforge.orchestrate.run import train as run_train
         from reinforge.train import distributed
 
         console = Console()
@@ -204,12 +204,12 @@ def export(
 
 @app.command()
 def algos() -> None:
-    """List the algorithm presets and every registered part with its formula and paper."""
+    """List the algorithm presets and every registered part (of every kind) with its formula and paper."""
     from rich.console import Console
     from rich.table import Table
 
-    from reinforge.algo import REGISTRIES
     from reinforge.config import config_from_dict, preset_names, preset_summary
+    from reinforge.parts import all_kinds
 
     console = Console()
     presets = Table(title="presets (recipe key `preset: NAME`, or `reinforge train preset=NAME`)", title_justify="left")
@@ -220,7 +220,7 @@ def algos() -> None:
         kl = f"{a.kl.estimator} x {a.kl.coef:g} in {a.kl.placement}" if a.kl.coef > 0 else "-"
         presets.add_row(name, a.advantage, a.policy_loss, a.loss_agg, kl, preset_summary(name))
     console.print(presets)
-    for kind, registry in REGISTRIES.items():
+    for kind, registry in all_kinds().items():
         table = Table(title=f"{kind} ({registry.kind})", show_lines=False, title_justify="left")
         table.add_column("name", style="bold")
         table.add_column("formula")

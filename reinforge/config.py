@@ -455,21 +455,21 @@ class EnvConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from reinforge.envs.registry import ENVIRONMENTS
-
-        if v not in ENVIRONMENTS:
-            raise ValueError(f"unknown environment {v!r}; allowed: {', '.join(sorted(ENVIRONMENTS))}")
-        return v
+        return _check_registered("env", v)
 
     @model_validator(mode="after")
     def _agent_spec(self) -> EnvConfig:
-        if (self.name == "agent") != (self.agent is not None):
+        from reinforge.envs.registry import environment_spec
+
+        if environment_spec(self.name).agent_driven != (self.agent is not None):
             raise ValueError("env.agent ('module:function') goes with env.name=agent, and env.name=agent needs it")
         return self
 
     @property
     def multi_turn(self) -> bool:
-        return self.name != "single_turn"
+        from reinforge.envs.registry import environment_spec
+
+        return environment_spec(self.name).multi_turn
 
 
 class OrchestrateConfig(_Strict):

@@ -10,7 +10,7 @@ import argparse
 import tempfile
 
 from reinforge.config import load_config, preset_names
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 
 LEARNING_RATE = {"remax": 5e-5}  # as tests/test_presets_e2e.py: remax is unstable at 1e-4 on this task

@@ -24,7 +24,7 @@ import json
 import pytest
 
 from reinforge.config import load_config
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 
 

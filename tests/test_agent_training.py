@@ -6,7 +6,7 @@ import pytest
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")

@@ -18,8 +18,8 @@ from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.orchestrate import async_loop
 from reinforge.orchestrate.components import build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
+from reinforge.orchestrate.run import train
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
-from reinforge.orchestrate.sync_loop import train
 from reinforge.track.jsonl import read_jsonl
 from reinforge.train.learner import Learner
 from reinforge.train.logprobs import token_logprobs
@@ -118,8 +118,29 @@ def test_async_defaults_to_truncated_is_and_rejects_what_it_cannot_do(tmp_path):
     assert load_config(None, ["orchestrate.mode=async"]).algo.mismatch.mode == "token_tis"
     assert load_config(None, ["orchestrate.mode=async", "algo.mismatch.mode=none"]).algo.mismatch.mode == "none"
     assert load_config(None, []).algo.mismatch.mode == "none"
-    with pytest.raises(ConfigError, match="remax"):
-        train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "algo.advantage=remax", "train.steps=1"]))
+    with pytest.raises(ConfigError, match="dynamic_sampling"):
+        train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "algo.dynamic_sampling=true", "train.steps=1"]))
+
+
+@pytest.mark.slow
+def test_async_rollout_workers_give_remax_its_greedy_baseline(tmp_path, monkeypatch):
+    """ReMax declares that it needs a baseline (``needs=("baseline",)``): the rollout worker samples the
+    greedy completion of every task too, and the learner gets one baseline per kept trajectory."""
+    from reinforge.orchestrate import async_loop
+
+    seen = []
+    collect = async_loop.AsyncLoop.collect
+
+    def spy(self, step):
+        rollout = collect(self, step)
+        seen.append((len(rollout.kept), rollout.baseline))
+        return rollout
+
+    monkeypatch.setattr(async_loop.AsyncLoop, "collect", spy)
+    result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "algo.advantage=remax", "train.steps=2"]))
+    assert result.steps == 2 and len(seen) == 2
+    for kept, baseline in seen:
+        assert baseline is not None and len(baseline) == kept and all(b in (0.0, 1.0) for b in baseline)
 
 
 # ---- end to end (worker processes) -------------------------------------------------------------

@@ -42,3 +42,12 @@ def test_measured_table_lists_every_preset():
     measured = DOC.split("### What each preset reaches here", 1)[1].split("\n## ", 1)[0]
     for name in preset_names():
         assert re.search(rf"^\| {name} \| 0\.\d+ -> 0\.\d+ \|", measured, re.M), name
+
+
+@pytest.mark.parametrize("kind", ["mismatch", "loss_term"])
+def test_the_other_algorithm_parts_are_documented_verbatim(kind):
+    from reinforge.parts import all_kinds
+
+    for entry in all_kinds()[kind].entries():
+        assert f"`{entry.formula}`" in DOC, f"{kind} {entry.name}: formula missing from docs/algorithms.md"
+        assert f"| `{entry.name}` |" in DOC, f"{kind} {entry.name}: no table row"

@@ -14,7 +14,7 @@ from model_fixtures import long_context_model, tiny_reward_model
 from reinforge.config import RECIPES_DIR, load_config
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 
 DATA_DIR = RECIPES_DIR / "data"

@@ -19,7 +19,7 @@ from reinforge.orchestrate.episodes import (
     score_single_turn,
     shape_overlong,
 )
-from reinforge.orchestrate.sync_loop import _Loop
+from reinforge.orchestrate.sync_loop import SyncLoop
 from reinforge.train.critic import ValueModel
 from reinforge.train.learner import Learner
 from reinforge.types import Trajectory
@@ -208,7 +208,7 @@ def test_groups_with_spread_and_remax_baseline_in_batch():
 def test_dynamic_sampling_fills_the_batch_with_spread_groups(tmp_path):
     cfg = _cfg(tmp_path, "preset=dapo", "rollout.prompts_per_step=6", "algo.dynamic_sampling_max_rounds=5")
     c = build_components(cfg)
-    loop = _Loop(c, tmp_path, 0, 10)
+    loop = SyncLoop(c, tmp_path, 0, 10)
     rollout = loop.collect(step=1)
     kept_groups = {t.group_id for t in rollout.kept}
     assert len(kept_groups) == 6 or rollout.rounds == 5
@@ -217,12 +217,12 @@ def test_dynamic_sampling_fills_the_batch_with_spread_groups(tmp_path):
     assert len({t.group_id for t in rollout.sampled}) == rollout.rounds * 6  # group ids never collide
     capped = build_components(_cfg(tmp_path, "preset=dapo", "rollout.prompts_per_step=6",
                                    "algo.dynamic_sampling_max_rounds=1"))
-    assert _Loop(capped, tmp_path, 0, 10).collect(step=1).rounds == 1
+    assert SyncLoop(capped, tmp_path, 0, 10).collect(step=1).rounds == 1
 
 
 def test_remax_collects_one_greedy_baseline_per_prompt(tmp_path):
     c = build_components(_cfg(tmp_path, "preset=remax"))
-    rollout = _Loop(c, tmp_path, 0, 10).collect(step=1)
+    rollout = SyncLoop(c, tmp_path, 0, 10).collect(step=1)
     assert rollout.baseline is not None and len(rollout.baseline) == len(rollout.kept) == 16
     for g in range(4):  # one value per group, and it is a reward of this task
         assert len({b for t, b in zip(rollout.kept, rollout.baseline, strict=True) if t.group_id == g}) == 1

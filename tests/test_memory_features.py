@@ -139,7 +139,7 @@ def test_memory_switch_conflicts_are_named(tmp_path):
 
 
 def test_a_training_run_with_every_memory_switch_on(tmp_path):
-    from reinforge.orchestrate.sync_loop import train
+    from reinforge.orchestrate.run import train
     from reinforge.track.jsonl import read_jsonl
 
     result = train(load_config(None, [f"output_dir={tmp_path}", *BASE, "train.steps=2", "eval.every=0",

@@ -9,7 +9,7 @@ are +0.03 and +0.02.
 import pytest
 
 from reinforge.config import load_config
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 
 PRESETS = ["grpo", "dapo", "gspo", "ppo", "dr_grpo", "cispo", "rloo", "reinforce_pp", "remax", "opo"]

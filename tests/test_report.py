@@ -22,7 +22,7 @@ HOSTILE = '<script>alert("pwned")</script> & <b>bold</b>'
 def real_run(tmp_path_factory):
     """A real 4-step run of the default recipe (tiny model), with pass@k before/after (eval.json, passk.png)."""
     from reinforge.config import load_config
-    from reinforge.orchestrate.sync_loop import train
+    from reinforge.orchestrate.run import train
 
     out = tmp_path_factory.mktemp("runs")
     cfg = load_config(None, [f"output_dir={out}", "name=tiny", "train.steps=4", "eval.every=2",

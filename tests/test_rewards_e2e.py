@@ -7,7 +7,7 @@ import pytest
 from model_fixtures import long_context_model, tiny_reward_model
 
 from reinforge.config import load_config
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 
 COMMON = ["train.steps=2", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0", "rollout.prompts_per_step=4",

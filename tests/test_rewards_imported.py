@@ -11,7 +11,7 @@ import pytest
 from reinforge.config import load_config
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.rewards.build import build_reward
 from reinforge.rewards.imported import ImportedVerifier, resolve_verifier
 from reinforge.rewards.pool import VerifierPool

@@ -12,7 +12,7 @@ import pytest
 
 from reinforge.config import load_config
 from reinforge.data.base import Task
-from reinforge.orchestrate.sync_loop import train
+from reinforge.orchestrate.run import train
 from reinforge.rewards.pool import VerifierError
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult, numeric_match
 from reinforge.track.jsonl import read_jsonl

@@ -215,7 +215,7 @@ def test_training_through_the_server_is_on_policy(server, tmp_path):
     """A tiny GRPO run whose rollouts come from `reinforge serve` via the openai engine: weights are
     pushed after every update, so the learner and the server agree on every sampled token."""
     from reinforge.config import load_config
-    from reinforge.orchestrate.sync_loop import train
+    from reinforge.orchestrate.run import train
     from reinforge.track.jsonl import read_jsonl
 
     app, url = server

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
-from reinforge.orchestrate.sync_loop import CollapseDetector, _Loop, train
+from reinforge.orchestrate.run import train
+from reinforge.orchestrate.sync_loop import CollapseDetector, SyncLoop
 from reinforge.track.jsonl import read_jsonl
 
 TIMING = ("time/", "perf/", "memory/")  # wall-clock and resident memory vary between runs
@@ -39,14 +40,14 @@ def test_resume_is_exact(tmp_path, monkeypatch, algo):
     common = (*algo, "train.steps=6", "eval.every=3", "checkpoint.every=3", "train.minibatches=2",
               "train.epochs=2", "train.lr_schedule=cosine")
     straight = train(_cfg(tmp_path, "straight", *common))
-    save = _Loop.save
+    save = SyncLoop.save
 
     def save_then_die(self, step):
         save(self, step)
         if step == 3:
             raise Killed
 
-    monkeypatch.setattr(_Loop, "save", save_then_die)
+    monkeypatch.setattr(SyncLoop, "save", save_then_die)
     with pytest.raises(Killed):
         train(_cfg(tmp_path, "split", *common))
     monkeypatch.undo()

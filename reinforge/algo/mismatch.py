@@ -49,7 +49,7 @@ def token_tis(d: Tensor, m: Tensor, cap: float) -> tuple[Tensor, Tensor]:
     return torch.clamp(ratio, max=cap) * m, (ratio > cap).to(torch.float64) * m
 
 
-@MISMATCH_CORRECTIONS.register("seq_tis", formula="w_i = min(exp(sum_t m_t d_t), C)", paper=_YAO)
+@MISMATCH_CORRECTIONS.register("seq_tis", formula="w_i = min(exp(sum_t d_t), C)", paper=_YAO)
 def seq_tis(d: Tensor, m: Tensor, cap: float) -> tuple[Tensor, Tensor]:
     """Sequence-level truncated importance sampling, the weight broadcast over the row's tokens."""
     seq_ratio = torch.exp((d * m).sum(-1).clamp(-_MAX_LOG, _MAX_LOG))
@@ -65,7 +65,7 @@ def token_mask(d: Tensor, m: Tensor, cap: float) -> tuple[Tensor, Tensor]:
 
 
 @MISMATCH_CORRECTIONS.register(
-    "seq_mask", formula="w_i = 1 if 1/C <= exp(mean_{t: m_t=1} d_t) <= C else 0", paper=_YAO)
+    "seq_mask", formula="w_i = 1 if 1/C <= exp(mean_t d_t) <= C else 0", paper=_YAO)
 def seq_mask(d: Tensor, m: Tensor, cap: float) -> tuple[Tensor, Tensor]:
     """Sequence-level masking by the geometric-mean ratio, broadcast over the row's tokens."""
     seq_ratio = torch.exp((d * m).sum(-1) / m.sum(-1).clamp(min=1.0))

@@ -34,13 +34,17 @@ AGENT = "agent"
 @dataclass(frozen=True)
 class EnvSpec:
     """``make(verifier, system_prompt, **params)``; ``task_kinds``: the task sources (``task.kind``)
-    it is built for, None for any task with a verifier; ``uses_verifier``: scores with the task's verifier."""
+    it is built for, None for any task with a verifier; ``uses_verifier``: scores with the task's verifier;
+    ``multi_turn``: its episodes alternate model turns and observations (played token by token from the
+    chat template), else one completion is sampled per episode and scored in the reward pool."""
 
     name: str
     make: Callable[..., Environment]
     uses_verifier: bool
     task_kinds: tuple[str, ...] | None
     description: str
+    multi_turn: bool = True
+    agent_driven: bool = False  # episodes are played by a black-box agent (env.agent) through the proxy
 
     @property
     def params(self) -> dict[str, Any]:
@@ -53,20 +57,21 @@ ENVIRONMENTS: Registry[EnvSpec] = kind("env", Registry("environment"))
 
 def register_environment(
     name: str, *, description: str, paper: str = "-", uses_verifier: bool = False,
-    task_kinds: tuple[str, ...] | None = None,
+    task_kinds: tuple[str, ...] | None = None, multi_turn: bool = True, agent_driven: bool = False,
 ) -> Callable[[Callable[..., Environment]], Callable[..., Environment]]:
     """Register ``make(verifier, system_prompt, **params) -> Environment`` as environment ``name``
     (``env.name`` in a recipe; ``env.params`` are its keyword parameters, their defaults its own)."""
 
     def deco(make: Callable[..., Environment]) -> Callable[..., Environment]:
-        spec = EnvSpec(name, make, uses_verifier, task_kinds, description)
+        spec = EnvSpec(name, make, uses_verifier, task_kinds, description, multi_turn, agent_driven)
         ENVIRONMENTS.register(name, formula=description, paper=paper)(spec)
         return make
 
     return deco
 
 
-@register_environment("single_turn", description="one completion scored by the task's verifier", uses_verifier=True)
+@register_environment("single_turn", description="one completion scored by the task's verifier", uses_verifier=True,
+                      multi_turn=False)
 def _single_turn(verifier: Verifier | None, system_prompt: str | None) -> Environment:
     assert verifier is not None  # checked by build_environment
     return SingleTurnEnv(verifier, system_prompt)
@@ -94,7 +99,7 @@ def _retry(
     return RetryEnv(SingleTurnEnv(verifier, system_prompt), max_attempts=max_attempts, feedback=feedback, decay=decay)
 
 
-@register_environment(AGENT, description="a black-box agent written for the OpenAI API (env.agent), through the "
+@register_environment(AGENT, agent_driven=True, description="a black-box agent written for the OpenAI API (env.agent), through the "
                       "proxy (reinforge/serve/proxy.py)")
 def _agent(verifier: Verifier | None, system_prompt: str | None) -> Environment:
     raise ConfigError("env.name=agent: episodes are played by the agent (env.agent = 'module:function') through "
@@ -118,7 +123,7 @@ def build_environment(
     if unknown:
         allowed = ", ".join(f"{k} (default {v!r})" for k, v in spec.params.items()) or "none"
         raise EnvironmentConfigError(f"env.params: {name!r} has no parameter {', '.join(map(repr, unknown))}; allowed: {allowed}")
-    if name == AGENT:
+    if spec.agent_driven:
         return partial(spec.make, verifier, system_prompt)  # never called: the loop runs the agent
     if spec.uses_verifier and verifier is None:
         raise EnvironmentConfigError(f"env {name!r} scores with the task's verifier, but none was given")

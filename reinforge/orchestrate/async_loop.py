@@ -1,6 +1,6 @@
 """Asynchronous RL: rollout in worker processes, the learner here, bounded staleness in between.
 
-The learner process keeps the synchronous loop's step (``_Loop``: batch, update, metrics,
+The learner process keeps the synchronous loop's step (``SyncLoop``: batch, update, metrics,
 evaluation, checkpoints) and replaces where a step's rollout batch comes from. Rollout workers
 (``RolloutWorkers``: processes on this machine, the ``local`` backend; ``RayRolloutWorkers``:
 Ray actors, the ``ray`` backend) sample batches continuously while the learner trains;
@@ -27,14 +27,13 @@ import dataclasses
 import time
 from typing import Any
 
-from reinforge.algo.advantages import ADVANTAGES
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.components import Components
 from reinforge.orchestrate.episodes import shape_overlong
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutWorkers
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
-from reinforge.orchestrate.sync_loop import Rollout, TrainResult, _Loop
+from reinforge.orchestrate.sync_loop import Rollout, SyncLoop, TrainResult
 from reinforge.train.checkpoint import latest_checkpoint
 
 
@@ -43,8 +42,6 @@ def check_async_config(c: Components) -> None:
     unsupported = {
         "env.name=agent": cfg.env.agent is not None,
         "algo.dynamic_sampling": cfg.algo.dynamic_sampling,
-        f"algo.advantage={cfg.algo.advantage} (it needs a greedy baseline)": "baseline" in ADVANTAGES.needs(
-            cfg.algo.advantage),
         "rollout.engine=openai": cfg.rollout.engine == "openai",
     }
     bad = [k for k, v in unsupported.items() if v]
@@ -52,7 +49,7 @@ def check_async_config(c: Components) -> None:
         raise ConfigError(f"orchestrate.mode=async does not support {', '.join(bad)} yet; use orchestrate.mode=sync")
 
 
-class AsyncLoop(_Loop):
+class AsyncLoop(SyncLoop):
     def __init__(self, c: Components, run_dir, start: int, progress_every: int) -> None:
         check_async_config(c)
         super().__init__(c, run_dir, start, progress_every)
@@ -125,7 +122,8 @@ class AsyncLoop(_Loop):
             "async/lag_max": float(max(lags, default=0)), "async/dropped_groups": float(self.dropped_groups),
             "async/worker_restarts": float(self.workers.restarts), "async/in_flight": float(len(self.in_flight)),
         }
-        return Rollout(sampled=kept, kept=kept, rounds=1, reward_s=0.0)
+        baseline = [result.baseline[t.group_id] for t in kept] if result.baseline is not None else None
+        return Rollout(sampled=kept, kept=kept, baseline=baseline, rounds=1, reward_s=0.0)
 
     def train_step(self, step: int) -> dict[str, Any]:
         metrics = super().train_step(step)

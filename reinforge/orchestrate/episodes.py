@@ -14,6 +14,7 @@ from reinforge.config import AlgoConfig, GroupSamplerConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import verifier_step_result
+from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rollout.group_samplers import sample_groups
 from reinforge.rollout.prompts import encode_prompt
@@ -73,10 +74,13 @@ def score_single_turn(
 
 def greedy_baseline_rewards(
     tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams, seed: int,
-    pool: VerifierPool,
+    pool: VerifierPool, limits: EpisodeLimits | None = None,
 ) -> list[float]:
-    """ReMax's baseline: the reward of one greedy completion per task."""
+    """ReMax's baseline: the reward of one greedy completion per task (with ``limits``: of one greedy
+    multi-turn episode). The same in the synchronous loop and the asynchronous rollout workers."""
     greedy = dataclasses.replace(params, greedy=True, n=1)
+    if limits is not None:
+        return [t.reward for t in run_episodes(tasks, engine, make_env, greedy, limits, seed)]
     _, generations = generate_single_turn(tasks, engine, make_env, greedy, seed)
     return [t.reward for t in score_single_turn(tasks, generations, 1, pool)]
 

@@ -47,6 +47,7 @@ class RolloutResult:
     generate_s: float = 0.0
     reward_s: float = 0.0
     error: str | None = None
+    baseline: list[float] | None = None  # per task: its greedy reward, when the advantage needs a baseline
 
 
 def sampling_params(cfg: RunConfig) -> SamplingParams:
@@ -86,7 +87,12 @@ class RolloutWorkerCore:
         self.limits = episode_limits(cfg, getattr(model.config, "max_position_embeddings", None))
 
     def run(self, request: RolloutRequest) -> RolloutResult:
-        from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
+        from reinforge.algo.advantages import ADVANTAGES
+        from reinforge.orchestrate.episodes import (
+            generate_single_turn,
+            greedy_baseline_rewards,
+            score_single_turn,
+        )
         from reinforge.orchestrate.multi_turn import run_episodes
 
         try:
@@ -101,7 +107,12 @@ class RolloutWorkerCore:
                 t1 = time.perf_counter()
                 trajs = score_single_turn(request.tasks, gens, self.params.n, self.pool)
                 t2 = time.perf_counter()
-            return RolloutResult(request.update, self.worker_id, trajs, t1 - t0, t2 - t1)
+            baseline = None
+            if "baseline" in ADVANTAGES.needs(self.cfg.algo.advantage):  # e.g. ReMax's greedy baseline
+                limits = self.limits if self.cfg.env.multi_turn else None
+                baseline = greedy_baseline_rewards(request.tasks, self.engine, self.make_env, self.params,
+                                                   request.seed, self.pool, limits)
+            return RolloutResult(request.update, self.worker_id, trajs, t1 - t0, t2 - t1, baseline=baseline)
         except Exception:
             return RolloutResult(request.update, self.worker_id, error=traceback.format_exc())
 

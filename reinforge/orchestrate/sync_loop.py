@@ -14,11 +14,9 @@ from typing import Any
 from rich.console import Console
 
 from reinforge.algo.advantages import ADVANTAGES
-from reinforge.config import RunConfig, dump_config, load_config
-from reinforge.errors import ReinforgeError
 from reinforge.eval.heldout import evaluate
 from reinforge.orchestrate.agent_episodes import AgentRunner
-from reinforge.orchestrate.components import Components, build_components
+from reinforge.orchestrate.components import Components
 from reinforge.orchestrate.episodes import (
     BatchStats,
     build_batch,
@@ -29,14 +27,13 @@ from reinforge.orchestrate.episodes import (
     shape_overlong,
 )
 from reinforge.orchestrate.multi_turn import episode_player, run_episodes
-from reinforge.orchestrate.run_dir import create_run_dir
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
 from reinforge.track.report import write_report
 from reinforge.track.sinks import build_sinks, close_sinks
 from reinforge.train import distributed
-from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from reinforge.train.checkpoint import save_checkpoint
 from reinforge.train.memory import peak_mb, reset_peak
 from reinforge.types import Trajectory
 
@@ -57,60 +54,21 @@ class Rollout:
 
 @dataclass
 class TrainResult:
+    """Where a run went and its held-out greedy accuracy before and after training."""
+
     run_dir: Path
     steps: int
     heldout_before: float | None
     heldout_after: float
 
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every record of the run's ``metrics.jsonl`` (one per step, and the evaluations)."""
+        from reinforge.track.jsonl import read_jsonl
 
-def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: list[str] | None = None,
-          progress_every: int | None = None) -> TrainResult:
-    """Run (or resume) a training run; returns where it went and the held-out accuracy before/after.
-
-    With ``train.world_size`` > 1 it runs in that many processes (spawned here, or started by
-    torchrun); rank 0 logs, evaluates, checkpoints and returns the result (docs/distributed.md)."""
-    if resume is not None:
-        cfg, run_dir = _resumed_config(resume, overrides or [])
-    else:
-        cfg = cfg or load_config(None, overrides)
-        run_dir = None
-    if distributed.needs_spawn(cfg):
-        return distributed.spawn_train(cfg, resume, overrides, progress_every)
-    distributed.init(cfg)  # joins torchrun's process group; a no-op with one process
-    c = build_components(cfg)
-    run_dir = run_dir or distributed.from_main(lambda: create_run_dir(cfg))
-    if distributed.is_main():
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
-    start = _restore(c, run_dir) if resume is not None else 0
-    if cfg.orchestrate.mode == "async":
-        from reinforge.orchestrate.async_loop import AsyncLoop
-
-        return AsyncLoop(c, run_dir, start, progress_every or cfg.log.console_every).run()
-    return _Loop(c, run_dir, start, progress_every or cfg.log.console_every).run()
+        return read_jsonl(self.run_dir / "metrics.jsonl")
 
 
-def _resumed_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, Path]:
-    if not (run_dir / "config.yaml").is_file():
-        raise ReinforgeError(f"--resume {run_dir}: not a run directory (no config.yaml)")
-    return load_config(run_dir / "config.yaml", overrides), run_dir
-
-
-def _restore(c: Components, run_dir: Path) -> int:
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ReinforgeError(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
-    c.learner.restore_policy(ckpt, c.cfg.model.dtype, c.cfg.model.device)
-    trainer_state, state = load_checkpoint(ckpt, c.engine.generator)
-    c.learner.load_state_dict(trainer_state)
-    c.sampler.load_state_dict(state["sampler"])
-    c.engine.update_weights(c.learner.model, state["policy_version"])
-    step = int(state["step"])
-    for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl") if distributed.is_main() else ():
-        JsonlSink(run_dir / name).truncate_after_step(step)
-    return step
-
-
-class _Loop:
+class SyncLoop:
     def __init__(self, c: Components, run_dir: Path, start: int, progress_every: int) -> None:
         self.c, self.cfg, self.run_dir, self.start = c, c.cfg, run_dir, start
         self.metrics = JsonlSink(run_dir / "metrics.jsonl")
@@ -293,10 +251,8 @@ class _Loop:
         c = self.c
         if self.agents is not None:
             return [t.reward for t in self.agents.run(tasks, 1, greedy=True)]
-        if self.cfg.env.multi_turn:
-            greedy = dataclasses.replace(c.sampling_params(), greedy=True, n=1)
-            return [t.reward for t in run_episodes(tasks, c.engine, c.make_env, greedy, c.episode_limits(), step)]
-        return greedy_baseline_rewards(tasks, c.engine, c.make_env, c.sampling_params(), step, c.reward_pool)
+        limits = c.episode_limits() if self.cfg.env.multi_turn else None
+        return greedy_baseline_rewards(tasks, c.engine, c.make_env, c.sampling_params(), step, c.reward_pool, limits)
 
     def _player(self):
         """Multi-turn environments are evaluated by playing their episodes."""

@@ -32,7 +32,7 @@ def pool_kind(cfg: RunConfig) -> PoolKind:
     environment calls its verifier itself, so its pool stays threads."""
     if cfg.reward.pool != "auto":
         return cfg.reward.pool
-    if cfg.env.name != "single_turn":
+    if cfg.env.multi_turn:
         return "thread"
     terms = cfg.reward.terms
     if any(t.verifier is None for t in terms):

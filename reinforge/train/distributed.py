@@ -17,7 +17,7 @@ equal to one process training on all the ranks' rows together:
 - ``parallel="fsdp"``: FSDP2 (``fully_shard`` on every decoder layer and the root); parameters,
   gradients and optimizer state are sharded; gradients are reduce-scattered as sums.
 
-Launch: ``reinforge train ... train.world_size=N`` spawns N processes (``spawn_train``), or run
+Launch: ``reinforge train ... train.world_size=N`` spawns N processes (``orchestrate.run.spawn_train``), or run
 under ``torchrun`` (the ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables). With
 one process every helper here is a no-op and nothing is imported from ``torch.distributed``.
 """
@@ -182,25 +182,6 @@ def _worker(index: int, w: int, port: int, cfg: RunConfig, fn: Callable[..., Any
         fn(*args)
     finally:
         shutdown()
-
-
-def spawn_train(cfg: RunConfig, resume, overrides, progress_every):  # type: ignore[no-untyped-def]
-    """``sync_loop.train`` in ``train.world_size`` spawned processes; rank 0's ``TrainResult``."""
-    import torch.multiprocessing as mp
-
-    results = mp.get_context("spawn").SimpleQueue()
-    spawn(_train_rank, cfg, cfg, resume, overrides, progress_every, results)
-    if results.empty():
-        raise ReinforgeError("rank 0 finished without a result")
-    return results.get()
-
-
-def _train_rank(cfg: RunConfig, resume, overrides, progress_every, results) -> None:  # type: ignore[no-untyped-def]
-    from reinforge.orchestrate.sync_loop import train
-
-    result = train(None if resume is not None else cfg, resume, overrides, progress_every)
-    if is_main():
-        results.put(result)
 
 
 # ---------------------------------------------------------------------------------- collectives

@@ -1,0 +1,86 @@
+"""``train()``: one run from its config, the entry point of ``reinforge train`` and ``reinforge.train``.
+
+It builds the components, creates (or resumes) the run directory, and runs the synchronous loop
+(sync_loop.py) or the asynchronous one (async_loop.py). With ``train.world_size`` > 1 it first
+spawns that many ranks here (or joins torchrun's), each of which runs ``train`` itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reinforge.config import RunConfig, dump_config, load_config
+from reinforge.errors import ReinforgeError
+from reinforge.orchestrate.components import Components, build_components
+from reinforge.orchestrate.run_dir import create_run_dir
+from reinforge.orchestrate.sync_loop import SyncLoop, TrainResult
+from reinforge.track.jsonl import JsonlSink
+from reinforge.train import distributed
+from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint
+
+
+def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: list[str] | None = None,
+          progress_every: int | None = None) -> TrainResult:
+    """Run (or resume) a training run; returns where it went and the held-out accuracy before/after.
+
+    With ``train.world_size`` > 1 it runs in that many processes (spawned here, or started by
+    torchrun); rank 0 logs, evaluates, checkpoints and returns the result (docs/distributed.md)."""
+    if resume is not None:
+        cfg, run_dir = _resumed_config(resume, overrides or [])
+    else:
+        cfg = cfg or load_config(None, overrides)
+        run_dir = None
+    if distributed.needs_spawn(cfg):
+        return spawn_train(cfg, resume, overrides, progress_every)
+    distributed.init(cfg)  # joins torchrun's process group; a no-op with one process
+    c = build_components(cfg)
+    run_dir = run_dir or distributed.from_main(lambda: create_run_dir(cfg))
+    if distributed.is_main():
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
+    start = _restore(c, run_dir) if resume is not None else 0
+    if cfg.orchestrate.mode == "async":
+        from reinforge.orchestrate.async_loop import AsyncLoop
+
+        return AsyncLoop(c, run_dir, start, progress_every or cfg.log.console_every).run()
+    return SyncLoop(c, run_dir, start, progress_every or cfg.log.console_every).run()
+
+
+def _resumed_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, Path]:
+    if not (run_dir / "config.yaml").is_file():
+        raise ReinforgeError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+    return load_config(run_dir / "config.yaml", overrides), run_dir
+
+
+def _restore(c: Components, run_dir: Path) -> int:
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ReinforgeError(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
+    c.learner.restore_policy(ckpt, c.cfg.model.dtype, c.cfg.model.device)
+    trainer_state, state = load_checkpoint(ckpt, c.engine.generator)
+    c.learner.load_state_dict(trainer_state)
+    c.sampler.load_state_dict(state["sampler"])
+    c.engine.update_weights(c.learner.model, state["policy_version"])
+    step = int(state["step"])
+    for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl") if distributed.is_main() else ():
+        JsonlSink(run_dir / name).truncate_after_step(step)
+    return step
+
+
+def spawn_train(cfg: RunConfig, resume: Path | None, overrides: list[str] | None,
+                progress_every: int | None) -> TrainResult:
+    """``train`` in ``train.world_size`` spawned processes; rank 0's ``TrainResult``."""
+    import torch.multiprocessing as mp
+
+    results = mp.get_context("spawn").SimpleQueue()
+    distributed.spawn(_train_rank, cfg, cfg, resume, overrides, progress_every, results)
+    if results.empty():
+        raise ReinforgeError("rank 0 finished without a result")
+    return results.get()
+
+
+def _train_rank(cfg: RunConfig, resume: Path | None, overrides: list[str] | None, progress_every: int | None,
+                results) -> None:  # type: ignore[no-untyped-def]
+    result = train(None if resume is not None else cfg, resume, overrides, progress_every)
+    if distributed.is_main():
+        results.put(result)
+

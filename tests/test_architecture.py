@@ -1,0 +1,123 @@
+"""The package's shape (docs/architecture.md): no import cycle between its modules, and no test of a
+registered part's name outside the module that registers it (the loop asks the part's declaration)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from reinforge.parts import all_kinds
+
+PACKAGE = Path(__file__).resolve().parents[1] / "reinforge"
+# A string that is a part's name but also means something else where it is compared (not the part).
+OTHER_MEANINGS = {
+    ("rewards/reward_model.py", "none"),  # reward.reward_model normalise: none | running
+    ("config.py", "calculator"),  # task.kind (a task source, named like the environment that plays it)
+    ("config.py", "guessing"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """Every reinforge module this one imports, at the top or inside a function."""
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {owner(a.name) for a in node.names if a.name.startswith("reinforge")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("reinforge"):
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                found.add(owner(full) if full in modules else owner(node.module))
+    return {m for m in found if m}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w == v:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_inside_the_package():
+    modules = _modules()
+    graph = {name: _imports(ast.parse(path.read_text()), modules) for name, path in modules.items()}
+    assert _cycles(graph) == []
+    # the check sees a cycle when there is one
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _name_tests(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every comparison (==, !=, in, not in) with a string constant that is a part's name."""
+    hits = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        for operand in [node.left, *node.comparators]:
+            constants = operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]
+            for c in constants:
+                if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in names:
+                    hits.append((node.lineno, c.value))
+    return hits
+
+
+def test_no_code_outside_a_registry_module_tests_a_part_name():
+    kinds = all_kinds()
+    names = {name for key, registry in kinds.items() if key != "verifier" for name in registry.names()}
+    registry_modules = {
+        Path(getattr(getattr(e.fn, "make", e.fn), "__code__", None).co_filename).resolve()
+        for registry in kinds.values() for e in registry.entries() if hasattr(getattr(e.fn, "make", e.fn), "__code__")
+    } | {PACKAGE / "algo/mismatch.py", PACKAGE / "data/samplers.py"}
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.resolve() in registry_modules:
+            continue
+        rel = str(path.relative_to(PACKAGE))
+        for line, name in _name_tests(ast.parse(path.read_text()), names):
+            if (rel, name) not in OTHER_MEANINGS:
+                found.append(f"reinforge/{rel}:{line} compares with part name {name!r}")
+    assert found == [], "\n".join(found)
+    assert _name_tests(ast.parse('if cfg.algo.advantage == "gae": pass'), names) == [(1, "gae")]

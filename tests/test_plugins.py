@@ -1,0 +1,142 @@
+"""Parts added from outside the package (docs/extending.md): every example of that page, as a plug-in
+file named in a recipe's ``plugins:``, runs through a short training run and does what it says."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reinforge.config import load_config
+from reinforge.errors import ConfigError
+from reinforge.orchestrate.run import train
+from reinforge.registry import KINDS
+from reinforge.rollout.torch_engine import TorchRolloutEngine
+from reinforge.track.jsonl import read_jsonl
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+SHORT = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "task.heldout_size=8",
+         "eval.final_samples=0", "log.report=false", "train.time_limit_s=0", "checkpoint.every=0"]
+
+
+def examples() -> dict[str, str]:
+    """Example name -> its code, from the ``<!-- example: NAME -->`` blocks of docs/extending.md."""
+    text = DOC.read_text()
+    return dict(re.findall(r"<!-- example: (\w+) -->\n```python\n(.*?)```", text, flags=re.S))
+
+
+@pytest.fixture(scope="module")
+def plugin_files(tmp_path_factory):
+    """Each example as a file (imported once per session); the parts they register are removed afterwards."""
+    saved = {key: dict(registry._entries) for key, registry in KINDS.items()}
+    modules = set(sys.modules)
+    root = tmp_path_factory.mktemp("plugins")
+    files = {}
+    for name, code in examples().items():
+        files[name] = root / f"{name}_plugin.py"
+        files[name].write_text(code)
+    yield files
+    for key, registry in KINDS.items():
+        registry._entries.clear()
+        registry._entries.update(saved.get(key, {}))
+    for name in set(sys.modules) - modules:
+        if name.startswith("reinforge_user_"):
+            del sys.modules[name]
+
+
+def _spy(monkeypatch, registry, name: str) -> list[dict]:
+    """Record every call of a registered part (its keyword arguments)."""
+    entry, calls = registry.entry(name), []
+
+    def spy(**kwargs):
+        calls.append(kwargs)
+        return entry.fn(**kwargs)
+
+    monkeypatch.setitem(registry._entries, name, dataclasses.replace(entry, fn=spy))
+    return calls
+
+
+def _run(tmp_path, plugin: Path, *overrides: str, recipe: str | None = None):
+    cfg = load_config(recipe, [f"output_dir={tmp_path}", f"plugins=[{plugin}]", *SHORT, *overrides])
+    result = train(cfg)
+    assert result.steps == 2
+    saved = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert saved["plugins"] == [str(plugin)]  # a resumed run imports it again
+    return result, [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+
+
+def test_the_page_has_every_kind_of_example_each_under_30_lines():
+    found = examples()
+    assert set(found) == {"advantage", "policy_loss", "loss_term", "task_sampler", "group_sampler", "environment"}
+    for name, code in found.items():
+        lines = [line for line in code.splitlines() if line.strip()]
+        assert len(lines) < 30, (name, len(lines))
+
+
+@pytest.mark.slow
+def test_advantage_estimator(tmp_path, plugin_files, monkeypatch):
+    load_config(None, [f"plugins=[{plugin_files['advantage']}]"])  # registers it
+    calls = _spy(monkeypatch, KINDS["advantage"], "centered_sign")
+    _, steps = _run(tmp_path, plugin_files["advantage"], "algo.advantage=centered_sign")
+    assert len(calls) == 2 and set(calls[0]) == {"rewards", "group_index", "mask", "cfg"}
+    assert all(abs(m["adv/abs_mean"] - 1.0) < 1e-6 for m in steps)  # +-1 on every token (kept groups have spread)
+
+
+@pytest.mark.slow
+def test_policy_loss_reads_the_sampling_logprobs_and_lengths(tmp_path, plugin_files):
+    _, steps = _run(tmp_path, plugin_files["policy_loss"], "algo.policy_loss=behaviour_weighted_pg")
+    assert all(0.5 < m["train/behaviour_weight"] <= 2.0 for m in steps)  # ~1: the sampler is the policy
+
+
+@pytest.mark.slow
+def test_extra_loss_term(tmp_path, plugin_files):
+    _, steps = _run(tmp_path, plugin_files["loss_term"], "algo.loss_terms=[{name: nll_on_correct, coef: 0.1}]")
+    assert all("train/nll_on_correct" in m for m in steps)
+    assert any(m["train/nll_on_correct"] > 0 for m in steps)  # some completions were right
+    assert all(m["train/loss"] != m["train/pg_loss"] for m in steps if m["train/nll_on_correct"] > 0)
+
+
+@pytest.mark.slow
+def test_task_sampler_with_settings(tmp_path, plugin_files):
+    with pytest.raises(ConfigError, match="k"):
+        load_config(None, [f"plugins=[{plugin_files['task_sampler']}]", "task.sampler={name: first_k, params: {k: x}}"])
+    result, _ = _run(tmp_path, plugin_files["task_sampler"], "task.sampler={name: first_k, params: {k: 2}}",
+                     "log.samples_per_step=16")
+    drawn = {s["task_id"] for s in read_jsonl(result.run_dir / "samples.jsonl")}
+    assert len(drawn) == 2  # only the first 2 tasks, over and over
+
+
+@pytest.mark.slow
+def test_group_sampler(tmp_path, plugin_files, monkeypatch):
+    ns: list[int] = []
+    generate = TorchRolloutEngine.generate
+    monkeypatch.setattr(TorchRolloutEngine, "generate", lambda self, reqs, params: (ns.append(params.n),
+                                                                                     generate(self, reqs, params))[1])
+    _, steps = _run(tmp_path, plugin_files["group_sampler"], "rollout.group_sampler={name: two_rounds}",
+                    "eval.every=0")
+    assert [n for n in ns if n > 1] == [2, 2, 2, 2]  # two rounds of G/2 = 2 per step
+    assert all(m["batch/sequences"] % 4 == 0 for m in steps)  # whole groups of G = 4 completions
+
+
+@pytest.mark.slow
+def test_environment(tmp_path, plugin_files):
+    _, steps = _run(tmp_path, plugin_files["environment"], "env.name=one_turn_chat", "model.path=tiny-agent",
+                    "rollout.max_new_tokens=5")
+    assert all(m["episode/turns_mean"] == 1.0 for m in steps)
+
+
+def test_a_plugin_that_does_not_import_is_named(tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ConfigError, match=r"plugins.0: importing .*broken.py.* RuntimeError: boom"):
+        load_config(None, [f"plugins=[{bad}]"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(None, [f"plugins=[{tmp_path / 'missing.py'}]"])
+    with pytest.raises(ConfigError, match="unknown advantage estimator 'nope'"):
+        load_config(None, ["algo.advantage=nope"])
+    assert json.dumps(load_config(None, []).plugins) == "[]"
