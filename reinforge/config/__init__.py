@@ -1,0 +1,58 @@
+"""Typed run configuration: pydantic models of every section (``base``, ``task``, ``algo``, ``run``) and
+YAML recipes with presets and dotted command-line overrides (``recipes``).
+
+    reinforge train recipes/x.yaml algo.clip_high=0.28 train.steps=50
+
+Unknown keys and bad values are rejected before any work starts, with the dotted name of the field
+and the allowed values. The fully resolved config is saved in the run directory.
+"""
+
+from reinforge.config.algo import AlgoConfig, CriticConfig, KLConfig, MismatchConfig
+from reinforge.config.base import GroupSamplerConfig, LossTermConfig, PartConfig, TaskSamplerConfig
+from reinforge.config.recipes import (
+    DEFAULT_RECIPE,
+    PRESETS_DIR,
+    RECIPES_DIR,
+    apply_overrides,
+    config_from_dict,
+    deep_merge,
+    dump_config,
+    load_config,
+    load_preset,
+    parse_override,
+    preset_names,
+    preset_path,
+    preset_summary,
+    resolve_recipe_path,
+)
+from reinforge.config.run import (
+    CheckpointConfig,
+    EnvConfig,
+    EvalConfig,
+    LogConfig,
+    LoraConfig,
+    ModelConfig,
+    OrchestrateConfig,
+    RolloutConfig,
+    RunConfig,
+    TrainConfig,
+)
+from reinforge.config.task import (
+    ColumnsConfig,
+    JudgeConfig,
+    RewardConfig,
+    RewardModelConfig,
+    RewardTermConfig,
+    RGTaskItem,
+    TaskConfig,
+)
+
+__all__ = [
+    "DEFAULT_RECIPE", "PRESETS_DIR", "RECIPES_DIR", "AlgoConfig", "CheckpointConfig", "ColumnsConfig", "CriticConfig",
+    "EnvConfig", "EvalConfig", "GroupSamplerConfig", "JudgeConfig", "KLConfig", "LogConfig", "LoraConfig",
+    "LossTermConfig", "MismatchConfig", "ModelConfig", "OrchestrateConfig", "PartConfig", "RGTaskItem",
+    "RewardConfig", "RewardModelConfig", "RewardTermConfig", "RolloutConfig", "RunConfig", "TaskConfig",
+    "TaskSamplerConfig", "TrainConfig", "apply_overrides", "config_from_dict", "deep_merge", "dump_config",
+    "load_config", "load_preset", "parse_override", "preset_names", "preset_path", "preset_summary",
+    "resolve_recipe_path",
+]

@@ -1,0 +1,246 @@
+"""Recipes: YAML files (or shipped names) with presets and dotted command-line overrides -> ``RunConfig``.
+
+    reinforge train recipes/x.yaml algo.clip_high=0.28 train.steps=50
+
+Unknown keys and bad values are rejected before any work starts, with the dotted name of the
+field and the allowed values. The fully resolved config is saved in the run directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from reinforge.config.run import RunConfig
+from reinforge.errors import ConfigError
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+PRESETS_DIR = RECIPES_DIR / "presets"
+DEFAULT_RECIPE = "default"
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key" + _allowed_keys_hint(e["loc"])
+        elif e["type"] == "literal_error":
+            msg = msg.replace("Input should be", "allowed values:")
+        lines.append(f"  {field}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"  {field}: {msg}")
+    return "\n".join(lines)
+
+
+def _allowed_keys_hint(loc: tuple) -> str:
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return ""
+        model = ann
+    return f"; allowed keys here: {', '.join(model.model_fields)}"
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.path=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: bad key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _list_index(item: str, key: str, part: str, items: list[Any]) -> int:
+    """``part`` as an index into the list at ``key`` (``reward.terms.1``), or a ConfigError."""
+    try:
+        index = int(part)
+    except ValueError:
+        raise ConfigError(f"override {item!r}: {key!r} is a list; index it by position, e.g. {key}.0") from None
+    if not -len(items) <= index < len(items):
+        raise ConfigError(f"override {item!r}: {key!r} has {len(items)} items; no index {index}")
+    return index
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``a.b.c=value`` overrides into a recipe mapping; a list is indexed by position
+    (``reward.terms.1.reward_model.path=/models/rm``). Missing sections are created."""
+    for item in overrides:
+        path, value = parse_override(item)
+        node: Any = data
+        for depth, part in enumerate(path[:-1]):
+            if isinstance(node, list):
+                node = node[_list_index(item, ".".join(path[:depth]), part, node)]
+                continue
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict | list):
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+            node = nxt
+        if isinstance(node, list):
+            node[_list_index(item, ".".join(path[:-1]), path[-1], node)] = value
+        else:
+            node[path[-1]] = value
+    return data
+
+
+def resolve_recipe_path(recipe: str | None) -> Path:
+    """A recipe file path, or the name of a shipped recipe (``default``)."""
+    if recipe is None:
+        recipe = DEFAULT_RECIPE
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    shipped = RECIPES_DIR / f"{recipe.removesuffix('.yaml')}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    raise ConfigError(f"recipe {recipe!r} is neither a file nor a shipped recipe (shipped: {', '.join(names)})")
+
+
+TASK_DATA_PATH_KEYS = ("path", "heldout_path")
+
+
+def _next_to_recipe(value: Any, recipe_dir: Path) -> str | None:
+    """``recipe_dir / value`` made absolute when ``value`` is a relative path (or glob) naming something
+    there; None otherwise (the value then stays relative to the working directory)."""
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return None
+    if any(ch in value for ch in "*?["):
+        try:
+            found = next(iter(recipe_dir.glob(value)), None) is not None
+        except (ValueError, NotImplementedError):  # a pattern pathlib does not take: leave it to the reader
+            found = False
+    else:
+        found = (recipe_dir / value).exists()
+    return os.path.normpath((recipe_dir / value).absolute()) if found else None
+
+
+def _verifier_next_to_recipe(value: Any, recipe_dir: Path) -> str | None:
+    """A ``file.py:function`` verifier whose file is next to the recipe, with that file made absolute."""
+    if not isinstance(value, str) or ":" not in value:
+        return None
+    target, _, attr = value.rpartition(":")
+    found = _next_to_recipe(target, recipe_dir) if target.endswith(".py") else None
+    return f"{found}:{attr}" if found else None
+
+
+def _resolve_recipe_paths(data: dict[str, Any], recipe_dir: Path) -> None:
+    """In place: the recipe's relative paths that name something next to the recipe file become
+    absolute: ``model.path``, ``task.path``, ``task.heldout_path`` (files, directories or globs),
+    ``file.py:function`` verifiers (``task.verifier``, a reward term's ``verifier``) and a reward
+    term's ``reward_model.path``. Any other value is kept as given (relative to the working
+    directory, as before)."""
+    plugins = data.get("plugins")
+    for i, name in enumerate(plugins if isinstance(plugins, list) else []):
+        if isinstance(name, str) and name.endswith(".py") and (found := _next_to_recipe(name, recipe_dir)):
+            plugins[i] = found
+    sections = {key: data.get(key) for key in ("model", "task", "reward")}
+    model, task, reward = (v if isinstance(v, dict) else {} for v in sections.values())
+    for section, key in [(model, "path"), *((task, k) for k in TASK_DATA_PATH_KEYS)]:
+        if (found := _next_to_recipe(section.get(key), recipe_dir)) is not None:
+            section[key] = found
+    if (found := _verifier_next_to_recipe(task.get("verifier"), recipe_dir)) is not None:
+        task["verifier"] = found
+    terms = reward.get("terms")
+    for term in terms if isinstance(terms, list) else []:
+        if not isinstance(term, dict):
+            continue
+        if (found := _verifier_next_to_recipe(term.get("verifier"), recipe_dir)) is not None:
+            term["verifier"] = found
+        rm = term.get("reward_model")
+        if isinstance(rm, dict) and (found := _next_to_recipe(rm.get("path"), recipe_dir)) is not None:
+            rm["path"] = found
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Recipe YAML (or a shipped recipe name, default ``default``) + dotted overrides -> RunConfig.
+
+    Precedence, lowest first: the recipe's own ``preset``, the recipe, a ``preset=NAME`` override
+    (switching the algorithm replaces the recipe's keys that the preset sets), the other overrides.
+    A relative path written in the recipe (data, model, reward model, ``file.py:function`` verifier)
+    is found next to the recipe file when it exists there (shipped recipes use ``data/...``);
+    overrides are taken as given.
+    """
+    path = resolve_recipe_path(str(recipe) if recipe is not None else None)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    _resolve_recipe_paths(data, path.parent)  # the recipe's own paths only: overrides stay relative to the cwd
+    overrides = list(overrides or [])
+    switched = [o for o in overrides if o.split("=", 1)[0].strip() == "preset"]
+    if switched:  # a preset named on the command line switches the algorithm: its keys replace the recipe's
+        data = apply_overrides(data, switched[-1:])
+        data = deep_merge(data, load_preset(str(data["preset"])))
+    data = apply_overrides(data, [o for o in overrides if o not in switched])
+    return config_from_dict(data, source=str(path))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"preset: unknown preset {name!r}; allowed: {', '.join(preset_names())}")
+    return path
+
+
+def preset_summary(name: str) -> str:
+    """The preset's leading comment: the algorithm, its paper and what it combines."""
+    lines = []
+    for line in preset_path(name).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").rstrip())
+    return " ".join(lines)
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    return yaml.safe_load(preset_path(name).read_text()) or {}
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, section by section (neither is modified)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a recipe mapping; a ``preset: NAME`` key puts that preset's sections under the recipe's."""
+    preset = data.get("preset")
+    if preset is not None:
+        if not isinstance(preset, str):
+            raise ConfigError(f"invalid config ({source}):\n  preset: must be a preset name (got {preset!r})")
+        data = deep_merge(load_preset(preset), data)
+    from reinforge.plugins import load_plugins
+
+    plugins = data.get("plugins") or []
+    load_plugins([plugins] if isinstance(plugins, str) else plugins)  # their parts register before validation
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+

@@ -1,0 +1,245 @@
+"""The run's other sections and ``RunConfig``, the whole of a recipe."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from reinforge.config.algo import AlgoConfig
+from reinforge.config.base import GroupSamplerConfig, _check_registered, _Strict
+from reinforge.config.task import RewardConfig, TaskConfig
+
+
+class LoraConfig(_Strict):
+    """LoRA adapters (via peft) instead of full fine-tuning; docs/lora.md."""
+
+    enabled: bool = Field(False, description="train LoRA adapters; the reference policy is the base (adapters off)")
+    r: int = Field(8, ge=1, description="adapter rank")
+    alpha: int = Field(16, ge=1, description="scaling numerator: the update is (alpha / r) * B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input (training forward only)")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="module names (suffixes) that get adapters, e.g. q_proj, gate_proj, up_proj, down_proj",
+    )
+    bias: Literal["none", "all", "lora_only"] = Field("none", description="which biases train (peft's bias option)")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        if any(not name.strip() for name in v):
+            raise ValueError("module names must be non-empty, e.g. [q_proj, v_proj]")
+        return v
+
+
+class ModelConfig(_Strict):
+    path: str = Field("tiny-base", description="HF model directory, or a shipped alias ('tiny-base')")
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = Field(
+        "float32", description="weights' dtype; float64 is for exact-arithmetic checks (slow)")
+    device: str = Field("cpu", description="torch device for learner and rollout, e.g. 'cpu' or 'cuda'")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class RolloutConfig(_Strict):
+    prompts_per_step: int = Field(16, ge=1)
+    group_size: int = Field(8, ge=1, description="samples per prompt (G)")
+    group_sampler: GroupSamplerConfig = Field(default_factory=GroupSamplerConfig,
+                                              description="how a group's completions are produced")
+    max_new_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    stop: list[str] = Field(default_factory=list, description="stop strings (the stop string is kept)")
+    engine: Literal["torch", "openai"] = Field(
+        "torch", description="'torch': the in-process engine; 'openai': any OpenAI-compatible server at server_url"
+    )
+    server_url: str | None = Field(None, description="base URL of the server for engine=openai, e.g. http://host:8000/v1")
+    server_model: str | None = Field(None, description="model name the server expects (default: model.path)")
+    sync_weights: bool = Field(True, description="engine=openai: push new weights to the server after each update")
+    ignore_eos: bool = Field(False, description="generate exactly max_new_tokens (benchmarks, throughput tests)")
+
+    @model_validator(mode="after")
+    def _openai_needs_url(self) -> RolloutConfig:
+        if self.engine == "openai" and not self.server_url:
+            raise ValueError("rollout.engine=openai needs rollout.server_url (e.g. http://127.0.0.1:8000/v1)")
+        return self
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(200, ge=1, description="RL steps (rollout batch + updates)")
+    lr: float = Field(5e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0)
+    minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a rollout batch")
+    epochs: int = Field(1, ge=1, description="passes over each rollout batch")
+    micro_batch_tokens: int = Field(8192, ge=1, description="token budget of one forward/backward")
+    shared_prefix: bool = Field(
+        True, description="compute each group's shared prompt once in the training forward (Llama/Qwen2; exact)"
+    )
+    time_limit_s: float = Field(0.0, ge=0, description="stop after this many seconds from the start of the run "
+                                "(the evaluations before training included; 0 = no limit)")
+    fused_optimizer: bool = Field(
+        False, description="torch's fused AdamW kernel (one kernel for all parameters; benchmarks/bench_learner.py)"
+    )
+    packing: bool = Field(
+        False, description="pack sequences end to end in the training forward (no compute on padding); micro-batches "
+        "then hold micro_batch_tokens real tokens; replaces shared_prefix (docs/memory.md)"
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each layer's activations in the backward instead of keeping them (less memory, "
+        "about one more forward of compute)"
+    )
+    autocast: Literal["none", "bf16"] = Field(
+        "none", description="bf16: run the policy/reference forwards under torch.autocast(bfloat16); log-probs, "
+        "losses, weights and optimizer state stay float32"
+    )
+    offload_reference: bool = Field(
+        False, description="keep the frozen reference model on the CPU and bring it to model.device only for its "
+        "pass at the start of each update"
+    )
+    world_size: int = Field(
+        1, ge=1, description="data-parallel ranks; > 1 spawns them (or run under torchrun); docs/distributed.md"
+    )
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="with world_size > 1: ddp (replicated weights) or fsdp (FSDP2 fully_shard, sharded weights)"
+    )
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto: nccl when model.device is cuda, else gloo"
+    )
+
+
+class EvalConfig(_Strict):
+    every: int = Field(20, ge=0, description="held-out evaluation every N steps (0 = only before and after)")
+    max_new_tokens: int | None = Field(None, description="default: rollout.max_new_tokens")
+    final_samples: int = Field(
+        0, ge=0, description="before and after training: mean@n, pass@k, maj@k with n samples (eval.json, passk.png)"
+    )
+    final_temperature: float = Field(1.0, gt=0)
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(100, ge=0, description="checkpoint every N steps (0 = only at the end)")
+    keep: int = Field(2, ge=1, description="keep the last K checkpoints")
+
+
+class LogConfig(_Strict):
+    samples_per_step: int = Field(4, ge=0, description="completions written to samples.jsonl per step")
+    console_every: int = Field(10, ge=1, description="print a metrics line every N steps when not on a terminal")
+    sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list, description="metric sinks beside metrics.jsonl (always written): tensorboard, "
+        "wandb (offline), mlflow (sqlite); docs/tracking.md")
+    report: bool = Field(True, description="write report.html (plots, samples, evaluation, config) at the end")
+
+
+class EnvConfig(_Strict):
+    """The environment an episode runs in: ``single_turn`` (one completion scored by the reward) or a
+    multi-turn environment (reinforge/envs/registry.py), with the episode limits."""
+
+    name: str = Field("single_turn", description="single_turn, calculator, guessing, retry (reinforge/envs)")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
+    max_turns: int = Field(4, ge=1, description="model turns per episode")
+    max_total_tokens: int = Field(0, ge=0, description="whole episode incl. prompt; 0 = the model's context")
+    max_turn_tokens: int = Field(0, ge=0, description="tokens per model turn; 0 = rollout.max_new_tokens")
+    agent: str | None = Field(None, description="env.name=agent: 'module:function' taking (base_url, task) and "
+                              "returning the episode's reward (or posting it to the proxy)")
+    agent_workers: int = Field(8, ge=1, description="env.name=agent: agent episodes run concurrently")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return _check_registered("env", v)
+
+    @model_validator(mode="after")
+    def _agent_spec(self) -> EnvConfig:
+        from reinforge.envs.registry import environment_spec
+
+        if environment_spec(self.name).agent_driven != (self.agent is not None):
+            raise ValueError("env.agent ('module:function') goes with env.name=agent, and env.name=agent needs it")
+        return self
+
+    @property
+    def multi_turn(self) -> bool:
+        from reinforge.envs.registry import environment_spec
+
+        return environment_spec(self.name).multi_turn
+
+
+class OrchestrateConfig(_Strict):
+    """Synchronous or asynchronous RL (docs/async.md)."""
+
+    mode: Literal["sync", "async"] = Field("sync", description="async: rollout runs in its own worker process(es)")
+    backend: Literal["local", "ray"] = Field("local", description="local: worker processes on this machine; ray: actors")
+    max_staleness: int = Field(1, ge=0, description="async: a batch may be sampled by weights at most this many "
+                               "updates older than the learner's (0 = synchronous through the same code path)")
+    weight_update: Literal["inflight", "wait"] = Field(
+        "inflight", description="inflight: workers take new weights between decode steps; wait: between requests"
+    )
+    rollout_workers: int = Field(1, ge=1)
+    rollout_threads: int = Field(1, ge=1, description="torch threads per rollout worker")
+    learner_threads: int = Field(1, ge=1, description="torch threads of the learner process in async mode")
+    timeout_s: float = Field(600.0, gt=0, description="longest wait for a rollout batch before the run stops")
+    ray_address: str | None = Field(None, description="backend=ray: cluster address (default: start a local Ray)")
+
+
+class RunConfig(_Strict):
+    plugins: list[str] = Field(default_factory=list, description="your modules or .py files that register parts "
+                               "(imported before the recipe is validated; docs/extending.md)")
+    preset: str | None = Field(None, description="algorithm preset the recipe builds on (reinforge algos lists them)")
+    name: str | None = Field(None, description="run directory name under output_dir (default: a fresh name)")
+    output_dir: str = "runs"
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    orchestrate: OrchestrateConfig = Field(default_factory=OrchestrateConfig)
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _plugin_paths(cls, v: Any) -> Any:
+        from reinforge.plugins import normalise_plugin
+
+        v = [v] if isinstance(v, str) else v
+        return [normalise_plugin(p) if isinstance(p, str) else p for p in v] if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _async_corrects_off_policy(self) -> RunConfig:
+        """Async batches are off-policy by up to max_staleness updates: unless the recipe chose a
+        mismatch mode, use truncated IS behaviour -> proximal (the decoupled PPO objective)."""
+        if self.orchestrate.mode == "async" and "mode" not in self.algo.mismatch.model_fields_set:
+            self.algo.mismatch.mode = "token_tis"
+        return self
+
+    @model_validator(mode="after")
+    def _env_fits_task(self) -> RunConfig:
+        from reinforge.envs.registry import check_task_kind
+
+        check_task_kind(self.env.name, self.task.kind)
+        if self.task.kind in ("calculator", "guessing") and not self.env.multi_turn:
+            raise ValueError(f"task.kind={self.task.kind} is played in a multi-turn environment: set env.name "
+                             f"(e.g. env.name={self.task.kind})")
+        return self
+
+
+    @model_validator(mode="after")
+    def _memory_features_fit(self) -> RunConfig:
+        if self.train.offload_reference and self.model.lora.enabled:
+            raise ValueError("train.offload_reference: a LoRA policy has no reference copy to offload (its reference "
+                             "is the base with the adapters disabled); set it to false")
+        if self.train.autocast == "bf16" and self.model.device.startswith("cuda"):
+            import torch
+
+            if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+                raise ValueError(f"train.autocast=bf16: the GPU of model.device={self.model.device} has no bfloat16")
+        return self
+
+
