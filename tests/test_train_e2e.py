@@ -125,25 +125,20 @@ def test_grpo_improves_heldout_accuracy(tmp_path):
 
 
 def test_nan_loss_stops_with_step_and_statistics(tmp_path, monkeypatch):
-    from reinforge.train import learner
+    import dataclasses
 
-    real = learner.POLICY_LOSSES.get("ppo_clip")
+    from reinforge.algo.losses import POLICY_LOSSES
 
-    def broken(logp, old, adv, mask, cfg):
-        loss, metrics = real(logp, old, adv, mask, cfg)
+    real = POLICY_LOSSES.get("ppo_clip")
+
+    def broken(logp, old_logp, advantages, mask, cfg):
+        loss, metrics = real(logp, old_logp, advantages, mask, cfg)
         return loss * float("nan"), metrics
 
-    monkeypatch.setattr(learner.Learner, "__init__", _patched_init(learner.Learner.__init__, broken))
+    monkeypatch.setitem(POLICY_LOSSES._entries, "ppo_clip", dataclasses.replace(POLICY_LOSSES.entry("ppo_clip"),
+                                                                                 fn=broken))
     with pytest.raises(TrainingDiverged, match=r"step 1: the loss is nan.*sequences.*Hint"):
         train(_cfg(tmp_path, "nan", "train.steps=2", "eval.every=0"))
-
-
-def _patched_init(init, loss_fn):
-    def patched(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.policy_loss = loss_fn
-
-    return patched
 
 
 def test_bad_inputs_give_one_clear_message(tmp_path):

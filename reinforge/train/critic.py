@@ -14,8 +14,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from reinforge.algo.losses import AggNorm, token_mean
+from reinforge.algo.value import clipped_value_loss
 from reinforge.config import CriticConfig
+from reinforge.errors import TrainingDiverged
 from reinforge.models.precision import at_least_float32
+from reinforge.train.metric_sums import MetricSums
+from reinforge.types import Batch
 
 
 class ValueModel(nn.Module):
@@ -44,6 +49,21 @@ class Critic:
         self.model = model.train()
         self.cfg = cfg
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def backward(self, mb: Batch, norm: AggNorm, stats: MetricSums, value_clip: float, step: int) -> None:
+        """Clipped value loss of micro-batch ``mb`` (token mean over the mini-batch: ``norm``), backward
+        into the critic; its per-token statistics into ``stats`` as ``critic/*``."""
+        assert mb.values is not None and mb.returns is not None
+        values = self.model(mb.input_ids, mb.attention_mask)
+        loss_t, metrics = clipped_value_loss(values, mb.values, mb.returns, value_clip)
+        loss = token_mean(loss_t, mb.loss_mask, norm)
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(f"step {step}: the value loss is {loss.item()} (non-finite)")
+        loss.backward()
+        stats.add_tokens("critic/value_loss", loss_t, mb.loss_mask)
+        stats.add_tokens("critic/values", values, mb.loss_mask)
+        for name, v in metrics.items():
+            stats.add_tokens(f"critic/{name}", v, mb.loss_mask)
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

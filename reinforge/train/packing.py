@@ -16,10 +16,29 @@ attention's) is the better tool, which the CPU path here does not have.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
 from reinforge.models.precision import at_least_float32
+
+
+def micro_batches(lengths: Tensor, budget_tokens: int) -> Iterator[list[int]]:
+    """Consecutive row groups whose padded size (rows x longest row) stays within ``budget_tokens``.
+
+    A single row longer than the budget forms a micro-batch of its own.
+    """
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths.tolist()):
+        if current and (len(current) + 1) * max(longest, n) > budget_tokens:
+            yield current
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        yield current
 
 
 def plan_packing(lengths: list[int], budget_tokens: int) -> list[list[int]]:

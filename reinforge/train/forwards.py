@@ -1,0 +1,76 @@
+"""Training forwards: how the learner computes per-token log-probs (and entropies) of a micro-batch.
+
+Each is a registered part (``FORWARDS``) with the same arithmetic and a different cost: ``plain``
+(the model's own forward over the padded rows), ``shared_prefix`` (each group's prompt computed once,
+Llama/Qwen2; falls back to ``plain`` for rows whose prompts differ) and ``packed`` (sequences end to
+end, no compute on padding). ``select_forward`` picks one from ``train.packing`` /
+``train.shared_prefix`` and what the model and the parallel strategy support. All return float32
+(float64 for a float64 model), also under autocast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from reinforge.registry import Registry, kind
+from reinforge.rollout.lean_llama import supports as shared_prefix_supported
+from reinforge.train.logprobs import token_logprobs
+from reinforge.train.packing import packed_token_logprobs
+from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
+from reinforge.types import Batch
+
+FORWARDS: Registry = kind("forward", Registry("training forward"))
+
+
+@FORWARDS.register("plain", formula="log pi(y_t | y_<t) from the model's forward over padded rows", paper="-")
+class PlainForward:
+    """The model's own forward over the micro-batch's padded rows."""
+
+    def __init__(self, policy: nn.Module, hf_model: nn.Module, cfg: Any) -> None:
+        """``policy``: the learner's model (peft-wrapped with LoRA, FSDP2-sharded with several ranks);
+        ``hf_model``: the HF model inside it; ``cfg``: the run's ``train`` section."""
+
+    def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, entropy, entropy_grad=True)
+
+
+@FORWARDS.register("shared_prefix", formula="each group's prompt once, its completions attending to it",
+                   paper="-  (exact: tests/test_shared_prefix.py)")
+class SharedPrefixTrainingForward(PlainForward):
+    """Each group's shared prompt computed once (Llama/Qwen2). It calls the HF modules (q_proj, mlp,
+    ...), so on a peft-injected model it runs the LoRA layers, adapters included and disabled with
+    them. Rows whose prompts differ fall back to the plain forward."""
+
+    def __init__(self, policy: nn.Module, hf_model: nn.Module, cfg: Any) -> None:
+        self.policy = policy
+        self.shared = SharedPrefixForward(hf_model, checkpoint_layers=cfg.gradient_checkpointing)
+
+    def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        fwd = self.shared if model is self.policy else SharedPrefixForward(model)  # the policy, or the reference
+        out = shared_prefix_logprobs(fwd, mb.input_ids, mb.attention_mask, mb.prefix_len, mb.group_index,
+                                     temperature, entropy)
+        return out if out is not None else super().logprobs(model, mb, temperature, entropy)
+
+
+@FORWARDS.register("packed", formula="sequences packed end to end, attention block-diagonal per sequence",
+                   paper="-  (exact: tests/test_packing.py)")
+class PackedForward(PlainForward):
+    """The micro-batch's sequences packed end to end: no compute on padding (docs/memory.md)."""
+
+    def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        width = int(mb.attention_mask.sum(-1).max())
+        return packed_token_logprobs(model, mb.input_ids, mb.attention_mask, width, temperature, entropy,
+                                     entropy_grad=True)
+
+
+def select_forward(train_cfg: Any, hf_model: nn.Module, fsdp: bool) -> str:
+    """``packed`` with ``train.packing``; else ``shared_prefix`` when asked for and possible (a Llama/Qwen2
+    model, not sharded by FSDP2, which gathers a layer's parameters only around that layer's own
+    forward, while the shared-prefix forward calls its submodules directly); else ``plain``."""
+    if train_cfg.packing:
+        return "packed"
+    if train_cfg.shared_prefix and not fsdp and shared_prefix_supported(hf_model):
+        return "shared_prefix"
+    return "plain"
