@@ -7,12 +7,8 @@ import torch
 from torch.testing import assert_close
 
 from reinforge.algo import ADVANTAGES, gae_advantages_and_returns, outcome_token_rewards, returns_to_go
-from reinforge.algo.advantages import (
-    gae_advantage,
-    grpo_advantage,
-    reinforce_pp_advantage,
-    remax_advantage,
-)
+from reinforge.algo.advantages import grpo_advantage
+from reinforge.algo.advantages_batch import gae_advantage, reinforce_pp_advantage, remax_advantage
 from reinforge.config import AlgoConfig
 
 OUTCOME = ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "opo", "remax"]

@@ -121,3 +121,18 @@ def test_no_code_outside_a_registry_module_tests_a_part_name():
                 found.append(f"reinforge/{rel}:{line} compares with part name {name!r}")
     assert found == [], "\n".join(found)
     assert _name_tests(ast.parse('if cfg.algo.advantage == "gae": pass'), names) == [(1, "gae")]
+
+
+def test_modules_and_functions_stay_small():
+    """House rule: no module over 400 lines, no function over 60 (shared/tools/sizes.py measures the same)."""
+    too_long = []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if text.count("\n") + 1 > 400:
+            too_long.append(f"{path.relative_to(PACKAGE)}: {text.count(chr(10)) + 1} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 60:
+                    too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {length} lines")
+    assert too_long == []

@@ -13,12 +13,11 @@ from reinforge.errors import ConfigError, DataError
 from reinforge.eval.compare import (
     compare_runs,
     format_table,
-    group_runs,
-    load_runs,
     plot_performance_profiles,
     run_compare,
     sequential_from_runs,
 )
+from reinforge.eval.runs import group_runs, load_runs
 
 
 def make_run(root: Path, name: str, final: float, seed: int = 0, preset: str | None = "grpo",

@@ -5,6 +5,7 @@ helpers outside the registries (value loss, KL controller, mismatch correction, 
 are exported here too.
 """
 
+import reinforge.algo.advantages_batch  # noqa: F401  (registers reinforce_pp, reinforce_pp_baseline, remax, gae)
 from reinforge.algo.advantages import (
     ADVANTAGES,
     gae_advantages_and_returns,

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,6 @@ from reinforge.eval.heldout import evaluate
 from reinforge.orchestrate.agent_episodes import AgentRunner
 from reinforge.orchestrate.components import Components
 from reinforge.orchestrate.episodes import (
-    BatchStats,
     build_batch,
     generate_single_turn,
     greedy_baseline_rewards,
@@ -27,6 +25,7 @@ from reinforge.orchestrate.episodes import (
     shape_overlong,
 )
 from reinforge.orchestrate.multi_turn import episode_player, run_episodes
+from reinforge.orchestrate.step_metrics import CollapseDetector, gather_step, rollout_metrics
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
@@ -37,7 +36,6 @@ from reinforge.train.checkpoint import save_checkpoint
 from reinforge.train.memory import peak_mb, reset_peak
 from reinforge.types import Trajectory
 
-COLLAPSE_PATIENCE = 5  # steps in a row with no reward spread in any group before we warn
 FINAL_EVAL_SEED_OFFSET = 7_919  # eval.json's sampling seed = run seed + this (apart from training's stream)
 
 
@@ -159,7 +157,7 @@ class SyncLoop:
         trajs = rollout.sampled
         adv = batch.advantages[batch.loss_mask > 0] if batch is not None and batch.advantages is not None else None
         if distributed.world() > 1:  # rank 0 reports the whole step, every rank's samples
-            gathered = _gather_step(trajs, bstats, adv)
+            gathered = gather_step(trajs, bstats, adv)
             if gathered is None:
                 return {}
             trajs, bstats, adv = gathered
@@ -349,83 +347,3 @@ class SyncLoop:
             progress.print(f"[bold red]warning:[/] {warning}")
 
 
-def _gather_step(trajs: list[Trajectory], bstats: BatchStats, adv: Any) -> tuple[list[Trajectory], BatchStats,
-                                                                                  Any] | None:
-    """Every rank's trajectories, batch counts and advantages (a tensor or None) on rank 0; None on
-    the other ranks."""
-    import torch
-
-    parts = distributed.gather_object((trajs, bstats, adv))
-    if parts is None:
-        return None
-    advs = [a for _, _, a in parts if a is not None]
-    return ([t for p, _, _ in parts for t in p],
-            BatchStats(*(sum(getattr(s, f.name) for _, s, _ in parts) for f in dataclasses.fields(BatchStats))),
-            torch.cat(advs) if advs else None)
-
-
-class CollapseDetector:
-    """Says so (once) when no group has had any reward spread for ``patience`` steps in a row while
-    the mean reward is below 1: every advantage is then 0, there is no gradient, and a collapsed
-    policy cannot recover by itself."""
-
-    def __init__(self, patience: int = COLLAPSE_PATIENCE) -> None:
-        self.patience, self.flat_steps, self.warned = patience, 0, False
-
-    def update(self, metrics: dict[str, Any]) -> str | None:
-        if "reward/mean" not in metrics:  # nothing was sampled this step (all dropped as stale)
-            return None
-        flat = metrics["groups/spread_frac"] == 0 and metrics["reward/mean"] < 1.0
-        self.flat_steps = self.flat_steps + 1 if flat else 0
-        if self.flat_steps < self.patience or self.warned:
-            return None
-        self.warned = True
-        return (
-            f"step {metrics['step']}: no group has had any reward spread for {self.flat_steps} steps "
-            f"(mean reward {metrics['reward/mean']:.3f}): there is no gradient and the policy has likely "
-            "collapsed. Lower train.lr, raise rollout.temperature, or add algo.kl.coef."
-        )
-
-
-def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    n = len(trajs)
-    if n == 0:  # e.g. every group of an async batch was too stale
-        return {"rollout/trajectories": 0.0}
-    rewards = [t.reward for t in trajs]
-    mean = sum(rewards) / n
-    terms: dict[str, list[float]] = {}
-    term_errors: dict[str, int] = {}
-    for t in trajs:
-        for name, value in t.metadata.get("reward_terms", {}).items():
-            terms.setdefault(name, []).append(value)
-            term_errors[name] = term_errors.get(name, 0) + (name in t.metadata.get("reward_term_errors", {}))
-    return {
-        **{f"reward/term/{name}": sum(v) / len(v) for name, v in terms.items()},
-        **{f"reward/errors/{name}": float(n) for name, n in term_errors.items()},
-        "reward/failed_calls": float(sum(t.metadata.get("reward_status", "ok") != "ok" for t in trajs)),
-        "reward/mean": mean,
-        "reward/std": (sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)) ** 0.5,
-        "reward/accuracy": sum(bool(t.metadata.get("correct")) for t in trajs) / n,
-        "response/length_mean": sum(t.num_generated for t in trajs) / n,
-        "response/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
-        **episode_metrics(trajs),
-    }
-
-
-EPISODE_INFO_KEYS = ("tool_calls", "tool_errors", "guesses", "attempts")
-
-
-def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    """Multi-turn episodes: mean turns, the fraction cut by each limit, and the mean of the numeric
-    counters environments report (tool calls and errors, guesses, attempts)."""
-    if not any(t.turn_spans for t in trajs):
-        return {}
-    n = len(trajs)
-    out = {"episode/turns_mean": sum(len(t.turn_spans) for t in trajs) / n}
-    for reason in ("max_turns", "max_total_tokens"):
-        out[f"episode/truncated/{reason}"] = sum(t.metadata.get("truncated") == reason for t in trajs) / n
-    for key in EPISODE_INFO_KEYS:
-        values = [t.metadata[key] for t in trajs if isinstance(t.metadata.get(key), int | float)]
-        if values:
-            out[f"episode/{key}_mean"] = sum(values) / len(values)
-    return out

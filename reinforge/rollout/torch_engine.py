@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
 from reinforge.models.precision import at_least_float32, compute_dtype
+from reinforge.rollout.decoding import HFDecoder, LeanDecoder, SlotOutputs, Slots, left_pad, right_pad
 from reinforge.rollout.lean_llama import LeanLlama
 from reinforge.rollout.lean_llama import supports as lean_supports
 from reinforge.rollout.sampling import sample_tokens
@@ -139,7 +140,7 @@ class TorchRolloutEngine:
     ) -> list[Generation]:
         """Sample ``params.n`` completions per request; each prompt is prefilled once and its cache shared."""
         chunk = [(req, i) for req in requests for i in range(params.n)]
-        unique_ids, unique_attention = _left_pad([req.prompt_ids for req in requests], self.pad_id, self.device)
+        unique_ids, unique_attention = left_pad([req.prompt_ids for req in requests], self.pad_id, self.device)
         attention = unique_attention.repeat_interleave(params.n, dim=0)
         batch = attention.shape[0]
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -195,70 +196,72 @@ class TorchRolloutEngine:
             raise ValueError(f"n={n} samples per prompt exceed max_batch_sequences={self.max_batch_sequences}")
         if any(not r.prompt_ids for r in requests):
             raise ValueError("empty prompt: a prompt needs at least one token (e.g. BOS)")
-        rows = len(requests) * n
-        n_slots = min(rows, self.max_batch_sequences // n * n)
+        n_slots = min(len(requests) * n, self.max_batch_sequences // n * n)
         cache = self.lean.new_slot_cache(n_slots, max(len(r.prompt_ids) for r in requests) + max_new)
+        out = SlotOutputs.empty(len(requests) * n, max_new, self.pad_id, self.version, self._logprob_dtype, dev)
+        slots = Slots.empty(n_slots, self.lean.embed.shape[0], self._logprob_dtype, dev)
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
-        out_tok = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=dev)
-        out_lp = torch.zeros(rows, max_new, device=dev, dtype=self._logprob_dtype)
-        out_len = torch.full((rows,), max_new, dtype=torch.long, device=dev)
-        out_stop = torch.zeros(rows, dtype=torch.bool, device=dev)
-        out_ver = torch.full((rows, max_new), self.version, dtype=torch.long, device=dev)
-        slot_row = torch.full((n_slots,), -1, dtype=torch.long, device=dev)  # output row held by each slot
-        slot_pos = torch.zeros(n_slots, dtype=torch.long, device=dev)  # its next position (= cache length)
-        slot_step = torch.zeros(n_slots, dtype=torch.long, device=dev)  # tokens generated so far
-        logits = torch.zeros(n_slots, self.lean.embed.shape[0], device=dev, dtype=self._logprob_dtype)
         next_request = 0
         while True:
-            # admit waiting requests into free slots (prefill once per prompt, n slots each)
-            free = (slot_row < 0).nonzero().squeeze(-1)
-            admit = min(len(free) // n, len(requests) - next_request)
-            if admit:
-                batch = requests[next_request : next_request + admit]
-                slots = free[: admit * n]
-                lengths = torch.tensor([len(r.prompt_ids) for r in batch], device=dev)
-                ids = _right_pad([r.prompt_ids for r in batch], self.pad_id, dev)
-                source = torch.arange(admit, device=dev).repeat_interleave(n)
-                prompt_logits = self.lean.prefill_slots(ids, lengths, cache, slots, source)
-                logits[slots] = at_least_float32(prompt_logits[source])
-                slot_row[slots] = torch.arange(next_request * n, (next_request + admit) * n, device=dev)
-                slot_pos[slots] = lengths[source]
-                slot_step[slots] = 0
-                next_request += admit
-            busy = (slot_row >= 0).nonzero().squeeze(-1)
+            next_request += self._admit(requests, next_request, n, slots, cache)
+            busy = (slots.row >= 0).nonzero().squeeze(-1)
             if busy.numel() == 0:
                 break
-            # sample one token for every busy slot
-            tok, lp = sample_tokens(logits[busy], params.temperature, params.top_k, params.top_p, params.greedy,
-                                    generator)
-            row, step = slot_row[busy], slot_step[busy]
-            out_tok[row, step], out_lp[row, step], out_ver[row, step] = tok, lp, self.version
+            tok, lp = sample_tokens(slots.logits[busy], params.temperature, params.top_k, params.top_p,
+                                    params.greedy, generator)  # one token for every busy slot
+            row, step = slots.row[busy], slots.step[busy]
+            out.tok[row, step], out.lp[row, step], out.ver[row, step] = tok, lp, self.version
             if on_step is not None:
-                on_step(row, logits[busy], tok, lp)
-            done = torch.isin(tok, eos) if not params.ignore_eos else torch.zeros_like(tok, dtype=torch.bool)
-            if params.stop:
-                done |= self._rows_hit_stop(out_tok, row, step, params.stop)
-            out_stop[row] = done
-            done |= step + 1 == max_new
-            out_len[row[done]] = step[done] + 1
-            slot_row[busy[done]] = -1
+                on_step(row, slots.logits[busy], tok, lp)
+            done = self._finished(out, row, step, tok, eos, params)
+            slots.row[busy[done]] = -1
             going = busy[~done]
             if going.numel() == 0 and next_request == len(requests):
                 break
             if self._staged is not None or self.weight_poll is not None:
                 self._apply_pending()  # in-flight weight update: the next tokens get the new version
-            # one decode step over the slots; only the continuing ones matter
-            ids = torch.full((slot_row.shape[0],), self.pad_id, dtype=torch.long, device=dev)
-            ids[going] = tok[~done]
-            positions = torch.where(slot_row >= 0, slot_pos, 0)
-            logits = at_least_float32(self.lean.decode_slots(ids, positions, cache))
-            slot_pos[going] += 1
-            slot_step[going] += 1
-            if next_request == len(requests) and 2 * going.numel() <= slot_row.shape[0]:
+            ids = torch.full((slots.row.shape[0],), self.pad_id, dtype=torch.long, device=dev)
+            ids[going] = tok[~done]  # one decode step over the slots; only the continuing ones matter
+            slots.logits = at_least_float32(self.lean.decode_slots(ids, torch.where(slots.row >= 0, slots.pos, 0),
+                                                                   cache))
+            slots.pos[going] += 1
+            slots.step[going] += 1
+            if next_request == len(requests) and 2 * going.numel() <= slots.row.shape[0]:
                 cache.keep(going)
-                slot_row, slot_pos, slot_step, logits = slot_row[going], slot_pos[going], slot_step[going], logits[going]
+                slots.keep(going)
         chunk = [(req, i) for req in requests for i in range(n)]
-        return self._collect(chunk, out_tok, out_lp, out_len, out_stop, out_ver)
+        return self._collect(chunk, out.tok, out.lp, out.len, out.stop, out.ver)
+
+    def _admit(self, requests: list[GenerationRequest], start: int, n: int, slots: Slots, cache) -> int:  # type: ignore[no-untyped-def]
+        """Admit waiting requests from ``start`` into free slots (prefill once per prompt, n slots each)."""
+        free = (slots.row < 0).nonzero().squeeze(-1)
+        admit = min(len(free) // n, len(requests) - start)
+        if not admit:
+            return 0
+        dev = slots.row.device
+        batch = requests[start : start + admit]
+        taken = free[: admit * n]
+        lengths = torch.tensor([len(r.prompt_ids) for r in batch], device=dev)
+        ids = right_pad([r.prompt_ids for r in batch], self.pad_id, dev)
+        source = torch.arange(admit, device=dev).repeat_interleave(n)
+        prompt_logits = self.lean.prefill_slots(ids, lengths, cache, taken, source)
+        slots.logits[taken] = at_least_float32(prompt_logits[source])
+        slots.row[taken] = torch.arange(start * n, (start + admit) * n, device=dev)
+        slots.pos[taken] = lengths[source]
+        slots.step[taken] = 0
+        return admit
+
+    def _finished(self, out: SlotOutputs, row: Tensor, step: Tensor, tok: Tensor, eos: Tensor,
+                  params: SamplingParams) -> Tensor:
+        """Which of the rows that just sampled ``tok`` at ``step`` are done (EOS, a stop string, the
+        token limit); records their length and whether they stopped."""
+        done = torch.isin(tok, eos) if not params.ignore_eos else torch.zeros_like(tok, dtype=torch.bool)
+        if params.stop:
+            done |= self._rows_hit_stop(out.tok, row, step, params.stop)
+        out.stop[row] = done
+        done |= step + 1 == params.max_new_tokens
+        out.len[row[done]] = step[done] + 1
+        return done
 
     def _rows_hit_stop(self, tokens: Tensor, rows: Tensor, steps: Tensor, stop: Iterable[str]) -> Tensor:
         """For each (row, last step): does the row's text end with a stop string."""
@@ -269,10 +272,10 @@ class TorchRolloutEngine:
         texts = self.tokenizer.batch_decode(seqs, skip_special_tokens=True)
         return torch.tensor([any(t.endswith(s) for s in stop) for t in texts], device=self.device)
 
-    def _decoder(self, prompts: int, max_len: int) -> _HFDecoder | _LeanDecoder:
+    def _decoder(self, prompts: int, max_len: int) -> HFDecoder | LeanDecoder:
         if self.lean is not None:
-            return _LeanDecoder(self.lean, prompts, max_len)
-        return _HFDecoder(self.model)
+            return LeanDecoder(self.lean, prompts, max_len)
+        return HFDecoder(self.model)
 
     def _hits_stop(self, tokens: Tensor, stop: Iterable[str]) -> Tensor:
         """Rows whose text ends with a stop string (a token holds >= 1 character, so the window suffices)."""
@@ -304,67 +307,6 @@ class TorchRolloutEngine:
         return out
 
 
-class _HFDecoder:
-    """Decode steps through the HF model's own forward and cache (any causal LM)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model, self.cache = model, None
-
-    def start(self, ids: Tensor, attention: Tensor, repeat: int) -> Tensor:
-        """Prefill each prompt once, then share its cache among its ``repeat`` samples."""
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
-        self.cache = out.past_key_values
-        if repeat > 1:
-            self.cache.batch_repeat_interleave(repeat)
-        return out.logits[:, -1].repeat_interleave(repeat, dim=0)
-
-    def step(self, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
-        out = self.model(
-            input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=self.cache, use_cache=True
-        )
-        self.cache = out.past_key_values
-        return out.logits[:, -1]
-
-
-class _LeanDecoder:
-    """Decode steps through ``LeanLlama`` with a cache preallocated for the whole generation."""
-
-    def __init__(self, lean: LeanLlama, prompts: int, max_len: int) -> None:
-        self.lean, self.cache = lean, lean.new_cache(prompts, max_len)
-
-    def start(self, ids: Tensor, attention: Tensor, repeat: int) -> Tensor:
-        """Prefill each prompt once, then share its cache among its ``repeat`` samples."""
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        logits = self.lean.forward(ids, positions, attention.bool(), self.cache)
-        if repeat > 1:
-            self.cache.repeat_interleave(repeat)
-        return logits.repeat_interleave(repeat, dim=0)
-
-    def step(self, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
-        return self.lean.forward(ids, positions, attention.bool(), self.cache)
-
-
-def _right_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tensor:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, : len(p)] = torch.tensor(p)
-    return ids.to(device)
-
-
-def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError("empty prompt: a prompt needs at least one token (e.g. BOS)")
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    return ids.to(device), mask.to(device)
-
-
 def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
     ids: set[int] = set()
     gen_cfg = getattr(model, "generation_config", None)
@@ -376,3 +318,5 @@ def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
     if not ids:
         raise ValueError("the model and tokenizer define no EOS token; generation could never stop")
     return ids
+
+

@@ -1,0 +1,169 @@
+"""Advantage estimators over the whole batch or with a baseline from outside the group: REINFORCE++
+(batch normalisation), REINFORCE++-baseline, ReMax (a greedy completion's reward) and GAE (a critic).
+Signatures and conventions: algo/advantages.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from reinforge.algo.advantages import ADVANTAGES, group_mean_std
+from reinforge.algo.returns import (
+    _batch_mean_std,
+    _gamma,
+    _masked_whiten,
+    _per_token,
+    gae_advantages_and_returns,
+    outcome_token_rewards,
+    returns_to_go,
+)
+
+
+@ADVANTAGES.register(
+    "reinforce_pp",
+    formula=(
+        "A_i = (r_i - mean_batch(r)) / (std_batch(r) + eps)  [population std over all N sequences]; "
+        "with token rewards: G_t = sum_{s>=t} gamma^(s-t) (tr_s + r_i [s = last]), "
+        "A_t = (G_t - mean_tokens(G)) / (std_tokens(G) + eps)"
+    ),
+    paper="Hu 2025, REINFORCE++ (arXiv:2501.03262)",
+)
+def reinforce_pp_advantage(
+    rewards: Tensor,
+    group_index: Tensor,
+    mask: Tensor,
+    values: Tensor | None,
+    cfg: Any,
+    *,
+    token_rewards: Tensor | None = None,
+    baseline: Tensor | None = None,
+) -> Tensor:
+    """REINFORCE++ advantage: global batch normalisation of the outcome reward.
+
+    A_i = (r_i - mu) / (sigma + eps), mu and sigma the mean and std of r over all N sequences of
+    the batch (groups are ignored). sigma is the *population* std (divide by N, not N - 1): this
+    standardises the batch itself, like batch normalisation, so the advantages have exactly zero
+    mean and unit variance, and a batch of one is well defined (sigma = 0 -> A = 0), where the
+    unbiased estimator would divide by zero. Every sequence counts once, including zero-length
+    ones (the paper's implementation normalises over tokens; we weight by sequence, as the
+    per-sequence reward is what is normalised). Normalisation is the estimator's definition, so
+    ``cfg.scale_by_std`` is ignored; ``eps = cfg.adv_eps``. Every token of sequence i gets A_i.
+
+    With ``token_rewards`` (e.g. the per-token KL penalty), the paper's token-level form is used:
+    the outcome reward r_i is placed on the last masked token of sequence i, the per-token return
+    G_t = returns_to_go(tr + r_i [t = last], mask, cfg.gamma) is computed, and A_t = (G_t - mu) /
+    (sigma + eps) with mu, sigma the mean and population std of G over all masked tokens of the batch.
+    """
+    if token_rewards is not None:
+        g = returns_to_go(outcome_token_rewards(rewards, mask, token_rewards), mask, _gamma(cfg))
+        return _masked_whiten(g, mask, cfg.adv_eps).to(mask.dtype)
+    r = rewards.to(torch.float64)
+    mu, sigma = _batch_mean_std(r)
+    return _per_token((r - mu) / (sigma + cfg.adv_eps), mask)
+
+
+@ADVANTAGES.register(
+    "reinforce_pp_baseline",
+    formula=(
+        "d_i = r_i - mean_g(r);  A_i = (d_i - mean_batch(d)) / (std_batch(d) + eps)  "
+        "[population std over all N sequences]"
+    ),
+    paper="Hu 2025, REINFORCE++ (arXiv:2501.03262), REINFORCE++-baseline variant",
+)
+def reinforce_pp_baseline_advantage(
+    rewards: Tensor,
+    group_index: Tensor,
+    mask: Tensor,
+    values: Tensor | None,
+    cfg: Any,
+    *,
+    token_rewards: Tensor | None = None,
+    baseline: Tensor | None = None,
+) -> Tensor:
+    """REINFORCE++-baseline advantage: group-mean baseline, then global batch normalisation.
+
+    d_i = r_i - mean_{j in g(i)} r_j, then A_i = (d_i - mu) / (sigma + eps) with mu, sigma the
+    mean and population std (divide by N, as in ``reinforce_pp``) of d over all N sequences.
+    Since every group's d sums to 0, mu is 0 up to rounding; it is subtracted anyway to follow
+    the paper. Unlike GRPO the scale is shared by the whole batch, so a group with a small spread
+    is not blown up. Singleton and equal-reward groups have d = 0 and so A = 0 (mu = 0).
+    ``cfg.scale_by_std`` is ignored; ``eps = cfg.adv_eps``. Every token of sequence i gets A_i.
+    With ``token_rewards``, every masked token t also gets ``returns_to_go(token_rewards)[t]``.
+    """
+    mean, _, _ = group_mean_std(rewards, group_index)
+    d = rewards.to(torch.float64) - mean
+    mu, sigma = _batch_mean_std(d)
+    return _per_token((d - mu) / (sigma + cfg.adv_eps), mask, token_rewards, cfg)
+
+
+@ADVANTAGES.register(
+    "remax",
+    formula="A_i = r_i - r(greedy completion of prompt(i)), broadcast to every token (+ token-reward returns-to-go)",
+    paper="Li et al. 2023, ReMax: A Simple, Effective, and Efficient RL Method for Aligning LLMs (arXiv:2310.10505)",
+    needs=("baseline",),
+)
+def remax_advantage(
+    rewards: Tensor,
+    group_index: Tensor,
+    mask: Tensor,
+    values: Tensor | None,
+    cfg: Any,
+    *,
+    token_rewards: Tensor | None = None,
+    baseline: Tensor | None = None,
+) -> Tensor:
+    """ReMax advantage: REINFORCE with the greedy completion's reward as baseline.
+
+    A_i = r_i - b_i with b_i = ``baseline[i]``, the reward of the greedy (argmax-decoded) completion
+    of sequence i's prompt; the baseline removes the prompt's difficulty from the return without
+    a critic. No normalisation (``cfg.scale_by_std`` is ignored); groups are not used. Every token
+    of sequence i gets A_i. With ``token_rewards``, every masked token t also gets
+    ``returns_to_go(token_rewards)[t]``. Raises ``ValueError`` without ``baseline``.
+    """
+    if baseline is None:
+        raise ValueError(
+            "advantage 'remax' needs baseline= (the reward of each prompt's greedy completion, shape [N])"
+        )
+    if baseline.shape != rewards.shape:
+        raise ValueError(f"remax baseline has shape {tuple(baseline.shape)}, expected {tuple(rewards.shape)}")
+    adv = rewards.to(torch.float64) - baseline.to(torch.float64)
+    return _per_token(adv, mask, token_rewards, cfg)
+
+
+@ADVANTAGES.register(
+    "gae",
+    formula=(
+        "delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1} over masked tokens, "
+        "r_t = tr_t + r_i [t = last]; whitened over the batch's masked tokens if scale_by_std"
+    ),
+    paper="Schulman et al. 2016, High-Dimensional Continuous Control Using GAE (arXiv:1506.02438)",
+    needs=("values",),
+)
+def gae_advantage(
+    rewards: Tensor,
+    group_index: Tensor,
+    mask: Tensor,
+    values: Tensor | None,
+    cfg: Any,
+    *,
+    token_rewards: Tensor | None = None,
+    baseline: Tensor | None = None,
+) -> Tensor:
+    """GAE advantage with a critic (PPO with a value model).
+
+    The per-token reward is r_t = tr_t (``token_rewards``, 0 if absent) plus the outcome reward r_i
+    on the last masked token of row i; A = ``gae_advantages_and_returns(r, values, mask, cfg.gamma,
+    cfg.lam)[0]``. With ``cfg.scale_by_std`` the advantages are whitened over all masked tokens of
+    the batch: A_t <- (A_t - mean) / (std + cfg.adv_eps) (population std). Groups are not used.
+    Requires ``values`` (``ValueError`` without). The returns for the value loss are obtained by
+    calling ``gae_advantages_and_returns`` directly.
+    """
+    if values is None:
+        raise ValueError("advantage 'gae' needs values= (critic values per token, shape [N, T])")
+    r = outcome_token_rewards(rewards, mask, token_rewards)
+    adv, _ = gae_advantages_and_returns(r, values.detach().to(torch.float64), mask, float(cfg.gamma), float(cfg.lam))
+    if cfg.scale_by_std:
+        adv = _masked_whiten(adv, mask, cfg.adv_eps)
+    return (adv * (mask != 0)).to(mask.dtype)

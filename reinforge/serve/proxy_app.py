@@ -1,0 +1,85 @@
+"""The agent proxy's HTTP app and request checks (reinforge/serve/proxy.py holds the episodes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from reinforge.errors import ReinforgeError
+from reinforge.rollout.chat_splice import Message
+from reinforge.serve.app import install_error_handlers
+from reinforge.serve.schema import APIError, ChatCompletionRequest, ChatMessage
+
+Scalar = int | float | str | bool
+
+
+class EpisodeError(ReinforgeError):
+    """An episode is unknown, has no reward, or still has a call in flight."""
+
+
+class RewardBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float = Field(allow_inf_nan=False)
+    done: bool = True
+    info: dict[str, Scalar] | None = None
+
+
+
+def _check_request(req: ChatCompletionRequest) -> None:
+    if req.n != 1:
+        raise APIError(400, f"n: the agent proxy generates one choice per call (got n={req.n}); make n calls",
+                       param="n")
+    if req.stream:
+        raise APIError(400, "stream: the agent proxy does not stream; set stream=false", param="stream")
+    if req.messages is None:
+        raise APIError(400, "prompt_token_ids: not supported by the agent proxy; send messages", param="messages")
+    if req.chat_template_kwargs:
+        raise APIError(400, "chat_template_kwargs: not supported by the agent proxy", param="chat_template_kwargs")
+
+
+def _message(m: ChatMessage) -> Message:
+    """A request message as a plain dict; text content parts are joined into one string."""
+    out = m.model_dump(exclude_none=True)
+    if isinstance(m.content, list):
+        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in m.content):
+            raise APIError(400, "messages: only text content parts are supported", param="messages")
+        out["content"] = "".join(part["text"] for part in m.content)
+    return out
+
+
+def _extends(messages: list[Message], tip: list[Message]) -> bool:
+    """``messages`` = ``tip`` (earlier messages exactly, then the assistant reply we returned) + new ones."""
+    if not tip or len(messages) <= len(tip) or messages[: len(tip) - 1] != tip[:-1]:
+        return False
+    reply, ours = messages[len(tip) - 1], tip[-1]
+    return reply.get("role") == "assistant" and reply.get("content", "") == ours["content"] and not reply.get("tool_calls")
+
+
+def _build_app(proxy: Any) -> FastAPI:
+    """The routes of an ``AgentProxy`` (reinforge/serve/proxy.py): models, chat completions, reward."""
+    app = FastAPI(title="reinforge agent proxy")
+    app.state.proxy = proxy
+
+    install_error_handlers(app)
+
+    @app.get("/episodes/{episode_id}/v1/models")
+    async def models(episode_id: str) -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": proxy.model_name, "object": "model", "created": proxy.created, "owned_by": "reinforge"}]}
+
+    @app.post("/episodes/{episode_id}/v1/chat/completions")
+    async def chat(episode_id: str, req: ChatCompletionRequest) -> dict[str, Any]:
+        return await proxy.chat(episode_id, req)
+
+    @app.post("/episodes/{episode_id}/reward")
+    async def reward(episode_id: str, body: RewardBody) -> dict[str, Any]:
+        try:
+            status = proxy.set_reward(episode_id, body.reward, body.done, body.info)
+        except EpisodeError as e:
+            raise APIError(404, str(e), code="episode_not_found") from None
+        return {"episode_id": episode_id, "reward": status.reward, "done": status.done, "calls": status.calls}
+
+    return app
