@@ -94,7 +94,7 @@ def test_unknown_preset_names_the_allowed_ones():
 
 
 def test_bad_key_inside_preset_file_is_reported(tmp_path, monkeypatch):
-    import reinforge.config as config
+    import reinforge.config.recipes as config
 
     (tmp_path / "bad.yaml").write_text("# Bad. arXiv:0\nalgo:\n  advantge: grpo\n")
     monkeypatch.setattr(config, "PRESETS_DIR", tmp_path)
