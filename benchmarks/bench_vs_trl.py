@@ -204,7 +204,7 @@ def child_reinforge(spec: dict) -> dict:
     import torch
 
     from reinforge.config import load_config
-    from reinforge.orchestrate import sync_loop
+    from reinforge.orchestrate import run, sync_loop
     from reinforge.rollout.torch_engine import TorchRolloutEngine
     from reinforge.train.learner import Learner
 
@@ -237,7 +237,7 @@ def child_reinforge(spec: dict) -> dict:
 
     Learner.__init__ = init
     t_start = time.perf_counter()
-    result = sync_loop.train(cfg)
+    result = run.train(cfg)
     opt = learners[0].optimizer
     facts = {
         "optimizer": f"{type(opt).__name__}(fused={opt.defaults.get('fused')}, foreach={opt.defaults.get('foreach')})",
