@@ -204,14 +204,14 @@ def child_reinforge(spec: dict) -> dict:
     import torch
 
     from reinforge.config import load_config
-    from reinforge.orchestrate import run, sync_loop
+    from reinforge.orchestrate import loop, run
     from reinforge.rollout.torch_engine import TorchRolloutEngine
     from reinforge.train.learner import Learner
 
     import_s = time.perf_counter() - t0
     torch.set_num_threads(spec["threads"])
     cfg = load_config(None, reinforge_overrides(spec))
-    step_impl = sync_loop.SyncLoop.train_step
+    step_impl = loop.Loop.train_step
 
     def train_step(loop, step):
         clock.step_begin(spec)
@@ -225,7 +225,7 @@ def child_reinforge(spec: dict) -> dict:
         clock.add("step_metric", metrics["time/step_s"])
         return metrics
 
-    sync_loop.SyncLoop.train_step = train_step
+    loop.Loop.train_step = train_step
     Learner.update = clock.timed("learner.update", Learner.update)
     TorchRolloutEngine.update_weights = clock.timed("weight_sync", TorchRolloutEngine.update_weights)
     learners: list = []

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reinforge.orchestrate.sync_loop import TrainResult
+from reinforge.orchestrate.loop import TrainResult
 
 
 def train(

@@ -62,7 +62,8 @@ class Batch:
     lets the learner compute it once per group. ``rewards`` [N] is each sequence's outcome
     reward and ``baseline`` [N] an optional per-sequence baseline reward (ReMax's greedy reward).
     The learner fills the optional [N, L] tensors: ``advantages``, ``old_logprobs`` (the policy
-    at the start of the update), ``ref_logprobs``, ``values`` (critic at the start) and ``returns``.
+    at the start of the update), ``ref_logprobs``, ``values`` (critic at the start), ``token_rewards``
+    (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``.
     """
 
     input_ids: Tensor
@@ -79,6 +80,7 @@ class Batch:
     values: Tensor | None = None
     returns: Tensor | None = None
     turn_returns: Tensor | None = None
+    token_rewards: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

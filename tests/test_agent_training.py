@@ -28,6 +28,18 @@ def test_agent_through_the_proxy_trains(tmp_path):
     assert 0 < result.heldout_before < 1 and result.heldout_after is not None
 
 
+@pytest.mark.slow
+def test_agent_trains_in_async_mode_through_each_workers_proxy(tmp_path):
+    """The rollout worker plays agent episodes through its own proxy over its own engine (the same
+    collector as the synchronous loop); the learner process evaluates through its own."""
+    result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "env.agent=agent_fixtures:arithmetic_agent",
+                                      "train.steps=2", "orchestrate.mode=async", "task.heldout_size=16"]))
+    rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert [m["policy_version"] for m in rows] == [1, 2] and all(m["batch/sequences"] > 0 for m in rows)
+    assert all(m["reward/accuracy"] == m["reward/mean"] for m in rows)
+    assert all(m["async/lag_max"] <= 1 for m in rows)
+
+
 def test_agent_returning_its_reward_and_remax_greedy_baseline(tmp_path):
     result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "env.agent=agent_fixtures:returning_agent",
                                       "train.steps=1", "algo.advantage=remax", "task.heldout_size=4"]))

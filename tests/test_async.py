@@ -15,7 +15,7 @@ from numerics import assert_all_exact, exact_approx, float64_model
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError
-from reinforge.orchestrate import async_loop
+from reinforge.orchestrate import async_batches
 from reinforge.orchestrate.components import build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
 from reinforge.orchestrate.run import train
@@ -118,25 +118,37 @@ def test_async_defaults_to_truncated_is_and_rejects_what_it_cannot_do(tmp_path):
     assert load_config(None, ["orchestrate.mode=async"]).algo.mismatch.mode == "token_tis"
     assert load_config(None, ["orchestrate.mode=async", "algo.mismatch.mode=none"]).algo.mismatch.mode == "none"
     assert load_config(None, []).algo.mismatch.mode == "none"
-    with pytest.raises(ConfigError, match="dynamic_sampling"):
-        train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "algo.dynamic_sampling=true", "train.steps=1"]))
+    with pytest.raises(ConfigError, match="rollout.engine=openai"):  # one server, no copy per worker
+        load_config(None, ["orchestrate.mode=async", "rollout.engine=openai", "rollout.server_url=http://x/v1"])
+
+
+@pytest.mark.slow
+def test_async_dynamic_sampling_tops_up_each_batch(tmp_path):
+    """DAPO's dynamic sampling in async mode: a batch short of groups with reward spread gets further
+    rounds from the task sampler until it has prompts_per_step of them (or the round cap)."""
+    result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=3", "algo.dynamic_sampling=true",
+                                      "algo.dynamic_sampling_max_rounds=4", "orchestrate.max_staleness=1"]))
+    rows = _metrics(result)
+    assert len(rows) == 3 and max(m["rollout/rounds"] for m in rows) > 1  # the tiny base: many flat groups
+    for m in rows:
+        assert 1 <= m["rollout/rounds"] <= 4
+        if m["rollout/rounds"] < 4:  # stopped early: the batch is full of groups with spread
+            assert m["batch/sequences"] == 8 * 4
 
 
 @pytest.mark.slow
 def test_async_rollout_workers_give_remax_its_greedy_baseline(tmp_path, monkeypatch):
     """ReMax declares that it needs a baseline (``needs=("baseline",)``): the rollout worker samples the
     greedy completion of every task too, and the learner gets one baseline per kept trajectory."""
-    from reinforge.orchestrate import async_loop
-
     seen = []
-    collect = async_loop.AsyncLoop.collect
+    collect = async_batches.WorkerBatches.collect
 
     def spy(self, step):
         rollout = collect(self, step)
         seen.append((len(rollout.kept), rollout.baseline))
         return rollout
 
-    monkeypatch.setattr(async_loop.AsyncLoop, "collect", spy)
+    monkeypatch.setattr(async_batches.WorkerBatches, "collect", spy)
     result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "algo.advantage=remax", "train.steps=2"]))
     assert result.steps == 2 and len(seen) == 2
     for kept, baseline in seen:
@@ -167,14 +179,14 @@ def test_async_run_respects_the_bound(tmp_path, max_staleness):
 
 @pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_its_batch_reissued(tmp_path, monkeypatch):
-    collect = async_loop.AsyncLoop.collect
+    collect = async_batches.WorkerBatches.collect
 
     def killing_collect(self, step):
         if step == 2:
             os.kill(self.workers.procs[0].pid, signal.SIGKILL)
         return collect(self, step)
 
-    monkeypatch.setattr(async_loop.AsyncLoop, "collect", killing_collect)
+    monkeypatch.setattr(async_batches.WorkerBatches, "collect", killing_collect)
     result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=4",
                                       "orchestrate.max_staleness=1"]))
     rows = _metrics(result)

@@ -239,7 +239,7 @@ def test_reasoning_gym_recipe(tmp_path):
     assert all(0 <= m["reward/mean"] <= 1 for m in rows)
     # the recipe's reward scores a right answer in <answer> tags (as its system prompt asks) 1, a wrong one 0
     assert "<answer>" in cfg.task.system_prompt
-    verifier = build_reward(cfg)
+    verifier = build_reward(cfg.reward, cfg.task.verifier)
     for task in build_task_splits(cfg.task).heldout[:4]:
         assert verifier(task, f"2 + 2 legs... <answer>{task.answer}</answer>").reward == 1.0
         assert verifier(task, f"<answer>{int(task.answer) + 1}</answer>").reward == 0.0
@@ -252,8 +252,9 @@ def test_reward_model_recipe(tmp_path):
     from reinforge.rewards.build import build_reward
 
     # the placeholder fails, naming the term, the key and its value
+    rm_cfg = load_config("reward_model")
     with pytest.raises(ConfigError, match=r"reward term 'rm': reward_model.path 'path/to/reward-model': not a Hugging Face model directory"):
-        build_reward(load_config("reward_model"))
+        build_reward(rm_cfg.reward, rm_cfg.task.verifier)
     index = next(i for i, t in enumerate(load_config("reward_model").reward.terms) if t.reward_model is not None)
     rm_path = tiny_reward_model(tmp_path)
     assert index == 1  # the override the recipe's comment and docs/recipes.md give

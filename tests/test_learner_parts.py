@@ -17,9 +17,9 @@ from reinforge.orchestrate.episodes import (
     generate_single_turn,
     groups_with_spread,
     score_single_turn,
-    shape_overlong,
+    shape_rewards,
 )
-from reinforge.orchestrate.sync_loop import SyncLoop
+from reinforge.orchestrate.loop import Loop
 from reinforge.train.critic import ValueModel
 from reinforge.train.learner import Learner
 from reinforge.types import Trajectory
@@ -186,9 +186,10 @@ def _traj(group, reward, n_gen, finish="stop"):
 
 
 def test_soft_overlong_penalty_and_filter_on_trajectories():
-    algo = load_config(None, ["algo.overlong_buffer=0.25", "algo.overlong_filter=true"]).algo
+    algo = load_config(None, ["algo.reward_shapers=[{name: overlong_penalty, params: {buffer: 0.25}}, "
+                              "{name: overlong_filter}]"]).algo
     trajs = [_traj(0, 1.0, 6), _traj(0, 1.0, 7), _traj(0, 1.0, 8, "length")]
-    shape_overlong(trajs, algo, max_new_tokens=8)  # buffer = 2: penalty starts after 6 tokens
+    shape_rewards(trajs, algo.reward_shapers, max_new_tokens=8)  # buffer = 2: penalty starts after 6 tokens
     assert [t.reward for t in trajs] == [1.0, 0.5, 0.0]
     assert [t.truncated for t in trajs] == [False, False, True]
     assert [t.trainable for t in trajs] == [True, True, False]
@@ -208,8 +209,8 @@ def test_groups_with_spread_and_remax_baseline_in_batch():
 def test_dynamic_sampling_fills_the_batch_with_spread_groups(tmp_path):
     cfg = _cfg(tmp_path, "preset=dapo", "rollout.prompts_per_step=6", "algo.dynamic_sampling_max_rounds=5")
     c = build_components(cfg)
-    loop = SyncLoop(c, tmp_path, 0, 10)
-    rollout = loop.collect(step=1)
+    loop = Loop(c, tmp_path, 0, 10)
+    rollout = loop.source.collect(step=1)
     kept_groups = {t.group_id for t in rollout.kept}
     assert len(kept_groups) == 6 or rollout.rounds == 5
     assert kept_groups <= groups_with_spread(rollout.sampled)
@@ -217,12 +218,12 @@ def test_dynamic_sampling_fills_the_batch_with_spread_groups(tmp_path):
     assert len({t.group_id for t in rollout.sampled}) == rollout.rounds * 6  # group ids never collide
     capped = build_components(_cfg(tmp_path, "preset=dapo", "rollout.prompts_per_step=6",
                                    "algo.dynamic_sampling_max_rounds=1"))
-    assert SyncLoop(capped, tmp_path, 0, 10).collect(step=1).rounds == 1
+    assert Loop(capped, tmp_path, 0, 10).source.collect(step=1).rounds == 1
 
 
 def test_remax_collects_one_greedy_baseline_per_prompt(tmp_path):
     c = build_components(_cfg(tmp_path, "preset=remax"))
-    rollout = SyncLoop(c, tmp_path, 0, 10).collect(step=1)
+    rollout = Loop(c, tmp_path, 0, 10).source.collect(step=1)
     assert rollout.baseline is not None and len(rollout.baseline) == len(rollout.kept) == 16
     for g in range(4):  # one value per group, and it is a reward of this task
         assert len({b for t, b in zip(rollout.kept, rollout.baseline, strict=True) if t.group_id == g}) == 1

@@ -15,7 +15,7 @@ from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.orchestrate.components import LoraTorchRolloutEngine, build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
 from reinforge.orchestrate.run import train
-from reinforge.orchestrate.sync_loop import SyncLoop
+from reinforge.orchestrate.loop import Loop
 from reinforge.track.jsonl import read_jsonl
 from reinforge.train.logprobs import token_logprobs
 from reinforge.train.model import load_model
@@ -172,14 +172,14 @@ def test_adapter_checkpoints_resume_exactly_and_export_merged(tmp_path, monkeypa
     common = ("algo.kl.coef=0.05", "train.steps=4", "eval.every=2", "checkpoint.every=2", "train.minibatches=2",
               "train.epochs=2", "train.lr=1e-3", "model.lora.r=4", "model.lora.target_modules=[q_proj,v_proj,up_proj]")
     straight = train(_cfg(tmp_path, "straight", *common))
-    save = SyncLoop.save
+    save = Loop.save
 
     def save_then_die(self, step):
         save(self, step)
         if step == 2:
             raise Killed
 
-    monkeypatch.setattr(SyncLoop, "save", save_then_die)
+    monkeypatch.setattr(Loop, "save", save_then_die)
     with pytest.raises(Killed):
         train(_cfg(tmp_path, "split", *common))
     monkeypatch.undo()

@@ -45,7 +45,7 @@ def test_preset_parts(name, parts):
 
 def test_dapo_data_side_and_clip_higher():
     a = config_from_dict({"preset": "dapo"}).algo
-    assert (a.clip_low, a.clip_high, a.dynamic_sampling, a.overlong_buffer) == (0.2, 0.28, True, 0.2)
+    assert (a.clip_low, a.clip_high, a.dynamic_sampling, a.reward_shapers[0].settings().buffer) == (0.2, 0.28, True, 0.2)
 
 
 def test_baseline_presets_keep_equal_reward_groups():

@@ -63,7 +63,7 @@ def rewards_file(tmp_path):
 
 def test_a_file_reference_scores_and_numbers_become_results(rewards_file):
     cfg = load_config(None, [f"task.verifier={rewards_file}:contains_answer"])
-    verifier = build_reward(cfg)
+    verifier = build_reward(cfg.reward, cfg.task.verifier)
     assert verifier == ImportedVerifier(f"{rewards_file}:contains_answer")
     assert verifier(TASK, "it is 4") == RewardResult(1.0, True) and verifier(TASK, "5") == RewardResult(0.0, False)
     assert resolve_verifier(f"{rewards_file}:is_short")(TASK, "four") == RewardResult(0.0, False)  # a bool
@@ -84,13 +84,13 @@ def test_a_relative_file_is_made_absolute_and_a_module_is_found_from_the_working
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
     cfg = load_config(None, ["task.verifier=my_rewards:contains_answer"])  # as `python -m` would import it
     assert cfg.task.verifier == "my_rewards:contains_answer"
-    assert build_reward(cfg)(TASK, "4").reward == 1.0
+    assert build_reward(cfg.reward, cfg.task.verifier)(TASK, "4").reward == 1.0
 
 
 def test_a_reward_term_may_be_your_own_function(rewards_file):
     cfg = load_config(None, [f"reward.terms=[{{name: mine, verifier: '{rewards_file}:contains_answer'}}, "
                              "{name: short, verifier: numeric_match, weight: 0.5}]"])
-    result = build_reward(cfg)(TASK, "4")
+    result = build_reward(cfg.reward, cfg.task.verifier)(TASK, "4")
     assert result.reward == 1.5 and result.terms == {"mine": 1.0, "short": 1.0}
 
 

@@ -144,4 +144,5 @@ def test_an_async_rollout_worker_scores_in_process_workers(tmp_path, monkeypatch
 def test_auto_pool_picks_processes_for_cpu_bound_verifiers(overrides, kind):
     from reinforge.rewards.build import pool_kind
 
-    assert pool_kind(load_config(None, overrides)) == kind
+    cfg = load_config(None, overrides)
+    assert pool_kind(cfg.reward, cfg.task.verifier, cfg.env.multi_turn) == kind

@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
 from reinforge.orchestrate.run import train
-from reinforge.orchestrate.sync_loop import CollapseDetector, SyncLoop
+from reinforge.orchestrate.loop import Loop
+from reinforge.orchestrate.step_metrics import CollapseDetector
 from reinforge.track.jsonl import read_jsonl
 
 TIMING = ("time/", "perf/", "memory/")  # wall-clock and resident memory vary between runs
@@ -33,21 +34,21 @@ class Killed(Exception):
 @pytest.mark.parametrize("algo", [
     (),
     # critic + its optimizer, adaptive KL controller, KL in the reward, dynamic sampling: all resumed exactly
-    ("preset=ppo", "algo.kl.target=0.001", "algo.dynamic_sampling=true", "algo.overlong_buffer=0.25"),
+    ("preset=ppo", "algo.kl.target=0.001", "algo.dynamic_sampling=true", "algo.reward_shapers=[{name: overlong_penalty, params: {buffer: 0.25}}]"),
 ], ids=["grpo", "ppo_adaptive_kl_dynamic"])
 def test_resume_is_exact(tmp_path, monkeypatch, algo):
     """6 steps straight == 3 steps, a kill, and a resume (cosine schedule, 2 epochs x 2 mini-batches)."""
     common = (*algo, "train.steps=6", "eval.every=3", "checkpoint.every=3", "train.minibatches=2",
               "train.epochs=2", "train.lr_schedule=cosine")
     straight = train(_cfg(tmp_path, "straight", *common))
-    save = SyncLoop.save
+    save = Loop.save
 
     def save_then_die(self, step):
         save(self, step)
         if step == 3:
             raise Killed
 
-    monkeypatch.setattr(SyncLoop, "save", save_then_die)
+    monkeypatch.setattr(Loop, "save", save_then_die)
     with pytest.raises(Killed):
         train(_cfg(tmp_path, "split", *common))
     monkeypatch.undo()

@@ -16,7 +16,7 @@ from reinforge.algo.kl import KL_ESTIMATORS
 from reinforge.algo.kl_control import KLController
 from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm, entropy_from_logits
 from reinforge.algo.mismatch import MISMATCH_MODES, mismatch_correction
-from reinforge.algo.shaping import soft_overlong_penalty
+from reinforge.algo.shaping import REWARD_SHAPERS, soft_overlong_penalty
 from reinforge.algo.value import clipped_value_loss, explained_variance
 
 REGISTRIES = {
@@ -32,6 +32,7 @@ __all__ = [
     "LOSS_AGG",
     "MISMATCH_MODES",
     "POLICY_LOSSES",
+    "REWARD_SHAPERS",
     "REGISTRIES",
     "AggNorm",
     "KLController",

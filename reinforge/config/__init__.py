@@ -8,7 +8,13 @@ and the allowed values. The fully resolved config is saved in the run directory.
 """
 
 from reinforge.config.algo import AlgoConfig, CriticConfig, KLConfig, MismatchConfig
-from reinforge.config.base import GroupSamplerConfig, LossTermConfig, PartConfig, TaskSamplerConfig
+from reinforge.config.base import (
+    GroupSamplerConfig,
+    LossTermConfig,
+    PartConfig,
+    RewardShaperConfig,
+    TaskSamplerConfig,
+)
 from reinforge.config.recipes import (
     DEFAULT_RECIPE,
     PRESETS_DIR,
@@ -52,7 +58,7 @@ __all__ = [
     "EnvConfig", "EvalConfig", "GroupSamplerConfig", "JudgeConfig", "KLConfig", "LogConfig", "LoraConfig",
     "LossTermConfig", "MismatchConfig", "ModelConfig", "OrchestrateConfig", "PartConfig", "RGTaskItem",
     "RewardConfig", "RewardModelConfig", "RewardTermConfig", "RolloutConfig", "RunConfig", "TaskConfig",
-    "TaskSamplerConfig", "TrainConfig", "apply_overrides", "config_from_dict", "deep_merge", "dump_config",
+    "RewardShaperConfig", "TaskSamplerConfig", "TrainConfig", "apply_overrides", "config_from_dict", "deep_merge", "dump_config",
     "load_config", "load_preset", "parse_override", "preset_names", "preset_path", "preset_summary",
     "resolve_recipe_path",
 ]

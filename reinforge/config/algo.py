@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from reinforge.config.base import LossTermConfig, _check_registered, _Strict
+from reinforge.config.base import LossTermConfig, RewardShaperConfig, _check_registered, _Strict
 
 
 class KLConfig(_Strict):
@@ -68,11 +68,10 @@ class AlgoConfig(_Strict):
         False, description="DAPO: keep sampling prompts until the batch has prompts_per_step groups with reward spread"
     )
     dynamic_sampling_max_rounds: int = Field(4, ge=1, description="cap on rollout rounds per step (dynamic sampling)")
-    overlong_buffer: float = Field(
-        0.0, ge=0, lt=1, description="DAPO soft overlong penalty zone as a fraction of max_new_tokens (0 = off)"
+    reward_shapers: list[RewardShaperConfig] = Field(
+        default_factory=list, description="reward shapers applied in order after scoring (e.g. DAPO's "
+        "overlong_penalty, overlong_filter)"
     )
-    overlong_penalty: float = Field(1.0, ge=0, description="penalty at max length (soft overlong punishment)")
-    overlong_filter: bool = Field(False, description="DAPO overlong filtering: no loss on truncated responses")
     loss_terms: list[LossTermConfig] = Field(
         default_factory=list, description="extra loss terms beyond the KL and entropy ones (e.g. a plug-in's)"
     )

@@ -61,3 +61,10 @@ class GroupSamplerConfig(PartConfig):
     name: str = "independent"
 
 
+
+
+class RewardShaperConfig(PartConfig):
+    """A change to the rewards from rollout statistics (a registered reward shaper, e.g. DAPO's
+    ``overlong_penalty`` and ``overlong_filter``)."""
+
+    KIND: ClassVar[str] = "reward_shaper"

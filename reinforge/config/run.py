@@ -220,6 +220,14 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _async_engine_has_copies(self) -> RunConfig:
+        if self.orchestrate.mode == "async" and self.rollout.engine == "openai":
+            raise ValueError("orchestrate.mode=async samples in rollout workers, each with its own copy of the "
+                             "policy; rollout.engine=openai drives one server whose weights the learner sets, so it "
+                             "runs with orchestrate.mode=sync (the server already generates apart from the learner)")
+        return self
+
+    @model_validator(mode="after")
     def _env_fits_task(self) -> RunConfig:
         from reinforge.envs.registry import check_task_kind
 

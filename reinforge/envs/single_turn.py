@@ -36,4 +36,6 @@ def verifier_step_result(result: RewardResult) -> StepResult:
     errors = getattr(result, "errors", None)
     if errors:
         info["reward_term_errors"] = dict(errors)
+    if getattr(result, "status", "ok") != "ok":  # a failed call the reward pool scored 0 (rewards/pool.py)
+        info["reward_status"], info["reward_error"] = result.status, result.error
     return StepResult(observation=[], reward=result.reward, done=True, info=info)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,10 @@ def run_eval(
         from reinforge.rewards.build import build_reward
 
         run_cfg = load_config(recipe)
-        task_cfg, verifier = run_cfg.task, build_reward(run_cfg)
+        task_cfg = run_cfg.task
+        verifier = build_reward(run_cfg.reward, run_cfg.task.verifier, run_cfg.model.device)
     else:
+        run_cfg = None
         try:
             task_cfg = TaskConfig(kind=task, path=str(data) if data else None, heldout_size=heldout_size)
         except ValidationError as e:
@@ -61,8 +65,9 @@ def run_eval(
         path = resolve_eval_model(model)
         torch.manual_seed(seed)
         engine = TorchRolloutEngine(load_model(path), load_tokenizer(path), seed=seed)
-        result = evaluate(engine, splits.heldout, verifier, max_new_tokens, samples, temperature, ks=ks,
-                          system_prompt=task_cfg.system_prompt, confidence=True, n_boot=n_boot)
+        with _recipe_player(run_cfg, engine, verifier) as player:
+            result = evaluate(engine, splits.heldout, verifier, max_new_tokens, samples, temperature, ks=ks,
+                              system_prompt=task_cfg.system_prompt, confidence=True, n_boot=n_boot, player=player)
         console.print(f"\n[bold]{path}[/] on {splits.name}: {result.num_prompts} held-out prompts, "
                       f"{samples} samples each at T={temperature}", highlight=False)
         console.print(result_table(result))
@@ -74,6 +79,29 @@ def run_eval(
                          title=f"pass@k on {splits.name} ({samples} samples, T={temperature})")
         console.print(f"pass@k curves: {plot}")
     return {"task": splits.name, "samples": samples, "temperature": temperature, "seed": seed, "models": results}
+
+
+@contextlib.contextmanager
+def _recipe_player(run_cfg, engine, verifier) -> Iterator[Any]:
+    """With a recipe: its environment's collector (multi-turn episodes, a black-box agent), as in
+    training (orchestrate/collectors.py); without one: None (one completion per sample)."""
+    if run_cfg is None:
+        yield None
+        return
+    from reinforge.envs.registry import build_environment
+    from reinforge.orchestrate.collectors import build_collector, play
+    from reinforge.rewards.build import build_reward_pool, pool_kind
+
+    kind = pool_kind(run_cfg.reward, run_cfg.task.verifier, run_cfg.env.multi_turn)
+    with build_reward_pool(run_cfg.reward, verifier, kind) as pool:
+        make_env = build_environment(run_cfg.env.name, pool.as_verifier(), run_cfg.task.system_prompt,
+                                     run_cfg.env.params)
+        collector = build_collector(run_cfg.env, run_cfg.rollout, engine, make_env, pool,
+                                    getattr(engine.model.config, "max_position_embeddings", None))
+        try:
+            yield play(collector)
+        finally:
+            collector.close()
 
 
 def result_table(result: EvalResult):

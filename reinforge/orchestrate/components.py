@@ -17,9 +17,10 @@ from reinforge.data.samplers import TaskSamplerPart, build_task_sampler
 from reinforge.data.sources import build_task_splits
 from reinforge.envs.base import Environment
 from reinforge.envs.registry import build_environment
+from reinforge.orchestrate.collectors import Collector, build_collector, episode_limits, sampling_params
 from reinforge.orchestrate.multi_turn import EpisodeLimits
 from reinforge.plugins import load_plugins
-from reinforge.rewards.build import build_reward, build_reward_pool
+from reinforge.rewards.build import run_reward_pool
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
@@ -44,20 +45,20 @@ class Components:
     reward_pool: VerifierPool
     make_env: Callable[[], Environment]
 
+    @property
+    def model_context(self) -> int | None:
+        return getattr(self.learner.model.config, "max_position_embeddings", None)
+
     def episode_limits(self) -> EpisodeLimits:
-        e, model_context = self.cfg.env, getattr(self.learner.model.config, "max_position_embeddings", None)
-        return EpisodeLimits(
-            max_turns=e.max_turns,
-            max_total_tokens=e.max_total_tokens or model_context or 4096,
-            max_turn_tokens=e.max_turn_tokens or self.cfg.rollout.max_new_tokens,
-        )
+        return episode_limits(self.cfg.env, self.cfg.rollout, self.model_context)
 
     def sampling_params(self) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(
-            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-            n=r.group_size, stop=tuple(r.stop), ignore_eos=r.ignore_eos,
-        )
+        return sampling_params(self.cfg.rollout)
+
+    def make_collector(self) -> Collector:
+        """The collector over this process's engine (an agent-driven one starts its proxy server: close it)."""
+        return build_collector(self.cfg.env, self.cfg.rollout, self.engine, self.make_env, self.reward_pool,
+                               self.model_context)
 
 
 def seed_everything(seed: int) -> None:
@@ -129,8 +130,7 @@ def build_components(cfg: RunConfig) -> Components:
         if "values" in needs else None
     )
     engine = build_engine(cfg, policy, tokenizer)  # before the learner adds LoRA adapters to the policy
-    verifier = build_reward(cfg)
-    system_prompt = cfg.task.system_prompt
+    pool = run_reward_pool(cfg)
     return Components(
         cfg=cfg,
         tokenizer=tokenizer,
@@ -138,7 +138,7 @@ def build_components(cfg: RunConfig) -> Components:
         engine=engine,
         splits=splits,
         sampler=build_task_sampler(cfg.task.sampler.name, splits.train, cfg.seed, cfg.task.sampler.settings()),
-        verifier=verifier,
-        reward_pool=build_reward_pool(cfg, verifier),
-        make_env=build_environment(cfg.env.name, verifier, system_prompt, cfg.env.params),
+        verifier=pool.verifier,
+        reward_pool=pool,  # environments score through the pool too (timeouts, reward.on_error)
+        make_env=build_environment(cfg.env.name, pool.as_verifier(), cfg.task.system_prompt, cfg.env.params),
     )

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from reinforge.algo.advantages import ADVANTAGES, turn_returns
-from reinforge.algo.shaping import soft_overlong_penalty
-from reinforge.config import AlgoConfig, GroupSamplerConfig
+from reinforge.algo.objective import required_inputs
+from reinforge.algo.returns import turn_returns
+from reinforge.algo.shaping import REWARD_SHAPERS, ShapeInputs
+from reinforge.config import AlgoConfig, GroupSamplerConfig, RewardShaperConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import verifier_step_result
-from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rollout.group_samplers import sample_groups
 from reinforge.rollout.prompts import encode_prompt
@@ -65,6 +64,7 @@ def score_single_turn(
                 finish_reason=gen.finish_reason,
                 completion_text=gen.text,
                 metadata={"correct": bool(info.get("correct", False)), "reward_status": outcome.status,
+                          "answer": outcome.result.answer if outcome.result is not None else None,
                           **({"reward_error": outcome.error} if outcome.error else {}),
                           **{k: info[k] for k in ("reward_terms", "reward_term_errors") if k in info}},
             )
@@ -72,32 +72,27 @@ def score_single_turn(
     return trajectories
 
 
-def greedy_baseline_rewards(
-    tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams, seed: int,
-    pool: VerifierPool, limits: EpisodeLimits | None = None,
-) -> list[float]:
-    """ReMax's baseline: the reward of one greedy completion per task (with ``limits``: of one greedy
-    multi-turn episode). The same in the synchronous loop and the asynchronous rollout workers."""
-    greedy = dataclasses.replace(params, greedy=True, n=1)
-    if limits is not None:
-        return [t.reward for t in run_episodes(tasks, engine, make_env, greedy, limits, seed)]
-    _, generations = generate_single_turn(tasks, engine, make_env, greedy, seed)
-    return [t.reward for t in score_single_turn(tasks, generations, 1, pool)]
-
-
-def shape_overlong(trajs: list[Trajectory], algo: AlgoConfig, max_new_tokens: int) -> None:
-    """DAPO's data-side length handling, in place: the soft overlong penalty is added to the reward
-    (``metadata['overlong_penalty']``) and, with overlong filtering, truncated responses get no loss."""
-    if algo.overlong_buffer > 0:
-        buffer = max(1, round(algo.overlong_buffer * max_new_tokens))
-        lengths = torch.tensor([t.num_generated for t in trajs])
-        penalty = soft_overlong_penalty(lengths, max_new_tokens, buffer, algo.overlong_penalty).tolist()
-        for t, p in zip(trajs, penalty, strict=True):
-            t.reward += p
-            t.metadata["overlong_penalty"] = p
-    if algo.overlong_filter:
-        for t in trajs:
-            t.trainable = not t.truncated
+def shape_rewards(trajs: list[Trajectory], shapers: Sequence[RewardShaperConfig], max_new_tokens: int) -> None:
+    """The run's reward shapers (``REWARD_SHAPERS``), in order and in place: each adds its term to the
+    rewards (kept in ``metadata[<shaper name>]``) and may take sequences out of the loss (``trainable``)."""
+    if not shapers or not trajs:
+        return
+    for shaper in shapers:
+        inputs = ShapeInputs(
+            rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float64),
+            lengths=torch.tensor([t.num_generated for t in trajs]),
+            truncated=torch.tensor([t.truncated for t in trajs]),
+            group_index=torch.tensor([t.group_id for t in trajs]),
+            max_new_tokens=max_new_tokens,
+        )
+        shaping = REWARD_SHAPERS.call(shaper.name, inputs, shaper.settings())
+        if shaping.reward is not None:
+            for t, r in zip(trajs, shaping.reward.tolist(), strict=True):
+                t.reward += r
+                t.metadata[shaper.name] = r
+        if shaping.trainable is not None:
+            for t, ok in zip(trajs, shaping.trainable.tolist(), strict=True):
+                t.trainable = t.trainable and bool(ok)
 
 
 @dataclass
@@ -136,7 +131,7 @@ def build_batch(
     if baseline is not None:
         base = torch.tensor([b for b, k in zip(baseline, keep, strict=True) if k], dtype=torch.float32)
     batch = Batch.from_trajectories(kept, pad_id, base)
-    if "turn_returns" in ADVANTAGES.needs(algo.advantage):
+    if "turn_returns" in required_inputs(algo):
         batch.turn_returns = turn_return_tensor(kept, batch.input_ids.shape[1], algo.gamma)
     return batch, stats
 

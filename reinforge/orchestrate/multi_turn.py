@@ -23,6 +23,7 @@ from typing import Any
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.errors import ReinforgeError
+from reinforge.rewards.pool import VerifierError
 from reinforge.rollout.chat_splice import ChatSplicer
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 from reinforge.types import Trajectory
@@ -171,6 +172,8 @@ def _advance(ep: _Episode, gen: Generation, limit: int, last_turn: bool) -> None
     ep.texts.append(text)
     try:
         result = ep.env.step({"role": "assistant", "content": text})
+    except VerifierError:  # the reward pool's on_error policy said stop (rewards/pool.py)
+        raise
     except Exception as e:  # an environment bug must fail loudly, not train on a broken episode
         raise ReinforgeError(f"environment {type(ep.env).__name__} raised {type(e).__name__}: {e} on task "
                              f"{ep.task.id!r}, turn {len(ep.turn_rewards) + 1}, assistant text {text!r}") from e

@@ -1,7 +1,7 @@
 """The ``ray`` backend of asynchronous RL: rollout workers as Ray actors.
 
 Same contract as ``RolloutWorkers`` (``submit``, ``next_result``, ``publish``, ``restarts``,
-``close``), so ``AsyncLoop`` runs unchanged. Each actor hosts a ``RolloutWorkerCore``; new weights
+``close``), so ``WorkerBatches`` runs unchanged. Each actor hosts a ``RolloutWorkerCore``; new weights
 go into Ray's object store once per update (``ray.put`` of the parameters) and every actor gets
 the reference. Actors have two concurrency groups (one thread each), so ``set_weights`` runs while
 a ``generate`` is under way: with ``weight_update: inflight`` the engine applies the weights

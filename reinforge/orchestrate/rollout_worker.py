@@ -24,9 +24,7 @@ import torch
 from reinforge.config import RunConfig
 from reinforge.data.base import Task
 from reinforge.errors import ReinforgeError
-from reinforge.orchestrate.multi_turn import EpisodeLimits
 from reinforge.orchestrate.shared_weights import SharedWeights
-from reinforge.rollout.types import SamplingParams
 from reinforge.types import Trajectory
 
 
@@ -37,6 +35,12 @@ class RolloutRequest:
     seed: int
     on_error: str = "raise"  # the reward pool's policy for this batch
     min_version: int = 0  # admission control: sample with weights of at least this version
+    round: int = 1  # > 1: a further round of dynamic sampling for the same update
+    group_offset: int = 0  # group id of the first task
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.update, self.round
 
 
 @dataclass
@@ -48,28 +52,24 @@ class RolloutResult:
     reward_s: float = 0.0
     error: str | None = None
     baseline: list[float] | None = None  # per task: its greedy reward, when the advantage needs a baseline
+    round: int = 1
 
-
-def sampling_params(cfg: RunConfig) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          n=r.group_size, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
-
-
-def episode_limits(cfg: RunConfig, model_context: int | None) -> EpisodeLimits:
-    e = cfg.env
-    return EpisodeLimits(max_turns=e.max_turns, max_total_tokens=e.max_total_tokens or model_context or 4096,
-                         max_turn_tokens=e.max_turn_tokens or cfg.rollout.max_new_tokens)
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.update, self.round
 
 
 class RolloutWorkerCore:
     """What a rollout worker runs, whatever hosts it (a process here, a Ray actor): the engine (its
-    own model copy), the environment and the reward, and one rollout batch per ``run``."""
+    own model copy), the environment, the reward pool and the run's collector, one round per ``run``
+    (``batch_sources.sample_round``, as in the synchronous loop)."""
 
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
         from reinforge.envs.registry import build_environment
+        from reinforge.orchestrate.batch_sources import needs_baseline
+        from reinforge.orchestrate.collectors import build_collector, sampling_params
         from reinforge.plugins import load_plugins
-        from reinforge.rewards.build import build_reward, build_reward_pool
+        from reinforge.rewards.build import run_reward_pool
         from reinforge.rollout.torch_engine import TorchRolloutEngine
         from reinforge.train.model import load_model, load_tokenizer
 
@@ -81,42 +81,27 @@ class RolloutWorkerCore:
         model = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
         self.engine = TorchRolloutEngine(model, tokenizer, cfg.model.device, seed=cfg.seed + 1000 * (worker_id + 1))
         self.engine.version = -1  # until the learner's weights arrive
-        self.pool = build_reward_pool(cfg, build_reward(cfg))
-        self.make_env = build_environment(cfg.env.name, self.pool.verifier, cfg.task.system_prompt, cfg.env.params)
-        self.params = sampling_params(cfg)
-        self.limits = episode_limits(cfg, getattr(model.config, "max_position_embeddings", None))
+        self.pool = run_reward_pool(cfg)
+        make_env = build_environment(cfg.env.name, self.pool.as_verifier(), cfg.task.system_prompt, cfg.env.params)
+        self.collector = build_collector(cfg.env, cfg.rollout, self.engine, make_env, self.pool,
+                                         getattr(model.config, "max_position_embeddings", None))
+        self.params = sampling_params(cfg.rollout)
+        self.with_baseline = needs_baseline(cfg)
 
     def run(self, request: RolloutRequest) -> RolloutResult:
-        from reinforge.algo.advantages import ADVANTAGES
-        from reinforge.orchestrate.episodes import (
-            generate_single_turn,
-            greedy_baseline_rewards,
-            score_single_turn,
-        )
-        from reinforge.orchestrate.multi_turn import run_episodes
+        from reinforge.orchestrate.batch_sources import sample_round
 
         try:
             self.pool.on_error = request.on_error  # type: ignore[assignment]
-            t0 = time.perf_counter()
-            if self.cfg.env.multi_turn:
-                trajs = run_episodes(request.tasks, self.engine, self.make_env, self.params, self.limits, request.seed)
-                t1 = t2 = time.perf_counter()
-            else:
-                _, gens = generate_single_turn(request.tasks, self.engine, self.make_env, self.params, seed=request.seed,
-                                               group_sampler=self.cfg.rollout.group_sampler)
-                t1 = time.perf_counter()
-                trajs = score_single_turn(request.tasks, gens, self.params.n, self.pool)
-                t2 = time.perf_counter()
-            baseline = None
-            if "baseline" in ADVANTAGES.needs(self.cfg.algo.advantage):  # e.g. ReMax's greedy baseline
-                limits = self.limits if self.cfg.env.multi_turn else None
-                baseline = greedy_baseline_rewards(request.tasks, self.engine, self.make_env, self.params,
-                                                   request.seed, self.pool, limits)
-            return RolloutResult(request.update, self.worker_id, trajs, t1 - t0, t2 - t1, baseline=baseline)
+            r = sample_round(self.collector, request.tasks, self.params, request.seed, request.group_offset,
+                             self.with_baseline)
+            return RolloutResult(request.update, self.worker_id, r.trajectories, r.generate_s, r.reward_s,
+                                 baseline=r.baseline, round=request.round)
         except Exception:
-            return RolloutResult(request.update, self.worker_id, error=traceback.format_exc())
+            return RolloutResult(request.update, self.worker_id, error=traceback.format_exc(), round=request.round)
 
     def close(self) -> None:
+        self.collector.close()
         self.pool.close()
 
 
@@ -155,7 +140,7 @@ class RolloutWorkers:
         self.results: mp.Queue = self._ctx.Queue()
         self.procs: list = [None] * cfg.orchestrate.rollout_workers
         self.queues: list = [None] * cfg.orchestrate.rollout_workers
-        self.assigned: list[dict[int, RolloutRequest]] = [{} for _ in range(cfg.orchestrate.rollout_workers)]
+        self.assigned: list[dict[tuple[int, int], RolloutRequest]] = [{} for _ in range(cfg.orchestrate.rollout_workers)]
         self.restarts = 0
         self._next = 0
         self._early: list[RolloutResult] = []
@@ -198,7 +183,7 @@ class RolloutWorkers:
     def submit(self, request: RolloutRequest) -> None:
         i = self._next % len(self.procs)
         self._next += 1
-        self.assigned[i][request.update] = request
+        self.assigned[i][request.key] = request
         self.queues[i].put(request)
 
     def next_result(self, timeout_s: float) -> RolloutResult:
@@ -225,7 +210,7 @@ class RolloutWorkers:
             return self._take(result)
 
     def _take(self, result: RolloutResult) -> RolloutResult:
-        self.assigned[result.worker].pop(result.update, None)
+        self.assigned[result.worker].pop(result.key, None)
         return result
 
     def _recover(self) -> None:
@@ -233,7 +218,7 @@ class RolloutWorkers:
             if proc.is_alive():
                 continue
             self.restarts += 1
-            lost = sorted(self.assigned[i].values(), key=lambda r: r.update)
+            lost = sorted(self.assigned[i].values(), key=lambda r: r.key)
             self._start(i)
             for request in lost:
                 self.queues[i].put(request)

@@ -1,19 +1,21 @@
 """``train()``: one run from its config, the entry point of ``reinforge train`` and ``reinforge.train``.
 
-It builds the components, creates (or resumes) the run directory, and runs the synchronous loop
-(sync_loop.py) or the asynchronous one (async_loop.py). With ``train.world_size`` > 1 it first
+It builds the components, creates (or resumes) the run directory, and runs the loop (loop.py) over
+its batch source: this process's rollout, or rollout workers sampling ahead (async_batches.py). With ``train.world_size`` > 1 it first
 spawns that many ranks here (or joins torchrun's), each of which runs ``train`` itself.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
+from reinforge.orchestrate.collectors import Collector
 from reinforge.orchestrate.components import Components, build_components
+from reinforge.orchestrate.loop import Loop, TrainResult, local_batches
 from reinforge.orchestrate.run_dir import create_run_dir
-from reinforge.orchestrate.sync_loop import SyncLoop, TrainResult
 from reinforge.track.jsonl import JsonlSink
 from reinforge.train import distributed
 from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint
@@ -38,11 +40,18 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
     if distributed.is_main():
         (run_dir / "config.yaml").write_text(dump_config(cfg))
     start = _restore(c, run_dir) if resume is not None else 0
-    if cfg.orchestrate.mode == "async":
-        from reinforge.orchestrate.async_loop import AsyncLoop
+    source = partial(worker_batches, run_dir=run_dir, start=start) if cfg.orchestrate.mode == "async" else local_batches
+    return Loop(c, run_dir, start, progress_every or cfg.log.console_every, source).run()
 
-        return AsyncLoop(c, run_dir, start, progress_every or cfg.log.console_every).run()
-    return SyncLoop(c, run_dir, start, progress_every or cfg.log.console_every).run()
+
+def worker_batches(c: Components, collector: Collector, run_dir: Path, start: int):
+    """Asynchronous RL: rollout workers sample ahead (async_batches.py); this process trains."""
+    import torch
+
+    from reinforge.orchestrate.async_batches import WorkerBatches
+
+    torch.set_num_threads(c.cfg.orchestrate.learner_threads)
+    return WorkerBatches(c.cfg, c.sampler, c.reward_pool, c.learner.model, c.engine.version, run_dir, start)
 
 
 def _resumed_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, Path]:

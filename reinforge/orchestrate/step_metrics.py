@@ -93,3 +93,38 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         if values:
             out[f"episode/{key}_mean"] = sum(values) / len(values)
     return out
+
+
+def step_record(step: int, version: int, rollout, bstats: BatchStats, adv: Any, train: dict[str, float],
+                clock: tuple[float, float, float], peak: float | None) -> dict[str, Any]:
+    """The metrics line of one step (docs/metrics.md): ``rollout`` is the step's ``Rollout`` (its
+    ``sampled`` trajectories every rank's), ``adv`` the masked advantages (a tensor or None), ``clock``
+    the times at the start, after the rollout and after the update."""
+    from reinforge.orchestrate.episodes import groups_with_spread
+
+    trajs, (t_start, t_gen, t_end) = rollout.sampled, clock
+    n_groups = max(len({t.group_id for t in trajs}), 1)
+    generated = sum(t.num_generated for t in trajs)
+    generate_s = t_gen - t_start - rollout.reward_s
+    metrics: dict[str, Any] = {"step": step, "policy_version": version}
+    if peak is not None:
+        metrics["memory/peak_mb"] = peak
+    metrics.update(rollout_metrics(trajs))
+    metrics.update({f"train/{k}": v for k, v in train.items()})
+    metrics.update({
+        "groups/spread_frac": len(groups_with_spread(trajs)) / n_groups,
+        "groups/kept_frac": bstats.groups_kept / n_groups,
+        "batch/sequences": bstats.sequences_kept,
+        "rollout/rounds": rollout.rounds,
+        "time/generate_s": generate_s,
+        "time/reward_s": rollout.reward_s,
+        "time/train_s": t_end - t_gen,
+        "time/step_s": t_end - t_start,
+        "perf/tokens_per_s": generated / max(t_end - t_start, 1e-9),
+        "perf/gen_tokens_per_s": generated / max(generate_s, 1e-9),
+    })
+    if adv is not None and adv.numel():
+        metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
+                        "adv/abs_mean": adv.abs().mean().item()})
+    metrics.update(rollout.metrics)
+    return metrics

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from reinforge.config import RewardTermConfig, RunConfig
+from reinforge.config import RewardConfig, RewardTermConfig
 from reinforge.rewards.imported import resolve_verifier
 from reinforge.rewards.pool import PoolKind, VerifierPool
 from reinforge.rewards.verifiers import Verifier
 
 
-def build_reward(cfg: RunConfig) -> Verifier:
-    """``reward.terms`` empty: the task's verifier. Otherwise a ``CompositeReward`` of the terms
-    (registered verifiers, reward models, LLM judges) with the configured error policy."""
-    if not cfg.reward.terms:
-        return resolve_verifier(cfg.task.verifier)
+def build_reward(reward: RewardConfig, task_verifier: str, device: str = "cpu") -> Verifier:
+    """``reward.terms`` empty: the task's verifier (``task.verifier``). Otherwise a ``CompositeReward``
+    of the terms (registered verifiers, reward models on ``device``, LLM judges) with the
+    configured error policy."""
+    if not reward.terms:
+        return resolve_verifier(task_verifier)
     from reinforge.rewards.composite import CompositeReward, RewardTerm
 
-    terms = [RewardTerm(t.name, _term_verifier(t, cfg), t.weight, t.primary, t.params) for t in cfg.reward.terms]
-    return CompositeReward(terms, on_error="zero" if cfg.reward.on_error == "zero" else "raise")
+    terms = [RewardTerm(t.name, _term_verifier(t, device), t.weight, t.primary, t.params) for t in reward.terms]
+    return CompositeReward(terms, on_error="zero" if reward.on_error == "zero" else "raise")
 
 
 # Registered verifiers that compute in pure Python under the GIL: worth a process each
@@ -24,33 +25,39 @@ def build_reward(cfg: RunConfig) -> Verifier:
 CPU_BOUND_VERIFIERS = frozenset({"math_verify", "reasoning_gym"})
 
 
-def pool_kind(cfg: RunConfig) -> PoolKind:
+def pool_kind(reward: RewardConfig, task_verifier: str, multi_turn: bool) -> PoolKind:
     """``reward.pool``, with ``auto`` resolved: processes when a single-turn reward uses a CPU-bound
     pure-Python verifier (``CPU_BOUND_VERIFIERS``) and no reward model or judge (a model would be
     loaded in every worker; a judge waits on HTTP); threads otherwise (sandboxed code, models, judges
     and cheap string checks gain nothing from a process, and threads start at once). A multi-turn
-    environment calls its verifier itself, so its pool stays threads."""
-    if cfg.reward.pool != "auto":
-        return cfg.reward.pool
-    if cfg.env.multi_turn:
+    environment scores one completion at a time as its episodes step, so its pool stays threads
+    (no pickling round trip per call)."""
+    if reward.pool != "auto":
+        return reward.pool
+    if multi_turn:
         return "thread"
-    terms = cfg.reward.terms
+    terms = reward.terms
     if any(t.verifier is None for t in terms):
         return "thread"
-    names = [t.verifier for t in terms] if terms else [cfg.task.verifier]
+    names = [t.verifier for t in terms] if terms else [task_verifier]
     return "process" if CPU_BOUND_VERIFIERS & set(names) else "thread"
 
 
-def build_reward_pool(cfg: RunConfig, verifier: Verifier) -> VerifierPool:
-    """The loop's scorer: ``reward.workers`` threads or processes (``pool_kind``) with
+def build_reward_pool(reward: RewardConfig, verifier: Verifier, kind: PoolKind) -> VerifierPool:
+    """The loop's scorer: ``reward.workers`` threads or processes (``kind``, see ``pool_kind``) with
     ``reward.timeout_s`` per call; the policy starts at ``raise`` for ``on_error: auto`` (the loop
     relaxes it after the first step)."""
-    r = cfg.reward
-    return VerifierPool(verifier, workers=r.workers, timeout_s=r.timeout_s, kind=pool_kind(cfg),
-                        on_error="zero" if r.on_error == "zero" else "raise")
+    return VerifierPool(verifier, workers=reward.workers, timeout_s=reward.timeout_s, kind=kind,
+                        on_error="zero" if reward.on_error == "zero" else "raise")
 
 
-def _term_verifier(term: RewardTermConfig, cfg: RunConfig) -> str | Verifier:
+def run_reward_pool(cfg) -> VerifierPool:
+    """A run's reward pool from its ``reward``, ``task``, ``env`` and ``model`` sections."""
+    verifier = build_reward(cfg.reward, cfg.task.verifier, cfg.model.device)
+    return build_reward_pool(cfg.reward, verifier, pool_kind(cfg.reward, cfg.task.verifier, cfg.env.multi_turn))
+
+
+def _term_verifier(term: RewardTermConfig, device: str) -> str | Verifier:
     if term.verifier is not None:
         return term.verifier
     if term.reward_model is not None:
@@ -60,7 +67,7 @@ def _term_verifier(term: RewardTermConfig, cfg: RunConfig) -> str | Verifier:
         rm = term.reward_model
         reward_model_dir(rm.path, f"reward term {term.name!r}: reward_model.path")  # before its tokenizer loads
         scorer = RewardModelScorer(rm.path, load_tokenizer(rm.path), batch_size=rm.batch_size, normalise=rm.normalise,
-                                   max_length=rm.max_length, device=cfg.model.device)
+                                   max_length=rm.max_length, device=device)
         return RewardModelVerifier(scorer, threshold=rm.threshold)
     assert term.judge is not None  # exactly one source, checked by RewardTermConfig
     from reinforge.rewards.judge import DEFAULT_SCORE_PATTERN, LLMJudge

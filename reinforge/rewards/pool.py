@@ -71,6 +71,14 @@ class VerifierFailure:
     error: str
 
 
+@dataclass(frozen=True)
+class FailedReward(RewardResult):
+    """The zero reward of a failed call (``on_error="zero"``): ``status`` ``error`` or ``timeout``."""
+
+    status: str = "error"
+    error: str = ""
+
+
 # A backend runs calls and reports (status, RewardResult or error text, seconds, exception or None).
 _Raw = tuple[Literal["ok", "error", "timeout"], Any, float, BaseException | None]
 
@@ -129,6 +137,21 @@ class VerifierPool:
         if self.on_error == "raise":
             raise VerifierError(message + " (with on_error 'zero' such calls score 0 and are counted)") from exc
         return VerifierOutcome(0.0, status, None, error, seconds)
+
+    def as_verifier(self) -> Verifier:
+        """This pool as a plain ``Verifier`` (task, completion) -> ``RewardResult``, for environments
+        that score inside ``step`` (multi-turn episodes): every call runs in the pool with its timeout
+        and the pool's ``on_error`` policy; a zeroed failure is a ``FailedReward`` (its ``status``
+        and ``error`` reach the trajectory's metadata)."""
+
+        def pooled(task: Task, completion: str) -> RewardResult:
+            outcome = self.score([task], [completion])[0]
+            if outcome.result is not None:
+                return outcome.result
+            return FailedReward(0.0, False, status=outcome.status, error=outcome.error)
+
+        pooled.__name__ = self.name
+        return pooled
 
     def wait_ready(self) -> None:
         """Block until every worker can take calls (process workers start in the background)."""

@@ -4,7 +4,7 @@ For each rollout batch: ``epochs`` passes, each split into ``minibatches`` optim
 mini-batch is cut into micro-batches by a token budget and gradients accumulate. Loss denominators
 (``AggNorm``) are global over the mini-batch, so the gradient does not depend on the split.
 
-At the start of an update (``_prepare``), no-grad passes give what the update holds fixed: the old
+At the start of an update (train/prepare.py), no-grad passes give what the update holds fixed: the old
 log-probs of the PPO ratio (skipped with a single update per batch and no KL in the reward: they then
 come from the same forward, exactly on-policy), the reference log-probs, the critic's values; then
 the advantages (``ADVANTAGES``, on the global batch). Each micro-batch's loss is the objective of
@@ -18,14 +18,12 @@ base with the adapters disabled), and the memory switches are described in docs/
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
 
-from reinforge.algo import ADVANTAGES, KL_ESTIMATORS, AggNorm
-from reinforge.algo.advantages import gae_advantages_and_returns, outcome_token_rewards
+from reinforge.algo import KL_ESTIMATORS, AggNorm
 from reinforge.algo.context import Context
 from reinforge.algo.kl_control import KLController
 from reinforge.algo.objective import Objective, loss_terms, required_inputs
@@ -40,11 +38,12 @@ from reinforge.train.metric_sums import MetricSums, add_mismatch, batch_summary
 from reinforge.train.optim import build_optimizer
 from reinforge.train.packing import micro_batches, packed_micro_batches
 from reinforge.train.parallel import DataParallel
+from reinforge.train.prepare import PreparesBatches
 from reinforge.train.shared_prefix import SharedPrefixForward
 from reinforge.types import Batch
 
 
-class Learner:
+class Learner(PreparesBatches):
     """Owns the trainable policy, the optional frozen reference policy, the optional critic and the optimizers.
 
     With ``cfg.model.lora.enabled`` a plain ``model`` is wrapped with LoRA adapters here (in place;
@@ -99,6 +98,7 @@ class Learner:
         self.optimizer, self.scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], t)
         self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)
         self.step = 0
+        self._prepared: tuple[Batch | None, MetricSums, int] | None = None  # prepare() -> update()
         self.forward = FORWARDS.call(select_forward(t, hf_model, self.fsdp),
                                      SimpleNamespace(policy=model, hf_model=hf_model), t)
 
@@ -170,19 +170,24 @@ class Learner:
 
     # ------------------------------------------------------------------ update
     def update(self, batch: Batch | None) -> dict[str, float]:
-        """All optimizer steps for one rollout batch; returns metrics averaged over them.
+        """All optimizer steps for one rollout batch; returns metrics averaged over them. The batch is
+        prepared and its advantages estimated here unless the loop has done so.
 
         With several ranks every rank calls it at once with its own rows (None when it has none):
         the global batch is all ranks' rows in rank order, and every rank returns its metrics."""
         if batch is None and self.world == 1:
             raise ValueError("Learner.update: no batch")
+        if self._prepared is None or self._prepared[0] is not batch:
+            self.prepare(batch)
+            self.estimate_advantages(batch)
+        assert self._prepared is not None
+        _, stats, offset = self._prepared
+        self._prepared = None
         self.step += 1
         t = self.cfg.train
-        stats = MetricSums()
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
         n_updates = t.epochs * min(t.minibatches, total)
-        self._prepare(batch, stats, n_updates > 1 or self.algo.kl.placement == "reward", offset)
         train_policy = self.critic is None or self.step > self.algo.critic.warmup_steps
         for _ in range(t.epochs):
             order = torch.randperm(total, generator=self.shuffle) if n_updates > 1 else torch.arange(total)
@@ -202,68 +207,6 @@ class Learner:
         out["updates"] = float(n_updates if train_policy else 0)
         return out
 
-    @torch.no_grad()
-    def _prepare(self, batch: Batch | None, stats: MetricSums, recompute_old: bool, offset: int = 0) -> None:
-        """No-grad passes at the start of the update (pi_old, pi_ref, critic values), then advantages.
-
-        With the KL in the reward, r_t gains -beta * KL_t (per token, before advantages). ``batch`` is
-        None on a rank without rows (it still joins the collectives); ``offset``: its first row's
-        index in the global batch."""
-        algo = self.algo
-        if batch is None:
-            if recompute_old:
-                self.parallel.equal_forwards(0, self.parallel.most_forwards(0), grad=False)
-            self._advantages(None, None, None, offset)
-            return
-        n, width = batch.input_ids.shape
-        dtype = self._loss_dtype
-        old = torch.zeros(n, width, dtype=dtype) if recompute_old else None
-        ref = torch.zeros(n, width, dtype=dtype) if self.uses_kl else None
-        values = torch.zeros(n, width, dtype=dtype) if self.critic is not None else None
-        passes = old is not None or ref is not None or values is not None
-        micros = self._micro_batches(batch) if passes else []
-        if old is not None:
-            self.parallel.equal_forwards(len(micros), self.parallel.most_forwards(len(micros)), grad=False)
-        with self._reference_on_device(ref is not None):
-            for rows in micros:
-                mb = batch.select(rows)
-                cols = mb.input_ids.shape[1]
-                if old is not None:
-                    logp, _ = self._logprobs(self.model, mb)
-                    old[rows, :cols] = logp
-                    add_mismatch(stats, logp, mb)
-                if ref is not None:
-                    ref[rows, :cols] = self._reference_logprobs(mb)
-                if values is not None:
-                    values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
-        batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
-        token_rewards = None
-        if ref is not None and algo.kl.placement == "reward":
-            kl = self.kl_estimator(old, ref) * batch.loss_mask
-            token_rewards = -self.kl_ctl.value * kl
-            stats.add_tokens("kl_ref", kl, batch.loss_mask)
-        batch.advantages = self._advantages(batch, values, token_rewards, offset)
-        if values is not None:
-            token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)
-            _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, algo.gamma, algo.lam)
-            batch.returns = batch.returns.to(dtype)
-
-    def _advantages(self, batch: Batch | None, values: Tensor | None, token_rewards: Tensor | None,
-                    offset: int) -> Tensor | None:
-        """The advantages of ``batch``'s rows. With several ranks the estimator runs on all ranks' rows
-        (gathered in rank order), so batch-level statistics (REINFORCE++'s normalisation, whitened
-        GAE) are those of the global batch; each rank keeps its rows."""
-        inputs = None if batch is None else {
-            "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
-            "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
-        }
-        inputs = self.parallel.gather_rows(inputs)
-        if batch is None:
-            return None
-        assert inputs is not None
-        adv = ADVANTAGES.call(self.algo.advantage, Context(**inputs), self.algo).to(self._loss_dtype)
-        return self.parallel.my_rows(adv, offset, batch)
-
     @property
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -281,19 +224,6 @@ class Learner:
         if self.cfg.train.packing:
             return packed_micro_batches(lengths.tolist(), budget)
         return list(micro_batches(lengths, budget))
-
-    @contextlib.contextmanager
-    def _reference_on_device(self, needed: bool) -> Iterator[None]:
-        """With ``offload_reference``: the reference model on the policy's device for this block only."""
-        if not (needed and self.offload_reference):
-            yield
-            return
-        assert self.ref_model is not None
-        self.ref_model.to(self._device)
-        try:
-            yield
-        finally:
-            self.ref_model.to("cpu")
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.cfg.train.autocast == "bf16":
@@ -348,14 +278,6 @@ class Learner:
         stats.add_share("loss", total_loss)
         stats.add_share("pg_loss", total_pg)
         self.optimizer.step()
-
-    def _reference_logprobs(self, mb: Batch) -> Tensor:
-        """log pi_ref: the frozen reference model, or for LoRA the policy with its adapters disabled."""
-        if self.lora:
-            with self.model.disable_adapter():
-                return self._logprobs(self.model, mb)[0]
-        assert self.ref_model is not None
-        return self._logprobs(self.ref_model, mb)[0]
 
     def _logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (and entropies) of ``mb`` under ``model`` by the training forward

@@ -1,31 +1,30 @@
-"""The synchronous RL loop (shared/DESIGN.md, section 1), one step at a time:
+"""The RL loop (docs/architecture.md), one step at a time:
 
-    tasks -> prompts -> rollout -> trajectories -> rewards -> advantages -> batch -> update -> weight sync
+    tasks -> rollout -> rewards        a ``BatchSource`` (in this process, or rollout workers ahead)
+    -> batch -> advantages -> update   the learner
+    -> weight sync                     the rollout engine(s)
+
+The loop does not know where its batches come from (``LocalBatches`` in synchronous mode,
+``WorkerBatches`` in asynchronous mode) nor what kind of episodes they hold (the run's
+``Collector``, which evaluation plays too).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from reinforge.algo.advantages import ADVANTAGES
 from reinforge.eval.heldout import evaluate
-from reinforge.orchestrate.agent_episodes import AgentRunner
+from reinforge.orchestrate.batch_sources import BatchSource, LocalBatches, Rollout
+from reinforge.orchestrate.collectors import Collector, play
 from reinforge.orchestrate.components import Components
-from reinforge.orchestrate.episodes import (
-    build_batch,
-    generate_single_turn,
-    greedy_baseline_rewards,
-    groups_with_spread,
-    score_single_turn,
-    shape_overlong,
-)
-from reinforge.orchestrate.multi_turn import episode_player, run_episodes
-from reinforge.orchestrate.step_metrics import CollapseDetector, gather_step, rollout_metrics
+from reinforge.orchestrate.episodes import build_batch
+from reinforge.orchestrate.step_metrics import CollapseDetector, gather_step, step_record
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
@@ -36,18 +35,9 @@ from reinforge.train.checkpoint import save_checkpoint
 from reinforge.train.memory import peak_mb, reset_peak
 from reinforge.types import Trajectory
 
+SourceFactory = Callable[[Components, Collector], BatchSource]
+
 FINAL_EVAL_SEED_OFFSET = 7_919  # eval.json's sampling seed = run seed + this (apart from training's stream)
-
-
-@dataclass
-class Rollout:
-    """What one step sampled (``sampled``, for metrics) and what it trains on (``kept``)."""
-
-    sampled: list[Trajectory] = field(default_factory=list)
-    kept: list[Trajectory] = field(default_factory=list)
-    baseline: list[float] | None = None
-    rounds: int = 0
-    reward_s: float = 0.0
 
 
 @dataclass
@@ -66,35 +56,39 @@ class TrainResult:
         return read_jsonl(self.run_dir / "metrics.jsonl")
 
 
-class SyncLoop:
-    def __init__(self, c: Components, run_dir: Path, start: int, progress_every: int) -> None:
+def local_batches(c: Components, collector: Collector) -> BatchSource:
+    """Synchronous RL: each step samples its batch here, with the loop's engine."""
+    return LocalBatches(c.cfg, c.sampler, collector, c.sampling_params(), c.engine.generator)
+
+
+class Loop:
+    """One run's steps, evaluations and checkpoints over ``source``'s batches (synchronous by default)."""
+
+    def __init__(self, c: Components, run_dir: Path, start: int, progress_every: int,
+                 source: SourceFactory = local_batches) -> None:
         self.c, self.cfg, self.run_dir, self.start = c, c.cfg, run_dir, start
         self.metrics = JsonlSink(run_dir / "metrics.jsonl")
         self.samples = JsonlSink(run_dir / "samples.jsonl")
         self.reward_failures = JsonlSink(run_dir / "reward_failures.jsonl")
         self.progress_every = progress_every
         self.collapse = CollapseDetector()
-        self.agents: AgentRunner | None = None
+        self.collector = c.make_collector()  # this process's: the synchronous rollout, and evaluation
+        try:
+            self.source = source(c, self.collector)
+        except BaseException:
+            self.collector.close()
+            raise
 
     def run(self) -> TrainResult:
         self.sinks = (build_sinks(list(self.cfg.log.sinks), self.run_dir, self.cfg.model_dump(mode="json"))
                       if distributed.is_main() else [])
-        self.agents = self._start_agents()
         try:
             return self._run()
         finally:
             close_sinks(self.sinks)
+            self.source.close()
+            self.collector.close()
             self.c.reward_pool.close()
-            if self.agents is not None:
-                self.agents.close()
-
-    def _start_agents(self) -> AgentRunner | None:
-        cfg, c = self.cfg, self.c
-        if cfg.env.agent is None:
-            return None
-        r = cfg.rollout
-        return AgentRunner(cfg.env.agent, c.engine, max_tokens=c.episode_limits().max_turn_tokens,
-                           temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, workers=cfg.env.agent_workers)
 
     def _log(self, metrics: dict[str, Any]) -> None:
         self.metrics.write(metrics)
@@ -142,51 +136,34 @@ class SyncLoop:
 
     # ------------------------------------------------------------------ one step
     def train_step(self, step: int) -> dict[str, Any]:
-        c, cfg = self.c, self.cfg
-        reset_peak(cfg.model.device)
-        t_start = time.perf_counter()
-        rollout = self.collect(step)
-        self.observe(rollout.sampled)
+        c, t_start, train = self.c, time.perf_counter(), {}
+        reset_peak(self.cfg.model.device)
+        rollout = self.source.collect(step)  # tasks -> rollout -> rewards (shaped)
+        self.observe(rollout.sampled)  # the task sampler learns from every scored sample
         t_gen = time.perf_counter()
-        batch, bstats = build_batch(rollout.kept, cfg.algo, c.engine.pad_id, rollout.baseline)
-        train_metrics: dict[str, float] = {}
+        batch, counts = build_batch(rollout.kept, self.cfg.algo, c.engine.pad_id, rollout.baseline)
         if distributed.any_rank(batch is not None):  # with several ranks, one without rows joins in too
-            train_metrics = c.learner.update(batch)
-            self.publish_weights(c.engine.version + 1)
-        t_end = time.perf_counter()
-        trajs = rollout.sampled
+            c.learner.prepare(batch)  # no-grad passes: old and reference log-probs, critic values
+            c.learner.estimate_advantages(batch)  # the run's advantage estimator
+            train = c.learner.update(batch)
+            self.publish_weights(c.engine.version + 1)  # weight sync
+        return self.report(step, rollout, batch, counts, train, (t_start, t_gen, time.perf_counter()))
+
+    def report(self, step: int, rollout: Rollout, batch, counts, train: dict[str, float],
+               clock: tuple[float, float, float]) -> dict[str, Any]:
+        """The step's metrics (rank 0 reports the whole step, every rank's samples; {} on the others),
+        and its samples and reward failures written to the run directory."""
         adv = batch.advantages[batch.loss_mask > 0] if batch is not None and batch.advantages is not None else None
-        if distributed.world() > 1:  # rank 0 reports the whole step, every rank's samples
-            gathered = gather_step(trajs, bstats, adv)
+        trajs = rollout.sampled
+        if distributed.world() > 1:
+            gathered = gather_step(trajs, counts, adv)
             if gathered is None:
                 return {}
-            trajs, bstats, adv = gathered
-        n_groups = max(len({t.group_id for t in trajs}), 1)
+            trajs, counts, adv = gathered
         self._write_samples(step, trajs)
         self._write_reward_failures(step, trajs)
-        generated = sum(t.num_generated for t in trajs)
-        metrics: dict[str, Any] = {"step": step, "policy_version": c.engine.version}
-        peak = peak_mb(cfg.model.device)
-        if peak is not None:
-            metrics["memory/peak_mb"] = peak
-        metrics.update(rollout_metrics(trajs))
-        metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
-        metrics.update({
-            "groups/spread_frac": len(groups_with_spread(trajs)) / n_groups,
-            "groups/kept_frac": bstats.groups_kept / n_groups,
-            "batch/sequences": bstats.sequences_kept,
-            "rollout/rounds": rollout.rounds,
-            "time/generate_s": t_gen - t_start - rollout.reward_s,
-            "time/reward_s": rollout.reward_s,
-            "time/train_s": t_end - t_gen,
-            "time/step_s": t_end - t_start,
-            "perf/tokens_per_s": generated / max(t_end - t_start, 1e-9),
-            "perf/gen_tokens_per_s": generated / max(t_gen - t_start - rollout.reward_s, 1e-9),
-        })
-        if adv is not None and adv.numel():
-            metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
-                            "adv/abs_mean": adv.abs().mean().item()})
-        return metrics
+        return step_record(step, self.c.engine.version, replace(rollout, sampled=trajs), counts, adv, train, clock,
+                           peak_mb(self.cfg.model.device))
 
     def observe(self, trajs: list[Trajectory]) -> None:
         """The task sampler sees every scored trajectory of the step (every rank's, so that samplers of
@@ -196,75 +173,16 @@ class SyncLoop:
         self.c.sampler.observe(trajs)
 
     def publish_weights(self, version: int) -> None:
-        """The new policy to the rollout engine (and, in async mode, to the rollout workers)."""
+        """The new policy to the loop's rollout engine, then to the source's (rollout workers)."""
         self.c.engine.update_weights(self.c.learner.model, version)
-
-    def collect(self, step: int) -> Rollout:
-        """One rollout batch: ``prompts_per_step`` groups, scored and shaped.
-
-        With DAPO's dynamic sampling, groups without reward spread are set aside and more prompts
-        are sampled until ``prompts_per_step`` groups with spread are in hand, for at most
-        ``dynamic_sampling_max_rounds`` rounds (then the batch is what was found)."""
-        c, cfg = self.c, self.cfg
-        algo, n_prompts, g = cfg.algo, cfg.rollout.prompts_per_step, cfg.rollout.group_size
-        lo, hi = distributed.shard(n_prompts)  # with several ranks: this rank's prompts [lo, hi) of each draw
-        distributed.seed_rollout(c.engine.generator, cfg.seed, step)
-        out = Rollout()
-        while True:
-            out.rounds += 1
-            tasks = c.sampler.next_batch(n_prompts)[lo:hi]  # every rank draws the same tasks
-            offset = out.rounds * n_prompts - n_prompts + lo
-            if self.agents is not None:  # a black-box agent plays through the proxy
-                trajs = self.agents.run(tasks, g, group_offset=offset)
-            elif cfg.env.multi_turn:  # environment steps (and their rewards) interleave with generation
-                trajs = run_episodes(tasks, c.engine, c.make_env, c.sampling_params(), c.episode_limits(), step,
-                                     group_offset=offset)
-            else:
-                _, generations = generate_single_turn(tasks, c.engine, c.make_env, c.sampling_params(), seed=step,
-                                                      group_sampler=cfg.rollout.group_sampler)
-                t0 = time.perf_counter()
-                trajs = score_single_turn(tasks, generations, g, c.reward_pool, group_offset=offset)
-                out.reward_s += time.perf_counter() - t0
-            shape_overlong(trajs, algo, cfg.rollout.max_new_tokens)
-            baseline = None
-            if "baseline" in ADVANTAGES.needs(algo.advantage):  # e.g. ReMax's greedy baseline
-                greedy = self._greedy_baseline(tasks, step)
-                baseline = [greedy[t.group_id - offset] for t in trajs]
-            out.sampled += trajs
-            if not algo.dynamic_sampling:
-                out.kept, out.baseline = trajs, baseline
-                return out
-            spread = groups_with_spread(trajs)
-            room = (hi - lo) - len({t.group_id for t in out.kept})
-            take = set(sorted(spread)[:room])
-            out.kept += [t for t in trajs if t.group_id in take]
-            if baseline is not None:
-                out.baseline = (out.baseline or []) + [b for t, b in zip(trajs, baseline, strict=True)
-                                                      if t.group_id in take]
-            if distributed.all_ranks(len(take) == room or out.rounds >= algo.dynamic_sampling_max_rounds):
-                return out  # (a rank already full samples on, unused, until every rank is: same draws)
-
-    def _greedy_baseline(self, tasks: list, step: int) -> list[float]:
-        """ReMax's baseline: the reward of one greedy completion (or episode) per task."""
-        c = self.c
-        if self.agents is not None:
-            return [t.reward for t in self.agents.run(tasks, 1, greedy=True)]
-        limits = c.episode_limits() if self.cfg.env.multi_turn else None
-        return greedy_baseline_rewards(tasks, c.engine, c.make_env, c.sampling_params(), step, c.reward_pool, limits)
-
-    def _player(self):
-        """Multi-turn environments are evaluated by playing their episodes."""
-        c = self.c
-        if self.agents is not None:
-            return self.agents.player()
-        return episode_player(c.engine, c.make_env, c.episode_limits()) if self.cfg.env.multi_turn else None
+        self.source.published(self.c.learner.model, version)
 
     def _evaluate(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         result = evaluate(
             self.c.engine, self.c.splits.heldout, self.c.reward_pool,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            system_prompt=cfg.task.system_prompt, player=self._player(),
+            player=play(self.collector),
         )
         return result.as_metrics()
 
@@ -287,7 +205,7 @@ class SyncLoop:
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
             samples=cfg.eval.final_samples, temperature=cfg.eval.final_temperature,
             ks=[k for k in (1, 2, 4, 8, 16, 32, 64) if k <= cfg.eval.final_samples],
-            system_prompt=cfg.task.system_prompt, confidence=True, player=self._player(),
+            confidence=True, player=play(self.collector),
         )
         if training_state is not None:
             generator.set_state(training_state)  # training samples as if there had been no evaluation
@@ -317,8 +235,8 @@ class SyncLoop:
         )
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """What ``state.json`` holds besides the step (the async loop adds its in-flight requests)."""
-        return {"sampler": self.c.sampler.state_dict(), "policy_version": self.c.engine.version}
+        """What ``state.json`` holds besides the step (the source adds its own, e.g. requests in flight)."""
+        return {"sampler": self.c.sampler.state_dict(), "policy_version": self.c.engine.version, **self.source.state()}
 
     def _write_samples(self, step: int, trajs: list[Trajectory]) -> None:
         n = self.cfg.log.samples_per_step

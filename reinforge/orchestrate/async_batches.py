@@ -1,0 +1,140 @@
+"""Asynchronous RL: rollout in worker processes, the learner here, bounded staleness in between.
+
+``WorkerBatches`` is the loop's batch source in ``orchestrate.mode: async``: rollout workers
+(``RolloutWorkers``: processes on this machine, the ``local`` backend; ``RayRolloutWorkers``: Ray
+actors, the ``ray`` backend) sample batches continuously while the learner trains, each round with
+the same ``batch_sources.sample_round`` as the synchronous loop. ``AdmissionControl`` starts the
+request for update k only once the learner has published version k - 1 - max_staleness, so no
+batch is staler than the bound (max_staleness = 0 is synchronous RL through this same code path).
+New weights go to the workers through shared memory after every update; with
+``weight_update: inflight`` a worker takes them between two decode steps.
+
+Dynamic sampling (DAPO): the first round of update k is sampled ahead like any request; when it
+has fewer groups with reward spread than needed, further rounds are drawn from the task sampler
+and requested when the batch is consumed (they wait: they are sampled by the newest weights).
+
+Off-policy correction: a batch sampled by older weights is off-policy for the learner. The
+decoupled PPO objective (Hilton et al. 2022, arXiv:2110.00641; AReaL, Fu et al. 2025,
+arXiv:2505.24298) keeps PPO's trust region around the proximal policy (the learner's log-probs
+recomputed at the start of the update, ``old_logprobs``) and reweights by the truncated
+importance ratio behaviour -> proximal, ``min(pi_prox / pi_behav, C)``: that is
+``algo.mismatch.mode: token_tis`` (or the other TIS/masking variants) with ``cap`` C, which async
+mode turns on by default (``algo.mismatch.mode: none`` keeps it off explicitly).
+
+Checkpoints record the requests in flight (their tasks), so a resumed run re-issues exactly the
+batches the interrupted one had already drawn from the sampler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reinforge.config import RunConfig
+from reinforge.data.base import Task
+from reinforge.orchestrate.batch_sources import Rollout, Round, Rounds
+from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkers
+from reinforge.orchestrate.staleness import AdmissionControl, split_stale
+from reinforge.train.checkpoint import latest_checkpoint
+
+
+class WorkerBatches:
+    """The batch source of asynchronous RL (see the module docstring)."""
+
+    def __init__(self, cfg: RunConfig, sampler, reward_pool, model: torch.nn.Module, version: int, run_dir: Path,
+                 start: int) -> None:
+        self.cfg, self.sampler, self.reward_pool = cfg, sampler, reward_pool
+        self.control = AdmissionControl(cfg.orchestrate.max_staleness)
+        self.next_submit = start + 1
+        self.in_flight: dict[tuple[int, int], RolloutRequest] = {}
+        self.results: dict[tuple[int, int], RolloutResult] = {}
+        self.dropped_groups = 0
+        self._resubmit = pending_from_checkpoint(run_dir) if start > 0 else []
+        self.published_version = version
+        if cfg.orchestrate.backend == "ray":
+            from reinforge.orchestrate.ray_backend import RayRolloutWorkers
+
+            self.workers: Any = RayRolloutWorkers(cfg, model, version)
+        else:
+            self.workers = RolloutWorkers(cfg, model, version)
+
+    # ------------------------------------------------------------------ BatchSource
+    def collect(self, step: int) -> Rollout:
+        self._admit()
+        n = self.cfg.rollout.prompts_per_step
+        t0 = time.perf_counter()
+        rounds, results = Rounds(self.cfg, n), []
+        while True:
+            result = self._wait((step, rounds.out.rounds + 1))
+            results.append(result)
+            kept, dropped = split_stale(result.trajectories, step, self.control)
+            self.dropped_groups += dropped
+            offset = rounds.out.rounds * n
+            rounds.add(Round(kept, result.baseline, result.generate_s, 0.0), offset)
+            if rounds.done():
+                break
+            self._submit(RolloutRequest(step, self.sampler.next_batch(n), seed=step, round=rounds.out.rounds + 1,
+                                        group_offset=rounds.out.rounds * n))
+        rounds.out.metrics = self._metrics(step, results, time.perf_counter() - t0)
+        return rounds.out
+
+    def published(self, model: torch.nn.Module, version: int) -> None:
+        self.workers.publish(model, version)
+        self.published_version = version
+        self._admit()  # the next batches may start now, while the loop logs and evaluates
+
+    def state(self) -> dict[str, Any]:
+        pending = sorted(self.in_flight.values(), key=lambda r: r.key)
+        return {"async": [{"update": r.update, "seed": r.seed, "round": r.round, "group_offset": r.group_offset,
+                           "tasks": [dataclasses.asdict(t) for t in r.tasks]} for r in pending]}
+
+    def close(self) -> None:
+        self.workers.close()
+
+    # ------------------------------------------------------------------ requests
+    def _admit(self) -> None:
+        """Submit every request admission control allows now (never past the last step)."""
+        for request in self._resubmit:
+            self._submit(request)
+        self._resubmit = []
+        while (self.next_submit <= self.cfg.train.steps
+               and self.control.may_start(self.next_submit, self.published_version)):
+            tasks = self.sampler.next_batch(self.cfg.rollout.prompts_per_step)
+            self._submit(RolloutRequest(self.next_submit, tasks, seed=self.next_submit))
+
+    def _submit(self, request: RolloutRequest) -> None:
+        request.on_error = self.reward_pool.on_error
+        request.min_version = max(0, request.update - 1 - self.control.max_staleness)
+        self.in_flight[request.key] = request
+        self.workers.submit(request)
+        self.next_submit = max(self.next_submit, request.update + 1)
+
+    def _wait(self, key: tuple[int, int]) -> RolloutResult:
+        while key not in self.results:
+            result = self.workers.next_result(self.cfg.orchestrate.timeout_s)
+            self.results[result.key] = result
+        self.in_flight.pop(key, None)
+        return self.results.pop(key)
+
+    def _metrics(self, step: int, results: list[RolloutResult], wait_s: float) -> dict[str, float]:
+        lags = [self.control.lag(step, t.version) for r in results for t in r.trajectories]
+        return {
+            "async/wait_s": wait_s, "async/worker_generate_s": sum(r.generate_s for r in results),
+            "async/worker_reward_s": sum(r.reward_s for r in results), "async/lag_mean": sum(lags) / max(len(lags), 1),
+            "async/lag_max": float(max(lags, default=0)), "async/dropped_groups": float(self.dropped_groups),
+            "async/worker_restarts": float(self.workers.restarts),
+            "async/in_flight": float(len(self.in_flight)),
+        }
+
+
+def pending_from_checkpoint(run_dir: Path) -> list[RolloutRequest]:
+    """The requests that were in flight when the latest checkpoint was written."""
+    ckpt = latest_checkpoint(run_dir)
+    state = json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}
+    return [RolloutRequest(p["update"], [Task(**t) for t in p["tasks"]], p["seed"], round=p.get("round", 1),
+                           group_offset=p.get("group_offset", 0)) for p in state.get("async", [])]

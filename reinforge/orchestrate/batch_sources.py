@@ -1,0 +1,148 @@
+"""Where a step's rollout batch comes from: a ``BatchSource``.
+
+    tasks (the task sampler) -> rollout (a collector) -> rewards (the reward pool) -> shaped rewards
+
+``LocalBatches`` samples in this process, one round after another (``Rounds``); the asynchronous
+``WorkerBatches`` (orchestrate/async_batches.py) has rollout workers sample ahead while the learner
+trains. Both go through the same pieces: ``sample_round`` (what a rollout worker runs too) and
+``Rounds`` (reward shaping and DAPO's dynamic sampling). The loop (orchestrate/loop.py) does not
+know which source it has.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from reinforge.algo.objective import required_inputs
+from reinforge.config import RunConfig
+from reinforge.data.base import Task
+from reinforge.orchestrate.collectors import Collector, greedy_baseline
+from reinforge.orchestrate.episodes import groups_with_spread, shape_rewards
+from reinforge.rollout.types import SamplingParams
+from reinforge.train import distributed
+from reinforge.types import Trajectory
+
+
+@dataclass
+class Rollout:
+    """What one step sampled (``sampled``, for metrics) and what it trains on (``kept``), with the
+    greedy baseline of each kept trajectory when the estimator needs one, and the source's metrics."""
+
+    sampled: list[Trajectory] = field(default_factory=list)
+    kept: list[Trajectory] = field(default_factory=list)
+    baseline: list[float] | None = None
+    rounds: int = 0
+    reward_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Round:
+    """One collection of groups (a request's worth): trajectories, per-task greedy baselines (or
+    None) and the seconds spent generating and scoring."""
+
+    trajectories: list[Trajectory]
+    baseline: list[float] | None = None
+    generate_s: float = 0.0
+    reward_s: float = 0.0
+
+
+def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int,
+                 with_baseline: bool) -> Round:
+    """``params.n`` scored samples per task (group id = ``group_offset`` + task index) and, when the
+    advantage needs it, the task's greedy baseline (ReMax). The same in this process and in a worker."""
+    t0 = time.perf_counter()
+    collected = collector.collect(tasks, params, seed, group_offset=group_offset)
+    baseline = greedy_baseline(collector, tasks, params, seed) if with_baseline else None
+    total = time.perf_counter() - t0
+    return Round(collected.trajectories, baseline, total - collected.reward_s, collected.reward_s)
+
+
+class Rounds:
+    """Gathers rounds into one step's ``Rollout``: each round is reward-shaped (``algo.reward_shapers``);
+    without dynamic sampling the first round is the batch. With DAPO's dynamic sampling
+    (``algo.dynamic_sampling``) groups without reward spread are set aside and rounds go on until
+    ``want`` groups with spread are in hand, or ``dynamic_sampling_max_rounds`` rounds were drawn."""
+
+    def __init__(self, cfg: RunConfig, want: int) -> None:
+        self.cfg, self.want, self.out = cfg, want, Rollout()
+        self.groups_kept: set[int] = set()
+
+    def add(self, round_: Round, group_offset: int) -> None:
+        algo, out = self.cfg.algo, self.out
+        trajs = round_.trajectories
+        shape_rewards(trajs, algo.reward_shapers, self.cfg.rollout.max_new_tokens)
+        baseline = ([round_.baseline[t.group_id - group_offset] for t in trajs]
+                    if round_.baseline is not None else None)
+        out.rounds += 1
+        out.reward_s += round_.reward_s
+        out.sampled += trajs
+        take = set(sorted(groups_with_spread(trajs))[:self.room()]) if algo.dynamic_sampling else None
+        keep = [take is None or t.group_id in take for t in trajs]
+        out.kept += [t for t, k in zip(trajs, keep, strict=True) if k]
+        if baseline is not None:
+            out.baseline = (out.baseline or []) + [b for b, k in zip(baseline, keep, strict=True) if k]
+        self.groups_kept |= {t.group_id for t, k in zip(trajs, keep, strict=True) if k}
+
+    def room(self) -> int:
+        return self.want - len(self.groups_kept)
+
+    def done(self) -> bool:
+        algo = self.cfg.algo
+        return not algo.dynamic_sampling or self.room() <= 0 or self.out.rounds >= algo.dynamic_sampling_max_rounds
+
+
+def needs_baseline(cfg: RunConfig) -> bool:
+    """Does the run's advantage estimator declare a greedy baseline (``Entry.needs``)?"""
+    return "baseline" in required_inputs(cfg.algo)
+
+
+class BatchSource(Protocol):
+    def collect(self, step: int) -> Rollout:
+        """The rollout batch of update ``step``."""
+        ...
+
+    def published(self, model: torch.nn.Module, version: int) -> None:
+        """The learner has new weights (after the loop updated its own engine)."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint records about this source (beyond the task sampler)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalBatches:
+    """Rollout in this process with the loop's engine: rounds of ``prompts_per_step`` tasks. With
+    several ranks every rank draws the same tasks and samples its share ``[lo, hi)`` of them."""
+
+    def __init__(self, cfg: RunConfig, sampler, collector: Collector, params: SamplingParams, generator) -> None:
+        self.cfg, self.sampler, self.collector, self.params, self.generator = cfg, sampler, collector, params, generator
+        self.with_baseline = needs_baseline(cfg)
+
+    def collect(self, step: int) -> Rollout:
+        n_prompts = self.cfg.rollout.prompts_per_step
+        lo, hi = distributed.shard(n_prompts)
+        distributed.seed_rollout(self.generator, self.cfg.seed, step)
+        rounds = Rounds(self.cfg, hi - lo)
+        while True:
+            tasks = self.sampler.next_batch(n_prompts)[lo:hi]  # every rank draws the same tasks
+            offset = rounds.out.rounds * n_prompts + lo
+            rounds.add(sample_round(self.collector, tasks, self.params, step, offset, self.with_baseline), offset)
+            if distributed.all_ranks(rounds.done()):  # a rank already full samples on, unused: same draws
+                return rounds.out
+
+    def published(self, model: torch.nn.Module, version: int) -> None:
+        pass  # the loop's engine is this source's engine
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,194 @@
+"""One rollout path: a collector per episode kind turns tasks into scored trajectories.
+
+The synchronous loop, the asynchronous rollout workers (processes and Ray actors) and evaluation
+all sample through a ``Collector``; which one a run uses is declared by its environment
+(``EnvSpec.agent_driven``, ``EnvSpec.multi_turn``), never chosen by a part's name:
+
+* ``SingleTurn``: one completion per sample (a group sampler decides how a group's completions are
+  produced), scored in the reward pool (parallel calls, timeouts, ``reward.on_error``);
+* ``MultiTurn``: the model and an environment alternate (``multi_turn.run_episodes``); the
+  environment's rewards go through the same pool (``VerifierPool.as_verifier``);
+* ``AgentDriven``: a black-box agent plays through the OpenAI-compatible proxy.
+
+``play`` makes any collector an evaluation player (``eval.heldout.Player``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from reinforge.config import EnvConfig, RolloutConfig
+from reinforge.data.base import Task
+from reinforge.envs.base import Environment
+from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
+from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
+from reinforge.rewards.pool import VerifierPool
+from reinforge.rollout.types import SamplingParams
+from reinforge.types import Trajectory
+
+EVAL_SEED = 0  # environments of held-out episodes are reset from this seed
+
+
+@dataclass
+class Collected:
+    """What one collection produced: trajectories (group id = ``group_offset`` + task index) and the
+    seconds spent scoring them outside generation (0 when rewards interleave with generation)."""
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    reward_s: float = 0.0
+
+
+class Collector(Protocol):
+    def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
+                independent: bool = False) -> Collected:
+        """``params.n`` samples per task, scored. ``independent``: every sample drawn independently
+        from its prompt (evaluation), whatever group sampler the run trains with."""
+        ...
+
+    def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
+        """Is this sample correct, and the answer majority voting compares (None: no answer)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SingleTurn:
+    """One completion per sample, then the reward pool."""
+
+    def __init__(self, engine, make_env: Callable[[], Environment], pool: VerifierPool, group_sampler=None) -> None:
+        self.engine, self.make_env, self.pool, self.group_sampler = engine, make_env, pool, group_sampler
+
+    def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
+                independent: bool = False) -> Collected:
+        sampler = None if independent else self.group_sampler
+        _, generations = generate_single_turn(tasks, self.engine, self.make_env, params, seed=seed,
+                                              group_sampler=sampler)
+        t0 = time.perf_counter()
+        trajectories = score_single_turn(tasks, generations, params.n, self.pool, group_offset=group_offset)
+        return Collected(trajectories, time.perf_counter() - t0)
+
+    def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
+        """Correct only if the completion ended by itself and the verifier says so; its answer is the
+        verifier's reading of it (or the stripped text)."""
+        ended = trajectory.finish_reason == "stop" and trajectory.metadata.get("reward_status", "ok") == "ok"
+        if not ended:
+            return False, None
+        answer = trajectory.metadata.get("answer")
+        return bool(trajectory.metadata["correct"]), answer if answer is not None else trajectory.completion_text.strip()
+
+    def close(self) -> None:
+        pass
+
+
+class MultiTurn:
+    """Episodes of model turns and environment steps, all active episodes advancing together."""
+
+    def __init__(self, engine, make_env: Callable[[], Environment], limits: EpisodeLimits) -> None:
+        self.engine, self.make_env, self.limits = engine, make_env, limits
+
+    def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
+                independent: bool = False) -> Collected:
+        return Collected(run_episodes(tasks, self.engine, self.make_env, params, self.limits, seed,
+                                      group_offset=group_offset))
+
+    def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
+        """Correct when the environment said so at the end; the answer is the final assistant text."""
+        return bool(trajectory.metadata["correct"]), trajectory.metadata.get("final_text")
+
+    def close(self) -> None:
+        pass
+
+
+class AgentDriven:
+    """A black-box agent (``env.agent``) plays each episode through the proxy over the engine."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
+                independent: bool = False) -> Collected:
+        return Collected(self.runner.run(tasks, params.n, group_offset=group_offset, greedy=params.greedy))
+
+    def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
+        """Correct when the agent reported ``correct`` or, without it, for a reward of at least 1; no
+        answer to vote on."""
+        ok = trajectory.metadata.get("correct")
+        return (bool(ok) if ok is not None else trajectory.reward >= 1.0), None
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def sampling_params(rollout: RolloutConfig) -> SamplingParams:
+    """A training step's sampling: ``group_size`` samples per prompt at the rollout temperature."""
+    r = rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          n=r.group_size, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
+
+
+def episode_limits(env: EnvConfig, rollout: RolloutConfig, model_context: int | None) -> EpisodeLimits:
+    """Multi-turn limits; 0 in the recipe means the model's context (total) or ``max_new_tokens`` (turn)."""
+    return EpisodeLimits(max_turns=env.max_turns, max_total_tokens=env.max_total_tokens or model_context or 4096,
+                         max_turn_tokens=env.max_turn_tokens or rollout.max_new_tokens)
+
+
+def build_collector(env: EnvConfig, rollout: RolloutConfig, engine, make_env: Callable[[], Environment],
+                    pool: VerifierPool, model_context: int | None) -> Collector:
+    """The collector the environment declares (``EnvSpec.agent_driven`` / ``multi_turn``) over ``engine``;
+    ``model_context``: the policy's context length (the default episode limit)."""
+    from reinforge.envs.registry import environment_spec
+
+    spec = environment_spec(env.name)
+    limits = episode_limits(env, rollout, model_context)
+    if spec.agent_driven:
+        from reinforge.orchestrate.agent_episodes import AgentRunner
+
+        assert env.agent is not None  # EnvConfig checks it
+        return AgentDriven(AgentRunner(env.agent, engine, max_tokens=limits.max_turn_tokens,
+                                       temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                                       workers=env.agent_workers))
+    if spec.multi_turn:
+        return MultiTurn(engine, make_env, limits)
+    return SingleTurn(engine, make_env, pool, rollout.group_sampler)
+
+
+def greedy_baseline(collector: Collector, tasks: Sequence[Task], params: SamplingParams, seed: int) -> list[float]:
+    """ReMax's baseline: the reward of one greedy sample (completion or episode) per task, the same
+    in the synchronous loop and the rollout workers."""
+    greedy = dataclasses.replace(params, greedy=True, n=1)
+    trajectories = collector.collect(tasks, greedy, seed, independent=True).trajectories
+    return [_first_per_group(trajectories, len(tasks), 1)[i][0].reward for i in range(len(tasks))]
+
+
+def play(collector: Collector):
+    """An evaluation player (``eval.heldout.Player``): ``per_task`` samples per task, correctness
+    [P, per_task] and answers [P][per_task] by the collector's ``outcome``."""
+
+    def player(tasks: Sequence[Task], params: SamplingParams, per_task: int):
+        trajectories = collector.collect(tasks, dataclasses.replace(params, n=per_task), EVAL_SEED,
+                                         independent=True).trajectories
+        correct = np.zeros((len(tasks), per_task))
+        answers: list[list[str | None]] = [[None] * per_task for _ in tasks]
+        for p, group in enumerate(_first_per_group(trajectories, len(tasks), per_task)):
+            for j, t in enumerate(group):
+                ok, answer = collector.outcome(t)
+                correct[p, j], answers[p][j] = float(ok), answer
+        return correct, answers
+
+    return player
+
+
+def _first_per_group(trajectories: list[Trajectory], n_groups: int, per_group: int) -> list[list[Trajectory]]:
+    """The trajectories of each group (group ids 0..n_groups-1), one per episode (an agent episode whose
+    history was rewritten comes back as several segments sharing ``metadata['episode_id']``), at most
+    ``per_group``."""
+    groups: list[dict[object, Trajectory]] = [{} for _ in range(n_groups)]
+    for i, t in enumerate(trajectories):
+        groups[t.group_id].setdefault(t.metadata.get("episode_id", i), t)
+    return [list(g.values())[:per_group] for g in groups]

@@ -1,0 +1,130 @@
+"""The start of an update: what it holds fixed, and the advantages (``Learner.prepare``,
+``Learner.estimate_advantages``; the loop calls them, ``Learner.update`` does when it was not).
+
+No-grad passes give the old log-probs of the PPO ratio (skipped with a single update per batch and
+no KL in the reward: they then come from the same forward, exactly on-policy), the reference
+log-probs and the critic's values; with the KL in the reward, r_t gains -beta * KL_t
+(``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
+batch (all ranks' rows), and a critic's returns are GAE's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from reinforge.algo import ADVANTAGES
+from reinforge.algo.advantages import gae_advantages_and_returns, outcome_token_rewards
+from reinforge.algo.context import Context
+from reinforge.train.metric_sums import MetricSums, add_mismatch
+from reinforge.types import Batch
+
+
+class PreparesBatches:
+    """The ``Learner``'s no-grad passes and advantage estimation (a mixin over its model, reference,
+    critic, KL controller and data-parallel strategy)."""
+
+    def prepare(self, batch: Batch | None) -> None:
+        """The no-grad passes at the start of an update (pi_old when several optimizer steps or the KL
+        in the reward need it, pi_ref, critic values) and the per-token rewards; with several ranks
+        every rank calls it at once (None: no rows here, it still joins the collectives)."""
+        t = self.cfg.train
+        n = len(batch) if batch is not None else 0
+        offset, total = self.parallel.layout(n)
+        recompute_old = t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
+        self._prepared = (batch, MetricSums(), offset)
+        self._passes(batch, self._prepared[1], recompute_old, offset)
+
+    def estimate_advantages(self, batch: Batch | None) -> None:
+        """``batch.advantages`` (and, with a critic, ``batch.returns``) from the prepared batch."""
+        if self._prepared is None or self._prepared[0] is not batch:
+            raise RuntimeError("Learner.estimate_advantages: call prepare(batch) first")
+        self._fill_advantages(batch, self._prepared[2])
+
+    @torch.no_grad()
+    def _passes(self, batch: Batch | None, stats: MetricSums, recompute_old: bool, offset: int = 0) -> None:
+        """No-grad passes (pi_old, pi_ref, critic values). With the KL in the reward, r_t gains
+        -beta * KL_t (``batch.token_rewards``, before advantages). ``batch`` is None on a rank without
+        rows (it still joins the collectives); ``offset``: its first row's index in the global batch."""
+        algo = self.algo
+        if batch is None:
+            if recompute_old:
+                self.parallel.equal_forwards(0, self.parallel.most_forwards(0), grad=False)
+            return
+        n, width = batch.input_ids.shape
+        dtype = self._loss_dtype
+        old = torch.zeros(n, width, dtype=dtype) if recompute_old else None
+        ref = torch.zeros(n, width, dtype=dtype) if self.uses_kl else None
+        values = torch.zeros(n, width, dtype=dtype) if self.critic is not None else None
+        passes = old is not None or ref is not None or values is not None
+        micros = self._micro_batches(batch) if passes else []
+        if old is not None:
+            self.parallel.equal_forwards(len(micros), self.parallel.most_forwards(len(micros)), grad=False)
+        with self._reference_on_device(ref is not None):
+            for rows in micros:
+                mb = batch.select(rows)
+                cols = mb.input_ids.shape[1]
+                if old is not None:
+                    logp, _ = self._logprobs(self.model, mb)
+                    old[rows, :cols] = logp
+                    add_mismatch(stats, logp, mb)
+                if ref is not None:
+                    ref[rows, :cols] = self._reference_logprobs(mb)
+                if values is not None:
+                    values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
+        batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
+        if ref is not None and algo.kl.placement == "reward":
+            kl = self.kl_estimator(old, ref) * batch.loss_mask
+            batch.token_rewards = -self.kl_ctl.value * kl
+            stats.add_tokens("kl_ref", kl, batch.loss_mask)
+
+    def _fill_advantages(self, batch: Batch | None, offset: int) -> None:
+        if batch is None:
+            self._advantages(None, None, None, offset)
+            return
+        algo, values, token_rewards = self.algo, batch.values, batch.token_rewards
+        batch.advantages = self._advantages(batch, values, token_rewards, offset)
+        if values is not None:
+            token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)
+            _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, algo.gamma, algo.lam)
+            batch.returns = batch.returns.to(self._loss_dtype)
+
+    def _advantages(self, batch: Batch | None, values: Tensor | None, token_rewards: Tensor | None,
+                    offset: int) -> Tensor | None:
+        """The advantages of ``batch``'s rows. With several ranks the estimator runs on all ranks' rows
+        (gathered in rank order), so batch-level statistics (REINFORCE++'s normalisation, whitened
+        GAE) are those of the global batch; each rank keeps its rows."""
+        inputs = None if batch is None else {
+            "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
+            "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
+        }
+        inputs = self.parallel.gather_rows(inputs)
+        if batch is None:
+            return None
+        assert inputs is not None
+        adv = ADVANTAGES.call(self.algo.advantage, Context(**inputs), self.algo).to(self._loss_dtype)
+        return self.parallel.my_rows(adv, offset, batch)
+
+    @contextlib.contextmanager
+    def _reference_on_device(self, needed: bool) -> Iterator[None]:
+        """With ``offload_reference``: the reference model on the policy's device for this block only."""
+        if not (needed and self.offload_reference):
+            yield
+            return
+        assert self.ref_model is not None
+        self.ref_model.to(self._device)
+        try:
+            yield
+        finally:
+            self.ref_model.to("cpu")
+
+    def _reference_logprobs(self, mb: Batch) -> Tensor:
+        """log pi_ref: the frozen reference model, or for LoRA the policy with its adapters disabled."""
+        if self.lora:
+            with self.model.disable_adapter():
+                return self._logprobs(self.model, mb)[0]
+        assert self.ref_model is not None
+        return self._logprobs(self.ref_model, mb)[0]
