@@ -14,8 +14,8 @@ from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.orchestrate.components import LoraTorchRolloutEngine, build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
-from reinforge.orchestrate.run import train
 from reinforge.orchestrate.loop import Loop
+from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 from reinforge.train.logprobs import token_logprobs
 from reinforge.train.model import load_model

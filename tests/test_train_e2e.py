@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
-from reinforge.orchestrate.run import train
 from reinforge.orchestrate.loop import Loop
+from reinforge.orchestrate.run import train
 from reinforge.orchestrate.step_metrics import CollapseDetector
 from reinforge.track.jsonl import read_jsonl
 
