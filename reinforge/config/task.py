@@ -7,19 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from reinforge.config.base import TaskSamplerConfig, _Strict
-
-
-class ColumnsConfig(_Strict):
-    """Which columns of a table (JSONL, CSV, Parquet, HF dataset) hold what."""
-
-    prompt: str = "prompt"
-    answer: str | None = "answer"
-    id: str | None = None
-    system: str | None = None
-    tests: str | None = None
-    difficulty: str | None = None
-    source: str | None = None
-    metadata: list[str] | None = Field(None, description="columns copied into Task.metadata; null = all other columns")
+from reinforge.data.columns import ColumnsConfig
 
 
 class RGTaskItem(_Strict):
@@ -41,6 +29,9 @@ def _check_verifier(name: str) -> str:
     return name
 
 
+REPLACED_KEYS = {"prompt_key": "columns.prompt", "answer_key": "columns.answer"}
+
+
 class TaskConfig(_Strict):
     kind: Literal["arithmetic", "jsonl", "table", "reasoning_gym", "calculator", "guessing"] = "arithmetic"
     verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them), or your "
@@ -52,7 +43,7 @@ class TaskConfig(_Strict):
     # arithmetic
     digits: int = Field(2, ge=1, le=3)
     ops: str = "+"
-    # jsonl and table
+    # jsonl and table (their columns named by `columns`)
     path: str | None = Field(
         None, description="data file, directory or glob; a relative path in a recipe file is taken relative to the "
         "recipe's directory when it exists there, else (and on the command line) relative to the working directory"
@@ -60,8 +51,6 @@ class TaskConfig(_Strict):
     heldout_path: str | None = Field(
         None, description="held-out data (default: a split of path); a relative path is found as for path"
     )
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
     system_prompt: str | None = None
     # table (JSONL, CSV, Parquet, HF datasets)
     format: Literal["jsonl", "csv", "parquet", "hf_disk", "hf_files"] | None = Field(
@@ -82,6 +71,15 @@ class TaskConfig(_Strict):
     rg_answer_tag: str | None = "answer"
     # procedural agent tasks (calculator, guessing): keyword arguments of their task source
     params: dict[str, Any] = Field(default_factory=dict, description="calculator: digits, ops; guessing: low, high, repeats")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_column_keys(cls, data: Any) -> Any:
+        old = [k for k in REPLACED_KEYS if isinstance(data, dict) and k in data]
+        if old:
+            raise ValueError(f"{', '.join(f'task.{k}' for k in old)}: columns are named under task.columns for every "
+                             f"file source: use {', '.join(f'task.{REPLACED_KEYS[k]}' for k in old)} instead")
+        return data
 
     @field_validator("verifier")
     @classmethod

@@ -20,18 +20,14 @@ def _arithmetic(cfg: TaskConfig) -> TaskSplits:
 
 def _jsonl(cfg: TaskConfig) -> TaskSplits:
     assert cfg.path is not None  # checked by TaskConfig
-    return jsonl_splits(cfg.path, cfg.heldout_path, cfg.heldout_size, cfg.seed, cfg.prompt_key, cfg.answer_key)
+    return jsonl_splits(cfg.path, cfg.heldout_path, cfg.heldout_size, cfg.seed, cfg.columns)
 
 
 def _table(cfg: TaskConfig) -> TaskSplits:
-    from reinforge.data.tabular import ColumnMap, table_splits
+    from reinforge.data.tabular import table_splits
 
     assert cfg.path is not None  # checked by TaskConfig
-    c = cfg.columns
-    columns = ColumnMap(prompt=c.prompt, answer=c.answer, id=c.id, system=c.system, tests=c.tests,
-                        difficulty=c.difficulty, source=c.source,
-                        metadata_columns=None if c.metadata is None else tuple(c.metadata))
-    return table_splits(cfg.path, cfg.heldout_path, cfg.heldout_size, cfg.seed, columns, format=cfg.format,
+    return table_splits(cfg.path, cfg.heldout_path, cfg.heldout_size, cfg.seed, cfg.columns, format=cfg.format,
                         split=cfg.split, heldout_split=cfg.heldout_split, json_columns=tuple(cfg.json_columns),
                         as_chat=cfg.as_chat)
 
