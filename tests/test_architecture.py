@@ -12,8 +12,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "reinforge"
 # A string that is a part's name but also means something else where it is compared (not the part).
 OTHER_MEANINGS = {
     ("rewards/reward_model.py", "none"),  # reward.reward_model normalise: none | running
-    ("config/run.py", "calculator"),  # task.kind (a task source, named like the environment that plays it)
-    ("config/run.py", "guessing"),
 }
 
 
