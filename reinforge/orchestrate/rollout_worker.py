@@ -68,10 +68,10 @@ class RolloutWorkerCore:
 
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
         from reinforge.envs.registry import build_environment
+        from reinforge.models.loading import load_model, load_tokenizer
         from reinforge.plugins import load_plugins
         from reinforge.rewards.build import build_reward, build_reward_pool
         from reinforge.rollout.torch_engine import TorchRolloutEngine
-        from reinforge.train.model import load_model, load_tokenizer
 
         load_plugins(cfg.plugins)  # this process starts with the built-in parts only
         torch.set_num_threads(cfg.orchestrate.rollout_threads)
