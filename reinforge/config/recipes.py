@@ -37,8 +37,9 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         elif e["type"] == "literal_error":
             msg = msg.replace("Input should be", "allowed values:")
         elif e["type"] == "union_tag_invalid":  # task.kind=<unknown>
-            field = f"{field}.{e['ctx']['discriminator'].strip(chr(39))}"
-            msg, got = f"allowed values: {e['ctx']['expected_tags']}", f" (got {e['ctx']['tag']!r})"
+            discriminator = e["ctx"]["discriminator"].strip("'")
+            field, msg = f"{field}.{discriminator}", f"allowed values: {e['ctx']['expected_tags']}"
+            got = f" (got {e['ctx']['tag']!r})"
         lines.append(f"  {field}: {msg}{got}")
     return "\n".join(lines)
 
