@@ -53,7 +53,7 @@ spec = json.loads(sys.argv[1])
 torch.set_num_threads(2)
 torch.manual_seed(0)
 if spec["model"] == "tiny":
-    from reinforge.train.model import load_model
+    from reinforge.models.loading import load_model
     model = load_model("tiny-base")
 else:
     from transformers import LlamaConfig, LlamaForCausalLM

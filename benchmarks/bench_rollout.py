@@ -26,10 +26,10 @@ import time
 import torch
 
 from reinforge.data.arithmetic import arithmetic_splits
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import GenerationRequest, SamplingParams
-from reinforge.train.model import load_model, load_tokenizer
 
 CONFIGS = {  # hidden, layers, heads, kv heads, intermediate
     "4m": (256, 4, 4, 4, 768),
@@ -115,7 +115,7 @@ def bench(size: str, prompts: int, group: int, new_tokens: int, ignore_eos: bool
 
 def time_update_weights(model: torch.nn.Module, repeats: int = 7) -> float:
     """Median seconds of ``engine.update_weights`` (in-place copy + re-fusing the lean weights)."""
-    from reinforge.train.model import load_tokenizer
+    from reinforge.models.loading import load_tokenizer
 
     engine = TorchRolloutEngine(copy.deepcopy(model), load_tokenizer("tiny-base"))
     times = []

@@ -79,9 +79,9 @@ def train(
 def eval_cmd(
     model: Annotated[list[str], typer.Option(help="HF model directory, a run directory (latest checkpoint) or "
                                                   "'tiny-base'; repeat to compare several")],
-    task: Annotated[str, typer.Option(help="task source: arithmetic | jsonl")] = "arithmetic",
+    task: Annotated[str, typer.Option(help="task source: arithmetic, or jsonl | table with --data")] = "arithmetic",
     recipe: Annotated[str | None, typer.Option(help="take the task and reward from a recipe (any source)")] = None,
-    data: Annotated[Path | None, typer.Option(help="JSONL file of prompts and answers (task=jsonl)")] = None,
+    data: Annotated[Path | None, typer.Option(help="data file of prompts and answers (task=jsonl or table)")] = None,
     samples: Annotated[int, typer.Option(help="samples per prompt for mean@n, pass@k, maj@k (0 = greedy only)")] = 16,
     ks: Annotated[str | None, typer.Option(help="comma-separated k for pass@k and maj@k (default 1,2,4,8,16 <= n)")]
         = None,

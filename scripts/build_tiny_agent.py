@@ -494,7 +494,7 @@ def main() -> None:
 
 def check_saved(out: Path, greedy: dict[str, float]) -> None:
     """Reload what was written, with reinforge's own loaders, and play again: the same greedy success."""
-    from reinforge.train.model import load_model, load_tokenizer
+    from reinforge.models.loading import load_model, load_tokenizer
 
     tok, model = load_tokenizer(str(out)), load_model(str(out))
     again = {name: r["greedy"] for name, r in env_success(TorchRolloutEngine(model, tok, "cpu")).items()}

@@ -18,13 +18,13 @@ def _restore_torch_threads():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from reinforge.train.model import load_tokenizer
+    from reinforge.models.loading import load_tokenizer
 
     return load_tokenizer("tiny-base")
 
 
 @pytest.fixture()
 def tiny_model():
-    from reinforge.train.model import load_model
+    from reinforge.models.loading import load_model
 
     return load_model("tiny-base")

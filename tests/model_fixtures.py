@@ -19,7 +19,7 @@ def long_context_model(directory: Path) -> Path:
     import torch
     from transformers import LlamaForCausalLM
 
-    from reinforge.train.model import load_tokenizer
+    from reinforge.models.loading import load_tokenizer
 
     tok = load_tokenizer("tiny-base")
     torch.manual_seed(0)
@@ -36,7 +36,7 @@ def tiny_reward_model(directory: Path) -> Path:
     import torch
     from transformers import LlamaForSequenceClassification
 
-    from reinforge.train.model import load_tokenizer
+    from reinforge.models.loading import load_tokenizer
 
     tok = load_tokenizer("tiny-base")
     torch.manual_seed(0)

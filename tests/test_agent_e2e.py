@@ -19,7 +19,7 @@ CALL = '<tool_call>{"name": "calc", "arguments": {"expr": "482*37"}}</tool_call>
 
 @pytest.fixture(scope="module")
 def tok():
-    from reinforge.train.model import load_tokenizer
+    from reinforge.models.loading import load_tokenizer
 
     return load_tokenizer(str(TINY_AGENT))
 
@@ -63,7 +63,7 @@ def test_the_build_is_recorded():
     assert stats["command"].startswith("python scripts/build_tiny_agent.py")
     for env, success in stats["heldout_greedy_success"].items():
         assert 0.1 <= success <= 0.7, (env, success)  # non-trivial but imperfect: RL has room
-    from reinforge.train.model import load_model
+    from reinforge.models.loading import load_model
 
     assert load_model(str(TINY_AGENT)).config.max_position_embeddings == 256
 

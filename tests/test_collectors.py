@@ -34,7 +34,7 @@ from reinforge.rollout.types import SamplingParams
 @pytest.fixture(scope="module")
 def tiny(tiny_tokenizer):
     from reinforge.assets import resolve_model_path
-    from reinforge.train.model import load_model
+    from reinforge.models.loading import load_model
 
     return TorchRolloutEngine(load_model(str(resolve_model_path("tiny-base"))), tiny_tokenizer, seed=0)
 
@@ -174,7 +174,7 @@ def test_eval_with_a_multi_turn_recipe_plays_its_episodes(tmp_path):
     from reinforge.assets import resolve_model_path
     from reinforge.data.sources import build_task_splits
     from reinforge.eval.cli_eval import run_eval
-    from reinforge.train.model import load_model, load_tokenizer
+    from reinforge.models.loading import load_model, load_tokenizer
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: {path: tiny-agent}\ntask: {kind: arithmetic, heldout_size: 24, verifier: exact_match}\n"

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from reinforge.data.tabular import ColumnMap, prompt_fingerprint, read_table_tasks, table_splits
+from reinforge.data.columns import ColumnsConfig
+from reinforge.data.tabular import prompt_fingerprint, read_table_tasks, table_splits
 from reinforge.errors import DataError
 
 ROWS = [
@@ -19,7 +20,7 @@ ROWS = [
     }
     for i in range(4)
 ]
-COLS = ColumnMap(prompt="question", answer="solution", id="uid", difficulty="level", metadata_columns=("src",))
+COLS = ColumnsConfig(prompt="question", answer="solution", id="uid", difficulty="level", metadata=["src"])
 
 
 def write(fmt: str, rows: list[dict], tmp_path, name: str = "data"):
@@ -72,11 +73,11 @@ def test_every_format_reads_the_mapped_columns(fmt, tmp_path):
         assert set(t.metadata) == {"difficulty", "src"}
         assert str(t.metadata["difficulty"]) == str(i % 2) and t.metadata["src"] == "synthetic"
 
-    chat = read_table_tasks(path, ColumnMap(prompt="messages", answer="solution"), **kw)
+    chat = read_table_tasks(path, ColumnsConfig(prompt="messages", answer="solution"), **kw)
     assert chat[3].prompt == [{"role": "user", "content": "3*2=?"}]
     stem = path.stem if path.suffix else path.name
     assert [t.id for t in chat] == [f"{stem}:{i}" for i in range(4)]
-    # metadata_columns=None copies every column not mapped to a role
+    # metadata=None copies every column not mapped to a role
     assert set(chat[0].metadata) == {"uid", "question", "level", "src"}
 
 
@@ -87,14 +88,14 @@ def test_system_column_as_chat_and_tests_column(tmp_path):
         {"q": "inc", "a": "z", "sys": "", "tests": "assert g() == 0"},
     ]
     path, _ = write("jsonl", rows, tmp_path)
-    tasks = read_table_tasks(path, ColumnMap(prompt="q", answer="a", system="sys", tests="tests",
-                                             metadata_columns=()), as_chat=True)
+    tasks = read_table_tasks(path, ColumnsConfig(prompt="q", answer="a", system="sys", tests="tests",
+                                                 metadata=[]), as_chat=True)
     assert tasks[0].prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "add"}]
     assert tasks[1].prompt == [{"role": "user", "content": "echo"}]  # an empty system cell adds nothing
     assert tasks[0].metadata == {"asserts": ["assert f(1) == 2"]}
     assert tasks[1].metadata == {"io": [{"input": "1\n", "output": "1\n"}]}
     assert tasks[2].metadata == {"asserts": "assert g() == 0"}
-    raw = read_table_tasks(path, ColumnMap(prompt="q", answer=None, metadata_columns=()))
+    raw = read_table_tasks(path, ColumnsConfig(prompt="q", answer=None, metadata=[]))
     assert raw[0].prompt == "add" and raw[0].answer == ""
 
 
@@ -120,10 +121,10 @@ def test_row_errors_name_file_line_and_column(tmp_path):
     j.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "a", "answer"\n')
     _raises(r"bad\.jsonl:2: not valid JSON", j)
     j.write_text('{"id": "x", "prompt": "a", "answer": "1"}\n{"id": "x", "prompt": "b", "answer": "2"}\n')
-    _raises(r"bad\.jsonl:2: duplicate id 'x' \(first at .*bad\.jsonl:1\)", j, ColumnMap(id="id"))
+    _raises(r"bad\.jsonl:2: duplicate id 'x' \(first at .*bad\.jsonl:1\)", j, ColumnsConfig(id="id"))
     j.write_text('{"prompt": "a", "answer": "1"}\n')
-    _raises(r"bad\.jsonl:1: missing column 'level'", j, ColumnMap(metadata_columns=("level",)))
-    _raises(r"bad\.jsonl:1: missing column 'tests'", j, ColumnMap(tests="tests"))
+    _raises(r"bad\.jsonl:1: missing column 'level'", j, ColumnsConfig(metadata=["level"]))
+    _raises(r"bad\.jsonl:1: missing column 'tests'", j, ColumnsConfig(tests="tests"))
 
     c = tmp_path / "bad.csv"
     c.write_text('prompt,answer\n"multi\nline",1\nb\n')  # the short record starts on line 4
@@ -132,9 +133,9 @@ def test_row_errors_name_file_line_and_column(tmp_path):
     c.write_text("prompt,answer\na,1,extra\n")
     _raises(r"bad\.csv:2: 3 fields, but the header has 2", c)
     c.write_text('q,answer\n"[{""role"": ""user""",1\n')
-    _raises(r"bad\.csv:2: column 'q' is not valid JSON", c, ColumnMap(prompt="q"), json_columns=("q",))
+    _raises(r"bad\.csv:2: column 'q' is not valid JSON", c, ColumnsConfig(prompt="q"), json_columns=("q",))
     c.write_text("q,answer\nhello,\n")
-    _raises(r"bad\.csv:2: column 'answer' \(answer\) is empty", c, ColumnMap(prompt="q"))
+    _raises(r"bad\.csv:2: column 'answer' \(answer\) is empty", c, ColumnsConfig(prompt="q"))
 
     (tmp_path / "empty.csv").write_text("prompt,answer\n")
     _raises("the dataset is empty", tmp_path / "empty.csv")

@@ -80,8 +80,8 @@ def _batch(groups: list[int]) -> Batch | None:
 
 
 def _learner(cfg) -> Learner:
+    from reinforge.models.loading import load_model
     from reinforge.train.critic import build_critic
-    from reinforge.train.model import load_model
 
     torch.manual_seed(0)
     ref = float64_model(load_model("tiny-base")) if cfg.algo.kl.coef > 0 else None
@@ -228,8 +228,8 @@ def test_two_rank_training_run_logs_once_and_checkpoints(tmp_path, launch):
     """`reinforge train ... train.world_size=2` spawns 2 ranks (or torchrun starts them, here with FSDP2):
     2 steps complete, rank 0 alone writes the metrics (one record per step, every rank's samples
     counted) and a checkpoint that loads as a plain model; the FSDP2 run then resumes for a third step."""
+    from reinforge.models.loading import load_model
     from reinforge.track.jsonl import read_jsonl
-    from reinforge.train.model import load_model
 
     torchrun = Path(sys.executable).with_name("torchrun")
     if launch == "torchrun_fsdp" and not torchrun.exists():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from model_fixtures import long_context_model, tiny_reward_model
 
-from reinforge.config import RECIPES_DIR, load_config
+from reinforge.config import RECIPES_DIR, FileTaskConfig, load_config
 from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.run import train
@@ -59,7 +59,8 @@ def test_every_shipped_recipe_loads_documents_itself_and_finds_its_data(tmp_path
         assert text.startswith("# "), f"{name}: no leading comment saying what it demonstrates"
         assert f"`{name}`" in docs, f"docs/recipes.md does not list {name}"
         cfg = load_config(name)
-        for path in (cfg.task.path, cfg.task.heldout_path):
+        file_task = isinstance(cfg.task, FileTaskConfig)  # only file sources have paths
+        for path in (cfg.task.path, cfg.task.heldout_path) if file_task else ():
             if path is not None:
                 assert path.startswith(str(DATA_DIR)) and (DATA_DIR / path).is_file(), (name, path)
 

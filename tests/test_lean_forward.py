@@ -6,7 +6,7 @@ import torch
 from numerics import assert_exact, float64_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from reinforge.rollout.lean_llama import LeanLlama, supports
+from reinforge.models.lean_llama import LeanLlama, supports
 
 
 def _tiny(kind: str):

@@ -12,13 +12,13 @@ from safetensors.torch import load_file
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.models.loading import load_model
 from reinforge.orchestrate.components import LoraTorchRolloutEngine, build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
 from reinforge.orchestrate.loop import Loop
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 from reinforge.train.logprobs import token_logprobs
-from reinforge.train.model import load_model
 from reinforge.train.shared_prefix import shared_prefix_logprobs
 
 TIMING = ("time/", "perf/", "memory/")  # wall-clock and resident memory vary between runs

@@ -6,8 +6,8 @@ import pytest
 import torch
 from numerics import assert_all_exact, assert_exact, float64_model
 
+from reinforge.models.loading import load_model
 from reinforge.train.logprobs import token_logprobs
-from reinforge.train.model import load_model
 from reinforge.train.packing import packed_token_logprobs, plan_packing
 
 

@@ -44,21 +44,32 @@ from reinforge.config.run import (
     TrainConfig,
 )
 from reinforge.config.task import (
+    TASK_KINDS,
+    AgentTaskConfig,
+    ArithmeticTaskConfig,
     ColumnsConfig,
+    FileTaskConfig,
+    JsonlTaskConfig,
     JudgeConfig,
+    ReasoningGymTaskConfig,
     RewardConfig,
     RewardModelConfig,
     RewardTermConfig,
     RGTaskItem,
+    TableTaskConfig,
     TaskConfig,
+    TaskConfigBase,
+    task_config,
+    task_kind_model,
 )
 
 __all__ = [
-    "DEFAULT_RECIPE", "PRESETS_DIR", "RECIPES_DIR", "AlgoConfig", "CheckpointConfig", "ColumnsConfig", "CriticConfig",
-    "EnvConfig", "EvalConfig", "GroupSamplerConfig", "JudgeConfig", "KLConfig", "LogConfig", "LoraConfig",
+    "DEFAULT_RECIPE", "PRESETS_DIR", "RECIPES_DIR", "TASK_KINDS", "AgentTaskConfig", "AlgoConfig",
+    "ArithmeticTaskConfig", "CheckpointConfig", "ColumnsConfig", "CriticConfig", "EnvConfig", "EvalConfig",
+    "FileTaskConfig", "GroupSamplerConfig", "JsonlTaskConfig", "JudgeConfig", "KLConfig", "LogConfig", "LoraConfig",
     "LossTermConfig", "MismatchConfig", "ModelConfig", "OrchestrateConfig", "PartConfig", "RGTaskItem",
-    "RewardConfig", "RewardModelConfig", "RewardTermConfig", "RolloutConfig", "RunConfig", "TaskConfig",
-    "RewardShaperConfig", "TaskSamplerConfig", "TrainConfig", "apply_overrides", "config_from_dict", "deep_merge", "dump_config",
-    "load_config", "load_preset", "parse_override", "preset_names", "preset_path", "preset_summary",
-    "resolve_recipe_path",
+    "ReasoningGymTaskConfig", "RewardConfig", "RewardModelConfig", "RewardShaperConfig", "RewardTermConfig", "RolloutConfig", "RunConfig",
+    "TableTaskConfig", "TaskConfig", "TaskConfigBase", "TaskSamplerConfig", "TrainConfig", "apply_overrides",
+    "config_from_dict", "deep_merge", "dump_config", "load_config", "load_preset", "parse_override", "preset_names",
+    "preset_path", "preset_summary", "resolve_recipe_path", "task_config", "task_kind_model",
 ]

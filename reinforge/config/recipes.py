@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from reinforge.config.run import RunConfig
+from reinforge.config.task import DEFAULT_TASK_KIND, REPLACED_KEYS, task_kind_model
 from reinforge.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -26,25 +27,55 @@ DEFAULT_RECIPE = "default"
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        path, owner, kind = _locate(e["loc"])
+        field = ".".join(path) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
+        got = f" (got {e.get('input')!r})" if not isinstance(e.get("input"), dict) else ""
         if e["type"] == "extra_forbidden":
-            msg = "unknown key" + _allowed_keys_hint(e["loc"])
+            keys = f"; allowed keys here: {', '.join(owner.model_fields)}" if owner else ""
+            msg, got = (f"not a field of {kind}" if kind else "unknown key") + keys, ""
         elif e["type"] == "literal_error":
             msg = msg.replace("Input should be", "allowed values:")
-        lines.append(f"  {field}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"  {field}: {msg}")
+        elif e["type"] == "union_tag_invalid":  # task.kind=<unknown>
+            discriminator = e["ctx"]["discriminator"].strip("'")
+            field, msg = f"{field}.{discriminator}", f"allowed values: {e['ctx']['expected_tags']}"
+            got = f" (got {e['ctx']['tag']!r})"
+        lines.append(f"  {field}: {msg}{got}")
     return "\n".join(lines)
 
 
-def _allowed_keys_hint(loc: tuple) -> str:
-    model: type[BaseModel] = RunConfig
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        ann = field.annotation if field else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return ""
-        model = ann
-    return f"; allowed keys here: {', '.join(model.model_fields)}"
+def _union_members(field: Any) -> dict[str, type[BaseModel]] | None:
+    """Tag -> model of a field that is a union discriminated by ``field.discriminator`` (``task``)."""
+    if not isinstance(field.discriminator, str):
+        return None
+    members = [m for m in get_args(field.annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return {tag: m for m in members for tag in get_args(m.model_fields[field.discriminator].annotation)}
+
+
+def _locate(loc: tuple) -> tuple[list[str], type[BaseModel] | None, str | None]:
+    """An error's location as the recipe's dotted keys (pydantic's union tags dropped), the model that
+    owns the last key (None inside lists and dicts), and, when that model is a union member, which
+    ("task kind jsonl")."""
+    path: list[str] = []
+    model: type[BaseModel] | None = RunConfig
+    owner, member, kind, union = model, None, None, None
+    for part in map(str, loc):
+        if union is not None:  # the part after a discriminated union is the tag of the member it tried
+            members, discriminator, name = union
+            union = None
+            if part in members:
+                model = member = members[part]
+                kind = f"{name} {discriminator} {part}"
+                continue
+        path.append(part)
+        owner = model
+        field = model.model_fields.get(part) if model is not None else None
+        model = None
+        if field is not None and (members := _union_members(field)):
+            union = (members, field.discriminator, part)
+        elif field is not None and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            model = field.annotation
+    return path, owner, kind if owner is member else None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -166,7 +197,8 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
     """Recipe YAML (or a shipped recipe name, default ``default``) + dotted overrides -> RunConfig.
 
     Precedence, lowest first: the recipe's own ``preset``, the recipe, a ``preset=NAME`` override
-    (switching the algorithm replaces the recipe's keys that the preset sets), the other overrides.
+    (switching the algorithm replaces the recipe's keys that the preset sets), the other overrides
+    (switching ``task.kind`` drops the recipe's task keys the new kind does not have).
     A relative path written in the recipe (data, model, reward model, ``file.py:function`` verifier)
     is found next to the recipe file when it exists there (shipped recipes use ``data/...``);
     overrides are taken as given.
@@ -184,8 +216,24 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
     if switched:  # a preset named on the command line switches the algorithm: its keys replace the recipe's
         data = apply_overrides(data, switched[-1:])
         data = deep_merge(data, load_preset(str(data["preset"])))
+    _switch_task_kind(data, overrides)
     data = apply_overrides(data, [o for o in overrides if o not in switched])
     return config_from_dict(data, source=str(path))
+
+
+def _switch_task_kind(data: dict[str, Any], overrides: list[str]) -> None:
+    """In place: a ``task.kind=`` override that changes the recipe's task kind drops the recipe's task
+    keys the new kind does not have (``digits`` of an arithmetic recipe under ``task.kind=jsonl``, or
+    any default a saved config.yaml spells out). Keys the overrides set are applied after, and checked."""
+    kinds = [value for key, value in map(parse_override, overrides) if key == ["task", "kind"]]
+    task = data.get("task")
+    if not kinds or not isinstance(task, dict) or task.get("kind", DEFAULT_TASK_KIND) == kinds[-1]:
+        return
+    model = task_kind_model(str(kinds[-1]))
+    if model is None:  # an unknown kind: validation names the allowed ones
+        return
+    for key in [k for k in task if k not in model.model_fields and k not in REPLACED_KEYS]:
+        del task[key]
 
 
 def preset_names() -> list[str]:

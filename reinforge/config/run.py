@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from reinforge.config.algo import AlgoConfig
 from reinforge.config.base import GroupSamplerConfig, _check_registered, _Strict
-from reinforge.config.task import RewardConfig, TaskConfig
+from reinforge.config.task import AgentTaskConfig, ArithmeticTaskConfig, RewardConfig, TaskConfig
 
 
 class LoraConfig(_Strict):
@@ -192,7 +192,8 @@ class RunConfig(_Strict):
     output_dir: str = "runs"
     seed: int = 0
     model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig, description="where the prompts come from; "
+                             "the keys depend on task.kind (default: arithmetic)")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -232,7 +233,7 @@ class RunConfig(_Strict):
         from reinforge.envs.registry import check_task_kind
 
         check_task_kind(self.env.name, self.task.kind)
-        if self.task.kind in ("calculator", "guessing") and not self.env.multi_turn:
+        if isinstance(self.task, AgentTaskConfig) and not self.env.multi_turn:
             raise ValueError(f"task.kind={self.task.kind} is played in a multi-turn environment: set env.name "
                              f"(e.g. env.name={self.task.kind})")
         return self

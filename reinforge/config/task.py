@@ -1,25 +1,17 @@
-"""Where the prompts come from and how completions are scored: ``task`` and ``reward``."""
+"""Where the prompts come from and how completions are scored: ``task`` and ``reward``.
+
+``task`` is a union discriminated by ``task.kind``: one model per task source, the fields they all
+have in `TaskConfigBase`. A key that belongs to another kind is refused, naming the kind.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, TypeAdapter, field_validator, model_validator
 
 from reinforge.config.base import TaskSamplerConfig, _Strict
-
-
-class ColumnsConfig(_Strict):
-    """Which columns of a table (JSONL, CSV, Parquet, HF dataset) hold what."""
-
-    prompt: str = "prompt"
-    answer: str | None = "answer"
-    id: str | None = None
-    system: str | None = None
-    tests: str | None = None
-    difficulty: str | None = None
-    source: str | None = None
-    metadata: list[str] | None = Field(None, description="columns copied into Task.metadata; null = all other columns")
+from reinforge.data.columns import ColumnsConfig
 
 
 class RGTaskItem(_Strict):
@@ -41,60 +33,140 @@ def _check_verifier(name: str) -> str:
     return name
 
 
-class TaskConfig(_Strict):
-    kind: Literal["arithmetic", "jsonl", "table", "reasoning_gym", "calculator", "guessing"] = "arithmetic"
+def _needs(data: Any, key: str, what: str) -> Any:
+    """A ``mode="before"`` check that ``key`` is given (and not empty), with a message saying what it is."""
+    if isinstance(data, dict) and not data.get(key):
+        raise ValueError(f"task.kind={data.get('kind')} needs task.{key} ({what})")
+    return data
+
+
+class TaskConfigBase(_Strict):
+    """What every task source has: the reward's verifier, the held-out split, the prompt sampler."""
+
+    kind: str
     verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them), or your "
                           "own function (task, completion) -> RewardResult | float as module:function or file.py:function (a "
                           "relative file in a recipe is found next to the recipe first)")
     heldout_size: int = Field(500, ge=1)
     seed: int = Field(1234, description="seed of the train/held-out split")
     sampler: TaskSamplerConfig = Field(default_factory=TaskSamplerConfig, description="which prompts a step draws")
-    # arithmetic
-    digits: int = Field(2, ge=1, le=3)
-    ops: str = "+"
-    # jsonl and table
-    path: str | None = Field(
-        None, description="data file, directory or glob; a relative path in a recipe file is taken relative to the "
-        "recipe's directory when it exists there, else (and on the command line) relative to the working directory"
-    )
-    heldout_path: str | None = Field(
-        None, description="held-out data (default: a split of path); a relative path is found as for path"
-    )
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
-    system_prompt: str | None = None
-    # table (JSONL, CSV, Parquet, HF datasets)
-    format: Literal["jsonl", "csv", "parquet", "hf_disk", "hf_files"] | None = Field(
-        None, description="default: from the path"
-    )
-    split: str | None = Field(None, description="split of an HF DatasetDict (train side)")
-    heldout_split: str | None = None
-    columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
-    json_columns: list[str] = Field(default_factory=list, description="columns holding JSON text (e.g. CSV chats)")
-    as_chat: bool = Field(False, description="wrap raw-text prompts as one user message")
-    # reasoning-gym
-    rg_tasks: str | list[RGTaskItem] | None = Field(
-        None, description="a reasoning-gym task name, or a weighted mixture [{name, weight, params}]"
-    )
-    rg_size: int = Field(1000, ge=1)
-    rg_params: dict[str, Any] = Field(default_factory=dict)
-    rg_chat: bool = True
-    rg_answer_tag: str | None = "answer"
-    # procedural agent tasks (calculator, guessing): keyword arguments of their task source
-    params: dict[str, Any] = Field(default_factory=dict, description="calculator: digits, ops; guessing: low, high, repeats")
+    system_prompt: str | None = Field(None, description="one system message put before every chat prompt")
 
     @field_validator("verifier")
     @classmethod
     def _verifier(cls, v: str) -> str:
         return _check_verifier(v)
 
-    @model_validator(mode="after")
-    def _source_needs(self) -> TaskConfig:
-        if self.kind in ("jsonl", "table") and not self.path:
-            raise ValueError(f"task.kind={self.kind} needs task.path (a file with prompt and answer columns)")
-        if self.kind == "reasoning_gym" and not self.rg_tasks:
-            raise ValueError("task.kind=reasoning_gym needs task.rg_tasks (a task name or a mixture)")
-        return self
+
+class ArithmeticTaskConfig(TaskConfigBase):
+    """The built-in ``a+b=`` grid (the default task)."""
+
+    kind: Literal["arithmetic"] = "arithmetic"
+    digits: int = Field(2, ge=1, le=3)
+    ops: str = "+"
+
+
+class FileTaskConfig(TaskConfigBase):
+    """Prompts read from files (``jsonl``, ``table``), their columns named by ``columns``."""
+
+    path: str = Field(
+        description="data file, directory or glob; a relative path in a recipe file is taken relative to the "
+        "recipe's directory when it exists there, else (and on the command line) relative to the working directory"
+    )
+    heldout_path: str | None = Field(
+        None, description="held-out data (default: a split of path); a relative path is found as for path"
+    )
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig, description="which columns hold what")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_given(cls, data: Any) -> Any:
+        return _needs(data, "path", "a data file with prompt and answer columns")
+
+
+class JsonlTaskConfig(FileTaskConfig):
+    """One JSON object per line; held-out split: a seeded permutation of the rows."""
+
+    kind: Literal["jsonl"] = "jsonl"
+
+
+class TableTaskConfig(FileTaskConfig):
+    """JSONL, CSV, Parquet, HF datasets; held-out split by prompt content (docs/data.md)."""
+
+    kind: Literal["table"] = "table"
+    format: Literal["jsonl", "csv", "parquet", "hf_disk", "hf_files"] | None = Field(
+        None, description="default: from the path"
+    )
+    split: str | None = Field(None, description="split of an HF DatasetDict (train side)")
+    heldout_split: str | None = None
+    json_columns: list[str] = Field(default_factory=list, description="columns holding JSON text (e.g. CSV chats)")
+    as_chat: bool = Field(False, description="wrap raw-text prompts as one user message")
+
+
+class ReasoningGymTaskConfig(TaskConfigBase):
+    """A reasoning-gym task or weighted mixture, generated from the seed (docs/data.md)."""
+
+    kind: Literal["reasoning_gym"] = "reasoning_gym"
+    rg_tasks: str | list[RGTaskItem] = Field(
+        description="a reasoning-gym task name, or a weighted mixture [{name, weight, params}]"
+    )
+    rg_size: int = Field(1000, ge=1)
+    rg_params: dict[str, Any] = Field(default_factory=dict)
+    rg_chat: bool = True
+    rg_answer_tag: str | None = "answer"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tasks_given(cls, data: Any) -> Any:
+        return _needs(data, "rg_tasks", "a task name or a mixture")
+
+
+class AgentTaskConfig(TaskConfigBase):
+    """Procedural tasks played in a multi-turn environment of the same name."""
+
+    kind: Literal["calculator", "guessing"]
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task source: "
+                                   "calculator: digits, ops; guessing: low, high, repeats")
+
+
+TASK_KINDS: tuple[type[TaskConfigBase], ...] = (
+    ArithmeticTaskConfig, JsonlTaskConfig, TableTaskConfig, ReasoningGymTaskConfig, AgentTaskConfig,
+)
+DEFAULT_TASK_KIND = "arithmetic"
+REPLACED_KEYS = {"prompt_key": "columns.prompt", "answer_key": "columns.answer"}
+
+
+def task_kind_model(kind: str) -> type[TaskConfigBase] | None:
+    """The model of ``task.kind`` = ``kind`` (None for an unknown kind)."""
+    return next((m for m in TASK_KINDS if kind in get_args(m.model_fields["kind"].annotation)), None)
+
+
+def _task_input(data: Any) -> Any:
+    """A task section before it is validated: no ``kind`` means arithmetic; the old column keys are
+    refused with their replacement."""
+    if not isinstance(data, dict):
+        return data
+    old = [k for k in REPLACED_KEYS if k in data]
+    if old:
+        raise ValueError(f"{', '.join(f'task.{k}' for k in old)}: columns are named under task.columns for every "
+                         f"file source: use {', '.join(f'task.{REPLACED_KEYS[k]}' for k in old)} instead")
+    return data if "kind" in data else {"kind": DEFAULT_TASK_KIND, **data}
+
+
+TaskConfig = Annotated[
+    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig,
+    Field(discriminator="kind"),
+    BeforeValidator(_task_input),
+]
+"""The ``task`` section: one model per ``task.kind`` (a field of another kind is an error)."""
+
+_TASK_ADAPTER: TypeAdapter[Any] = TypeAdapter(TaskConfig)
+
+
+def task_config(data: dict[str, Any]) -> TaskConfigBase:
+    """A task section (a mapping, as in a recipe) validated into its kind's model; raises
+    pydantic's ValidationError."""
+    return _TASK_ADAPTER.validate_python(data)
 
 
 class RewardModelConfig(_Strict):

@@ -1,5 +1,6 @@
 """Tasks from local tables: JSONL, CSV, Parquet, and Hugging Face ``datasets`` (a directory written
-by ``save_to_disk``, or data files read with ``load_dataset``), with the columns named by a `ColumnMap`.
+by ``save_to_disk``, or data files read with ``load_dataset``), with the columns named by a
+`ColumnsConfig` (``task.columns``; the row -> `Task` mapping is in ``data/columns.py``).
 
 A prompt cell is raw text or a list of ``{"role", "content"}`` chat messages. Every bad row raises
 `DataError` naming the file, the line (text formats) or row index (columnar formats), what is wrong,
@@ -13,11 +14,12 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reinforge.data.base import Messages, Task, TaskSplits
+from reinforge.data.columns import ColumnsConfig, rows_to_tasks
+from reinforge.data.jsonl import iter_jsonl
 from reinforge.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -25,39 +27,6 @@ log = logging.getLogger(__name__)
 FORMATS = ("jsonl", "csv", "parquet", "hf_disk", "hf_files")
 _BY_SUFFIX = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet", ".json": "hf_files", ".arrow": "hf_files"}
 _HF_BUILDER = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
-_ROLES = ("system", "user", "assistant", "tool")
-
-
-@dataclass(frozen=True)
-class ColumnMap:
-    """Which columns hold what. ``None`` = not used.
-
-    - ``prompt``: raw text or a list of ``{"role", "content"}`` messages (required).
-    - ``answer``: the reference answer, read as ``str`` (``None``: no answer, ``Task.answer == ""``).
-    - ``id``: unique task ids (default ``"<file stem>:<row index>"``).
-    - ``system``: a per-row system prompt, put first in the prompt's messages.
-    - ``tests``: unit tests for the ``code_tests`` verifier: a string or list of assert strings
-      (-> ``metadata["asserts"]``), a list of ``{"input", "output"}`` (-> ``metadata["io"]``), or an
-      object with ``asserts`` and/or ``io``.
-    - ``difficulty``, ``source``: copied to ``metadata["difficulty"]`` / ``metadata["source"]``
-      (evaluation reports break results down by these keys).
-    - ``metadata_columns``: columns copied into ``metadata`` under their own names; ``None`` (default)
-      copies every column not named above, ``()`` copies none.
-    """
-
-    prompt: str = "prompt"
-    answer: str | None = "answer"
-    id: str | None = None
-    system: str | None = None
-    tests: str | None = None
-    difficulty: str | None = None
-    source: str | None = None
-    metadata_columns: tuple[str, ...] | None = None
-
-    def named(self) -> dict[str, str]:
-        """Role -> column, for the roles in use."""
-        roles = ("prompt", "answer", "id", "system", "tests", "difficulty", "source")
-        return {r: c for r in roles if (c := getattr(self, r)) is not None}
 
 
 def _is_glob(path: str | Path) -> bool:
@@ -88,18 +57,7 @@ def detect_format(path: str | Path) -> str:
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            yield where, row
+    return ((f"{path}:{lineno}", row) for lineno, row in iter_jsonl(path))
 
 
 _EXTRA = "\0extra"
@@ -185,100 +143,9 @@ def _rows(path: Path, fmt: str, split: str | None, cache_dir: str | Path | None)
     return {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[fmt](path)
 
 
-# ---------------------------------------------------------------------------------------------
-# One row -> one Task.
-
-
-def _cell(row: dict[str, Any], column: str, where: str, json_columns: tuple[str, ...]) -> Any:
-    if column not in row:
-        raise DataError(f"{where}: missing column {column!r} (columns: {sorted(row)})")
-    value = row[column]
-    if column in json_columns and isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: column {column!r} is not valid JSON ({e.msg} at column {e.colno})") from None
-    return value
-
-
-def _check_prompt(value: Any, column: str, where: str) -> str | Messages:
-    if isinstance(value, str):
-        if not value.strip():
-            raise DataError(f"{where}: column {column!r} is empty")
-        return value
-    if value is None:
-        raise DataError(f"{where}: column {column!r} is null")
-    if not isinstance(value, list | tuple) or not value:
-        raise DataError(f"{where}: column {column!r} must be a string or a non-empty list of "
-                        f"{{'role': ..., 'content': ...}} messages, got {type(value).__name__}")
-    messages: Messages = []
-    for i, m in enumerate(value):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise DataError(f"{where}: column {column!r}, message {i}: expected {{'role': str, 'content': str}}, "
-                            f"got {str(m)[:80]}")
-        if m["role"] not in _ROLES:
-            raise DataError(f"{where}: column {column!r}, message {i}: unknown role {m['role']!r} "
-                            f"(allowed: {', '.join(_ROLES)})")
-        messages.append({"role": m["role"], "content": m["content"]})
-    return messages
-
-
-def _tests_metadata(value: Any, column: str, where: str) -> dict[str, Any]:
-    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
-        return {"asserts": value}
-    if isinstance(value, list) and value and all(isinstance(v, dict) and {"input", "output"} <= v.keys()
-                                                 for v in value):
-        return {"io": value}
-    if isinstance(value, dict) and value and set(value) <= {"asserts", "io"}:
-        return dict(value)
-    raise DataError(f"{where}: column {column!r} must hold tests: a string or list of assert strings, a list of "
-                    f"{{'input', 'output'}} objects, or an object with 'asserts'/'io'; got {str(value)[:80]}")
-
-
-def _row_task(row: dict[str, Any], where: str, index: int, stem: str, cols: ColumnMap,
-              json_columns: tuple[str, ...], as_chat: bool) -> Task:
-    def cell(column: str) -> Any:
-        return _cell(row, column, where, json_columns)
-
-    prompt = _check_prompt(cell(cols.prompt), cols.prompt, where)
-    if as_chat and isinstance(prompt, str):
-        prompt = [{"role": "user", "content": prompt}]
-    if cols.system is not None and (system := cell(cols.system)):
-        if not isinstance(system, str):
-            raise DataError(f"{where}: column {cols.system!r} (system prompt) must be a string, "
-                            f"got {type(system).__name__}")
-        if isinstance(prompt, list) and prompt[0]["role"] == "system":
-            raise DataError(f"{where}: both a system column {cols.system!r} and a system message in {cols.prompt!r}")
-        user = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        prompt = [{"role": "system", "content": system}, *user]
-    answer = ""
-    if cols.answer is not None:
-        value = cell(cols.answer)
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise DataError(f"{where}: column {cols.answer!r} (answer) is empty; "
-                            "map answer to null if the verifier needs none")
-        answer = str(value)
-    task_id = f"{stem}:{index}"
-    if cols.id is not None:
-        if (value := cell(cols.id)) is None or str(value) == "":
-            raise DataError(f"{where}: column {cols.id!r} (id) is empty")
-        task_id = str(value)
-    meta: dict[str, Any] = {}
-    if cols.tests is not None:
-        meta.update(_tests_metadata(cell(cols.tests), cols.tests, where))
-    for key in ("difficulty", "source"):
-        if (column := getattr(cols, key)) is not None:
-            meta[key] = cell(column)
-    used = set(cols.named().values())
-    extra = [c for c in row if c not in used] if cols.metadata_columns is None else cols.metadata_columns
-    for column in extra:
-        meta[column] = cell(column)
-    return Task(id=task_id, prompt=prompt, answer=answer, metadata=meta)
-
-
 def read_table_tasks(
     path: str | Path,
-    columns: ColumnMap | None = None,
+    columns: ColumnsConfig | None = None,
     *,
     format: str | None = None,
     split: str | None = None,
@@ -295,24 +162,13 @@ def read_table_tasks(
     template (and ``task.system_prompt``) applies. ``cache_dir``: the ``datasets`` cache for
     ``hf_files``. Raises `DataError` naming the file and line/row on the first bad row.
     """
-    cols = columns or ColumnMap()
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
         raise DataError(f"{path}: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
     p = Path(path)
     stem = p.stem if p.suffix else p.name
-    tasks: list[Task] = []
-    first_where: dict[str, str] = {}
-    for index, (where, row) in enumerate(_rows(p, fmt, split, cache_dir)):
-        task = _row_task(row, where, index, stem, cols, json_columns, as_chat)
-        if cols.id is not None:
-            if task.id in first_where:
-                raise DataError(f"{where}: duplicate id {task.id!r} (first at {first_where[task.id]})")
-            first_where[task.id] = where
-        tasks.append(task)
-    if not tasks:
-        raise DataError(f"{path}: the dataset is empty")
-    return tasks
+    rows = ((where, f"{stem}:{index}", row) for index, (where, row) in enumerate(_rows(p, fmt, split, cache_dir)))
+    return rows_to_tasks(rows, columns, str(path), json_columns, as_chat)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,7 +203,7 @@ def table_splits(
     heldout_path: str | Path | None = None,
     heldout_size: int = 0,
     seed: int = 1234,
-    columns: ColumnMap | None = None,
+    columns: ColumnsConfig | None = None,
     *,
     format: str | None = None,
     split: str | None = None,

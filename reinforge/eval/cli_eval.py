@@ -10,14 +10,14 @@ from typing import Any
 import torch
 
 from reinforge.assets import resolve_model_path
-from reinforge.config import TaskConfig
+from reinforge.config import config_from_dict, load_config
 from reinforge.data.sources import build_task_splits
 from reinforge.errors import ConfigError
 from reinforge.eval.heldout import DEFAULT_KS, EvalResult, evaluate
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.rewards.imported import resolve_verifier
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.train.checkpoint import latest_checkpoint
-from reinforge.train.model import load_model, load_tokenizer
 
 
 def resolve_eval_model(model: str) -> str:
@@ -38,11 +38,9 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate each model on the task's held-out split: print a table per model (with 95% bootstrap
     intervals over prompts), and plot their pass@k curves on one figure if ``plot`` is given."""
-    from pydantic import ValidationError
     from rich.console import Console
 
     if recipe is not None:  # any task source and reward the recipe defines (tables, reasoning-gym, composites)
-        from reinforge.config import load_config
         from reinforge.rewards.build import build_reward
 
         run_cfg = load_config(recipe)
@@ -50,10 +48,8 @@ def run_eval(
         verifier = build_reward(run_cfg.reward, run_cfg.task.verifier, run_cfg.model.device)
     else:
         run_cfg = None
-        try:
-            task_cfg = TaskConfig(kind=task, path=str(data) if data else None, heldout_size=heldout_size)
-        except ValidationError as e:
-            raise ConfigError(f"--task/--data: {e.errors()[0]['msg']}") from None
+        spec = {"kind": task, "heldout_size": heldout_size, **({"path": str(data)} if data else {})}
+        task_cfg = config_from_dict({"task": spec}, source="--task/--data").task
         verifier = resolve_verifier(task_cfg.verifier)
     splits = build_task_splits(task_cfg)
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= samples]))

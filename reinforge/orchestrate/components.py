@@ -17,6 +17,7 @@ from reinforge.data.samplers import TaskSamplerPart, build_task_sampler
 from reinforge.data.sources import build_task_splits
 from reinforge.envs.base import Environment
 from reinforge.envs.registry import build_environment
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.orchestrate.collectors import Collector, build_collector, episode_limits, sampling_params
 from reinforge.orchestrate.multi_turn import EpisodeLimits
 from reinforge.plugins import load_plugins
@@ -30,7 +31,6 @@ from reinforge.train import distributed
 from reinforge.train.critic import build_critic
 from reinforge.train.learner import Learner
 from reinforge.train.lora import is_lora_model, merged_weights
-from reinforge.train.model import load_model, load_tokenizer
 
 
 @dataclass

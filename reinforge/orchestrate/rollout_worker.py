@@ -66,12 +66,12 @@ class RolloutWorkerCore:
 
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
         from reinforge.envs.registry import build_environment
+        from reinforge.models.loading import load_model, load_tokenizer
         from reinforge.orchestrate.batch_sources import needs_baseline
         from reinforge.orchestrate.collectors import build_collector, sampling_params
         from reinforge.plugins import load_plugins
         from reinforge.rewards.build import run_reward_pool
         from reinforge.rollout.torch_engine import TorchRolloutEngine
-        from reinforge.train.model import load_model, load_tokenizer
 
         load_plugins(cfg.plugins)  # this process starts with the built-in parts only
         torch.set_num_threads(cfg.orchestrate.rollout_threads)

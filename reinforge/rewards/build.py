@@ -61,8 +61,8 @@ def _term_verifier(term: RewardTermConfig, device: str) -> str | Verifier:
     if term.verifier is not None:
         return term.verifier
     if term.reward_model is not None:
+        from reinforge.models.loading import load_tokenizer
         from reinforge.rewards.reward_model import RewardModelScorer, RewardModelVerifier, reward_model_dir
-        from reinforge.train.model import load_tokenizer
 
         rm = term.reward_model
         reward_model_dir(rm.path, f"reward term {term.name!r}: reward_model.path")  # before its tokenizer loads

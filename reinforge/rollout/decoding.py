@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from reinforge.rollout.lean_llama import LeanLlama
+from reinforge.models.lean_llama import LeanLlama
 
 
 class HFDecoder:

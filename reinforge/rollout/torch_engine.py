@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
+from reinforge.models.lean_llama import LeanLlama
+from reinforge.models.lean_llama import supports as lean_supports
 from reinforge.models.precision import at_least_float32, compute_dtype
 from reinforge.rollout.decoding import HFDecoder, LeanDecoder, SlotOutputs, Slots, left_pad, right_pad
-from reinforge.rollout.lean_llama import LeanLlama
-from reinforge.rollout.lean_llama import supports as lean_supports
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 

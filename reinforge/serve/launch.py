@@ -13,8 +13,8 @@ def build_server_app(model: str, served_name: str | None = None, device: str = "
         raise ReinforgeError(f"reinforge serve needs the serve extra ({e.name} is missing): "
                              "pip install 'reinforge[serve]'") from None
     from reinforge.eval.cli_eval import resolve_eval_model
+    from reinforge.models.loading import load_model, load_tokenizer
     from reinforge.rollout.torch_engine import TorchRolloutEngine
-    from reinforge.train.model import load_model, load_tokenizer
 
     path = resolve_eval_model(model)
     engine = TorchRolloutEngine(load_model(path, dtype, device), load_tokenizer(path), device, seed=seed,

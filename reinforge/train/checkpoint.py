@@ -26,7 +26,8 @@ import torch
 import yaml
 
 from reinforge.errors import ReinforgeError
-from reinforge.train.lora import is_adapter_dir, is_lora_model, restore_adapter, save_adapter
+from reinforge.models.adapters import is_adapter_dir
+from reinforge.train.lora import is_lora_model, restore_adapter, save_adapter
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -110,7 +111,7 @@ def restore_policy(model: torch.nn.Module, ckpt: Path, dtype: str = "float32", d
     if is_adapter_dir(ckpt):
         raise ReinforgeError(f"{ckpt}: a LoRA checkpoint, but model.lora.enabled=false (resume with the run's "
                              "own config)")
-    from reinforge.train.model import load_model
+    from reinforge.models.loading import load_model
 
     model.load_state_dict(load_model(str(ckpt), dtype, device).state_dict())
 
@@ -146,7 +147,7 @@ def export_model(source: Path, out: Path, dtype: str | None = None) -> Path:
     if not lora and not (ckpt / "config.json").is_file():
         raise ReinforgeError(f"{ckpt}: no model in it (no config.json, no adapter_config.json)")
     if lora:
-        from reinforge.train.model import load_model, load_tokenizer
+        from reinforge.models.loading import load_model, load_tokenizer
 
         model, tokenizer = load_model(str(ckpt), dtype or _run_dtype(ckpt)), load_tokenizer(str(ckpt))
         out.mkdir(parents=True, exist_ok=True)

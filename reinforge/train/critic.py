@@ -74,6 +74,6 @@ class Critic:
 
 
 def build_critic(policy_path: str, cfg: CriticConfig, dtype: str, device: str) -> Critic:
-    from reinforge.train.model import load_model
+    from reinforge.models.loading import load_model
 
     return Critic(ValueModel(load_model(cfg.path or policy_path, dtype, device)), cfg)

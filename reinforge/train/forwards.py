@@ -14,8 +14,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from reinforge.models.lean_llama import supports as shared_prefix_supported
 from reinforge.registry import Registry, kind
-from reinforge.rollout.lean_llama import supports as shared_prefix_supported
 from reinforge.train.logprobs import token_logprobs
 from reinforge.train.packing import packed_token_logprobs
 from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs

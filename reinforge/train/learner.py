@@ -157,7 +157,7 @@ class Learner(PreparesBatches):
 
             restore_policy(self.model, ckpt, dtype, device)
             return
-        from reinforge.train.model import load_model
+        from reinforge.models.loading import load_model
 
         distributed.load_full_state_dict(self.model, load_model(str(ckpt), dtype, device).state_dict())
 

@@ -11,8 +11,8 @@ optimizer sees the adapter parameters alone.
   model. The engine runs a plain HF model (and its lean forward); no engine here takes
   adapters directly.
 - Checkpoints: the adapter alone (``adapter_config.json`` + ``adapter_model.safetensors``, the
-  peft format), restored exactly by ``restore_adapter``; ``merge_adapter`` turns such a directory
-  into a plain HF model (eval, serve, ``reinforge export``).
+  peft format), restored exactly by ``restore_adapter``; ``models.adapters.merge_adapter`` turns
+  such a directory into a plain HF model (eval, serve, ``reinforge export``).
 
 QLoRA-ready: a base loaded quantized (bitsandbytes 4/8-bit, on CUDA) goes through
 ``get_peft_model`` unchanged, and ``merged_weights`` dequantizes the base weight before adding
@@ -21,11 +21,8 @@ the update. Loading a quantized base is not wired into the config: on CPU nothin
 
 from __future__ import annotations
 
-import json
 import sys
-import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,10 +30,7 @@ from torch import Tensor, nn
 
 from reinforge.config import LoraConfig
 from reinforge.errors import ConfigError
-
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_NAME = "default"
+from reinforge.models.adapters import ADAPTER_NAME, ADAPTER_WEIGHTS, quiet_peft
 
 
 def _peft():
@@ -47,24 +41,10 @@ def _peft():
     return peft
 
 
-@contextmanager
-def _quiet_peft():
-    """peft asks transformers a deprecated question while wrapping a model: not the user's concern."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        yield
-
-
 def is_lora_model(model: object) -> bool:
     """True for a peft-wrapped model (without importing peft when nothing has)."""
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(model, peft.PeftModel)
-
-
-def is_adapter_dir(path: str | Path) -> bool:
-    """A directory holding a peft adapter and no full model (a LoRA checkpoint)."""
-    path = Path(path)
-    return (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
 
 
 def _matches(module_name: str, target: str) -> bool:
@@ -77,7 +57,7 @@ def wrap_lora(model: nn.Module, cfg: LoraConfig, base_path: str | None = None, s
 
     The adapters' initialisation (A random, B = 0: the wrapped model starts equal to the base)
     depends on ``seed`` alone, not on the global RNG, which it leaves untouched. ``base_path``
-    is recorded in the adapter config, so a saved adapter knows its base (``merge_adapter``).
+    is recorded in the adapter config, so a saved adapter knows its base (``models.adapters.merge_adapter``).
     """
     peft = _peft()
     names = [name for name, _ in model.named_modules()]
@@ -90,7 +70,7 @@ def wrap_lora(model: nn.Module, cfg: LoraConfig, base_path: str | None = None, s
         r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
         bias=cfg.bias, task_type="CAUSAL_LM",
     )
-    with torch.random.fork_rng(devices=[]), _quiet_peft():
+    with torch.random.fork_rng(devices=[]), quiet_peft():
         torch.manual_seed(seed)
         wrapped = peft.get_peft_model(model, peft_cfg)
     if base_path is not None:
@@ -189,20 +169,3 @@ def restore_adapter(model: nn.Module, directory: Path) -> None:
     result = set_peft_model_state_dict(model, state, adapter_name=ADAPTER_NAME)
     if result.unexpected_keys:
         raise ConfigError(f"{directory}: adapter tensors the model has no place for: {result.unexpected_keys[:3]}")
-
-
-def adapter_base_path(directory: Path) -> str:
-    cfg = json.loads((Path(directory) / ADAPTER_CONFIG).read_text())
-    base = cfg.get("base_model_name_or_path")
-    if not base:
-        raise ConfigError(f"{directory}/{ADAPTER_CONFIG}: no base_model_name_or_path; cannot find the base model")
-    return base
-
-
-def merge_adapter(base: nn.Module, directory: str | Path) -> nn.Module:
-    """A LoRA checkpoint (adapter directory) as a plain HF model: ``base`` (loaded from the adapter's
-    ``adapter_base_path``) with the adapter merged into it."""
-    from peft import PeftModel
-
-    with _quiet_peft():
-        return PeftModel.from_pretrained(base, str(directory), adapter_name=ADAPTER_NAME).merge_and_unload()

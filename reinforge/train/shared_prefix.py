@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from reinforge.algo.losses import entropy_from_logits
+from reinforge.models.lean_llama import apply_rotary, rotary_cos_sin, supports
 from reinforge.models.precision import at_least_float32
-from reinforge.rollout.lean_llama import apply_rotary, rotary_cos_sin, supports
 
 
 class SharedPrefixForward:

@@ -3,8 +3,9 @@
 Like nanoGPT's model.py: the whole transformer on one screen, plain torch, no module hooks.
 Q/K/V and gate/up projections are fused into one matmul each, the KV cache is preallocated
 once per batch, and rotary tables come from the HF model's own ``rotary_emb`` (so static rope
-scalings match). Used by the rollout engine for supported architectures; everything else falls
-back to the HF forward. A parity test checks its logits against HF.
+scalings match). Used by the rollout engine for supported architectures (everything else falls
+back to the HF forward); training's shared-prefix forward uses its rotary helpers and ``supports``.
+A parity test checks its logits against HF.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import torch
 
 from reinforge.assets import resolve_model_path
 from reinforge.errors import ConfigError
-from reinforge.train.lora import adapter_base_path, is_adapter_dir, merge_adapter
+from reinforge.models.adapters import adapter_base_path, is_adapter_dir, merge_adapter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 

@@ -1,0 +1,165 @@
+"""Which columns of a dataset row hold what (``task.columns``), and one row -> one `Task`.
+
+The one column mapping of every file-based task source (``task.kind`` ``jsonl`` and ``table``):
+`ColumnsConfig` is the recipe's ``task.columns`` section, and `rows_to_tasks` applies it to the
+rows a reader yields. Every bad row raises `DataError` naming where it is (file and line, or row
+index), what is wrong, and the columns the row has.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reinforge.data.base import Messages, Task
+from reinforge.errors import DataError
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class ColumnsConfig(BaseModel):
+    """Which columns hold what. ``None`` = not used.
+
+    - ``prompt``: raw text or a list of ``{"role", "content"}`` messages (required).
+    - ``answer``: the reference answer, read as ``str`` (``None``: no answer, ``Task.answer == ""``).
+    - ``id``: unique task ids (default: the reader's, e.g. ``"<file stem>:<row index>"``).
+    - ``system``: a per-row system prompt, put first in the prompt's messages.
+    - ``tests``: unit tests for the ``code_tests`` verifier: a string or list of assert strings
+      (-> ``metadata["asserts"]``), a list of ``{"input", "output"}`` (-> ``metadata["io"]``), or an
+      object with ``asserts`` and/or ``io``.
+    - ``difficulty``, ``source``: copied to ``metadata["difficulty"]`` / ``metadata["source"]``
+      (evaluation reports break results down by these keys).
+    - ``metadata``: columns copied into ``metadata`` under their own names; ``None`` (default)
+      copies every column not named above, ``[]`` copies none.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    prompt: str = "prompt"
+    answer: str | None = "answer"
+    id: str | None = None
+    system: str | None = None
+    tests: str | None = None
+    difficulty: str | None = None
+    source: str | None = None
+    metadata: list[str] | None = Field(None, description="columns copied into Task.metadata; null = all other columns")
+
+    def named(self) -> dict[str, str]:
+        """Role -> column, for the roles in use."""
+        roles = ("prompt", "answer", "id", "system", "tests", "difficulty", "source")
+        return {r: c for r in roles if (c := getattr(self, r)) is not None}
+
+
+def _cell(row: dict[str, Any], column: str, where: str, json_columns: tuple[str, ...]) -> Any:
+    if column not in row:
+        raise DataError(f"{where}: missing column {column!r} (columns: {sorted(row)})")
+    value = row[column]
+    if column in json_columns and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: column {column!r} is not valid JSON ({e.msg} at column {e.colno})") from None
+    return value
+
+
+def _check_prompt(value: Any, column: str, where: str) -> str | Messages:
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: column {column!r} is empty")
+        return value
+    if value is None:
+        raise DataError(f"{where}: column {column!r} is null")
+    if not isinstance(value, list | tuple) or not value:
+        raise DataError(f"{where}: column {column!r} must be a string or a non-empty list of "
+                        f"{{'role': ..., 'content': ...}} messages, got {type(value).__name__}")
+    messages: Messages = []
+    for i, m in enumerate(value):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise DataError(f"{where}: column {column!r}, message {i}: expected {{'role': str, 'content': str}}, "
+                            f"got {str(m)[:80]}")
+        if m["role"] not in ROLES:
+            raise DataError(f"{where}: column {column!r}, message {i}: unknown role {m['role']!r} "
+                            f"(allowed: {', '.join(ROLES)})")
+        messages.append({"role": m["role"], "content": m["content"]})
+    return messages
+
+
+def _tests_metadata(value: Any, column: str, where: str) -> dict[str, Any]:
+    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        return {"asserts": value}
+    if isinstance(value, list) and value and all(isinstance(v, dict) and {"input", "output"} <= v.keys()
+                                                 for v in value):
+        return {"io": value}
+    if isinstance(value, dict) and value and set(value) <= {"asserts", "io"}:
+        return dict(value)
+    raise DataError(f"{where}: column {column!r} must hold tests: a string or list of assert strings, a list of "
+                    f"{{'input', 'output'}} objects, or an object with 'asserts'/'io'; got {str(value)[:80]}")
+
+
+def _with_system(prompt: str | Messages, system: Any, cols: ColumnsConfig, where: str) -> Messages:
+    if not isinstance(system, str):
+        raise DataError(f"{where}: column {cols.system!r} (system prompt) must be a string, got {type(system).__name__}")
+    if isinstance(prompt, list) and prompt[0]["role"] == "system":
+        raise DataError(f"{where}: both a system column {cols.system!r} and a system message in {cols.prompt!r}")
+    user = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return [{"role": "system", "content": system}, *user]
+
+
+def row_task(row: dict[str, Any], where: str, default_id: str, cols: ColumnsConfig,
+             json_columns: tuple[str, ...] = (), as_chat: bool = False) -> Task:
+    """One row as a `Task` (``default_id`` unless ``cols.id`` names an id column). ``json_columns``:
+    string cells of these columns are decoded as JSON first; ``as_chat``: a raw-text prompt becomes
+    one user message."""
+    def cell(column: str) -> Any:
+        return _cell(row, column, where, json_columns)
+
+    prompt = _check_prompt(cell(cols.prompt), cols.prompt, where)
+    if as_chat and isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if cols.system is not None and (system := cell(cols.system)):
+        prompt = _with_system(prompt, system, cols, where)
+    answer = ""
+    if cols.answer is not None:
+        value = cell(cols.answer)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise DataError(f"{where}: column {cols.answer!r} (answer) is empty; "
+                            "map answer to null if the verifier needs none")
+        answer = str(value)
+    task_id = default_id
+    if cols.id is not None:
+        if (value := cell(cols.id)) is None or str(value) == "":
+            raise DataError(f"{where}: column {cols.id!r} (id) is empty")
+        task_id = str(value)
+    meta: dict[str, Any] = {}
+    if cols.tests is not None:
+        meta.update(_tests_metadata(cell(cols.tests), cols.tests, where))
+    for key in ("difficulty", "source"):
+        if (column := getattr(cols, key)) is not None:
+            meta[key] = cell(column)
+    used = set(cols.named().values())
+    extra = [c for c in row if c not in used] if cols.metadata is None else cols.metadata
+    for column in extra:
+        meta[column] = cell(column)
+    return Task(id=task_id, prompt=prompt, answer=answer, metadata=meta)
+
+
+def rows_to_tasks(rows: Iterable[tuple[str, str, dict[str, Any]]], cols: ColumnsConfig | None, name: str,
+                  json_columns: tuple[str, ...] = (), as_chat: bool = False) -> list[Task]:
+    """``(where, default id, row)`` triples -> tasks, with ``cols`` (default: `ColumnsConfig()`).
+    A duplicate id (from an id column) and a table without rows (``name`` says which) are errors."""
+    cols = cols or ColumnsConfig()
+    tasks: list[Task] = []
+    first_where: dict[str, str] = {}
+    for where, default_id, row in rows:
+        task = row_task(row, where, default_id, cols, json_columns, as_chat)
+        if cols.id is not None:
+            if task.id in first_where:
+                raise DataError(f"{where}: duplicate id {task.id!r} (first at {first_where[task.id]})")
+            first_where[task.id] = where
+        tasks.append(task)
+    if not tasks:
+        raise DataError(f"{name}: the dataset is empty")
+    return tasks
