@@ -60,7 +60,8 @@ def test_grpo_turn_reduces_to_grpo_for_one_turn():
 def test_registered_and_built_by_the_batch():
     assert ADVANTAGES.get("grpo_turn") is grpo_turn_advantage
     trajs, _ = _two_episodes()
-    batch, _ = build_batch(trajs, AlgoConfig(advantage="grpo_turn", gamma=0.5, skip_equal_reward_groups=False), 0)
+    turn = AlgoConfig(advantage={"name": "grpo_turn", "gamma": 0.5}, skip_equal_reward_groups=False)
+    batch, _ = build_batch(trajs, turn, 0)
     assert batch.turn_returns is not None and batch.turn_returns[0, 5].item() == 1.0
     batch, _ = build_batch(trajs, AlgoConfig(advantage="grpo", skip_equal_reward_groups=False), 0)
     assert batch.turn_returns is None

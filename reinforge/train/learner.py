@@ -87,14 +87,14 @@ class Learner:
         self.cfg = cfg
         self.algo = cfg.algo
         self.objective = Objective(cfg.algo.policy_loss, cfg.algo.loss_agg, cfg.algo.mismatch.mode,
-                                   cfg.algo.mismatch.cap, cfg.algo)
+                                   cfg.algo.mismatch.cap, cfg.algo, cfg.algo.policy_loss.settings)
         self.kl_estimator = KL_ESTIMATORS.get(cfg.algo.kl.estimator)
         self.kl_ctl = KLController(cfg.algo.kl.coef, cfg.algo.kl.target, cfg.algo.kl.horizon)
         self.needs = required_inputs(cfg.algo)
         if "values" in self.needs and critic is None:
             raise ConfigError(f"algo.advantage={cfg.algo.advantage} needs a critic (a value model); it is built by "
                               "build_components")
-        self.max_len_norm = cfg.algo.max_len_norm or float(cfg.rollout.max_new_tokens)
+        self.max_len_norm = getattr(cfg.algo.loss_agg.settings, "max_len_norm", 0) or float(cfg.rollout.max_new_tokens)
         self.temperature = cfg.rollout.temperature
         self.optimizer, self.scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], t)
         self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)
@@ -245,7 +245,7 @@ class Learner:
         batch.advantages = self._advantages(batch, values, token_rewards, offset)
         if values is not None:
             token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)
-            _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, algo.gamma, algo.lam)
+            _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, *algo.discount)
             batch.returns = batch.returns.to(dtype)
 
     def _advantages(self, batch: Batch | None, values: Tensor | None, token_rewards: Tensor | None,
@@ -261,7 +261,7 @@ class Learner:
         if batch is None:
             return None
         assert inputs is not None
-        adv = ADVANTAGES.call(self.algo.advantage, Context(**inputs), self.algo).to(self._loss_dtype)
+        adv = ADVANTAGES.call(self.algo.advantage, Context(**inputs), self.algo.advantage.settings).to(self._loss_dtype)
         return self.parallel.my_rows(adv, offset, batch)
 
     @property
