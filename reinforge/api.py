@@ -66,7 +66,11 @@ def _overrides(*, model: Any, task: Any, reward: Any, preset: Any, plugins: Any,
 
 
 def _flatten(key: str, value: Any) -> list[str]:
-    if isinstance(value, Mapping):
+    """One override per leaf; a part field's ``{name, <option>: ...}`` is one value (it replaces a part
+    of another name whole, as on the command line)."""
+    from reinforge.config.recipes import is_part_field
+
+    if isinstance(value, Mapping) and not is_part_field(key.split(".")):
         return [item for k, v in value.items() for item in _flatten(f"{key}.{k}", v)]
     return [f"{key}={json.dumps(value)}"]
 

@@ -176,3 +176,13 @@ def test_compare_names_a_part_written_with_its_options():
     run = Run(Path("r"), {"algo": {"advantage": GRPO, "policy_loss": "ppo_clip"}}, [])
     assert group_key(run) == "grpo+ppo_clip" and group_key(run, "algo.advantage") == "grpo"
     assert group_key(run, "algo.advantage.scale_by_std") == "True"
+
+
+def test_the_python_api_passes_a_part_with_its_options_as_one_value():
+    from reinforge.api import _overrides
+
+    overrides = _overrides(model=None, task=None, reward=None, preset="dapo", plugins=None,
+                           algo={"policy_loss": {"name": "gspo", "clip_high": 0.3}, "kl": {"coef": 0.1}})
+    assert overrides == ["preset=dapo", 'algo.policy_loss={"name": "gspo", "clip_high": 0.3}', "algo.kl.coef=0.1"]
+    algo = load_config(None, overrides).algo
+    assert algo.policy_loss.recipe_form() == {"name": "gspo", "clip_low": 0.2, "clip_high": 0.3} and algo.kl.coef == 0.1
