@@ -91,10 +91,10 @@ class Part:
         allowed = list(entry.options())
         unknown = [k for k in options if k not in allowed]
         if unknown:
-            takes = f"allowed keys here: name, {', '.join(allowed)}" if allowed else f"{name} takes no options"
+            msg = (f"unknown key, not an option of {name}; allowed keys here: name, {', '.join(allowed)}" if allowed
+                   else f"unknown key; {name} takes no options")
             raise ValidationError.from_exception_data("options", [
-                {"type": PydanticCustomError("unknown_option", "unknown key ({part} option); {takes}",
-                                             {"part": name, "takes": takes}), "loc": (k,), "input": options[k]}
+                {"type": PydanticCustomError("unknown_option", "{msg}", {"msg": msg}), "loc": (k,), "input": options[k]}
                 for k in unknown])
         return PartRef(name, entry.settings.model_validate(options) if entry.settings is not None else None)
 
