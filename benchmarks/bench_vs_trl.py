@@ -12,7 +12,7 @@ Both frameworks load that directory. One optimizer step = 8 prompts x 8 samples,
 length 8, AdamW lr 3e-4 constant, grad clip 1.0, fp32 on CPU with 2 threads, no reference model,
 one update per generation batch, and the same loss: TRL's default (``loss_type="dapo"``: PPO-clip
 0.2 per token, token mean over the batch; advantages (r - mean_g) / (std_g + 1e-4)) is reinforge's
-``advantage=grpo scale_by_std=true policy_loss=ppo_clip loss_agg=token_mean adv_eps=1e-4``.
+``advantage={name: grpo, scale_by_std: true, adv_eps: 1.0e-4} policy_loss=ppo_clip loss_agg=token_mean``.
 
 Every (framework, repeat) runs in a fresh subprocess (so peak RSS and import time are its own),
 alternating the order of the two frameworks from repeat to repeat. Per step the child records:
@@ -185,8 +185,8 @@ def reinforge_overrides(spec: dict) -> list[str]:
         "rollout.prompts_per_step=8", "rollout.group_size=8", f"rollout.max_new_tokens={spec['max_new_tokens']}",
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
         # TRL's default GRPO loss (loss_type="dapo", beta=0, epsilon=0.2, scale_rewards="group", 1 iteration)
-        "algo.advantage=grpo", "algo.scale_by_std=true", "algo.adv_eps=1e-4",
-        "algo.policy_loss=ppo_clip", "algo.clip_low=0.2", "algo.clip_high=0.2", "algo.loss_agg=token_mean",
+        "algo.advantage={name: grpo, scale_by_std: true, adv_eps: 1.0e-4}",
+        "algo.policy_loss={name: ppo_clip, clip_low: 0.2, clip_high: 0.2}", "algo.loss_agg=token_mean",
         "algo.kl.coef=0.0", "algo.entropy_coef=0.0", "algo.skip_equal_reward_groups=false",
         "algo.dynamic_sampling=false",
         f"train.steps={spec['steps']}", f"train.lr={spec['lr']}", "train.lr_schedule=constant",

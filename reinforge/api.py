@@ -2,7 +2,7 @@
 
     import reinforge
     run = reinforge.train(preset="grpo", model="tiny-base", task="arithmetic", reward="exact_match",
-                          train={"steps": 50}, **{"algo.clip_high": 0.28})
+                          train={"steps": 50}, **{"algo.policy_loss.clip_high": 0.28})
     run.heldout_after, run.metrics()[-1]["reward/mean"], run.run_dir
 
 Every argument becomes the dotted override the command line would take: ``model`` sets
@@ -10,7 +10,7 @@ Every argument becomes the dotted override the command line would take: ``model`
 ``task.verifier`` (a registered verifier, ``module:function``, ``file.py:function``, or a function
 of yours: it is named by its module and qualified name, so define it in an importable module when
 ``reward.pool`` runs processes or rollout runs in workers), a mapping keyword a whole section
-(``train={"steps": 50}``), a dotted keyword one key (``**{"algo.clip_high": 0.28}``).
+(``train={"steps": 50}``), a dotted keyword one key (``**{"algo.policy_loss.clip_high": 0.28}``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,11 @@ def _overrides(*, model: Any, task: Any, reward: Any, preset: Any, plugins: Any,
 
 
 def _flatten(key: str, value: Any) -> list[str]:
-    if isinstance(value, Mapping):
+    """One override per leaf; a part field's ``{name, <option>: ...}`` is one value (it replaces a part
+    of another name whole, as on the command line)."""
+    from reinforge.config.recipes import is_part_field
+
+    if isinstance(value, Mapping) and not is_part_field(key.split(".")):
         return [item for k, v in value.items() for item in _flatten(f"{key}.{k}", v)]
     return [f"{key}={json.dumps(value)}"]
 

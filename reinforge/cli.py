@@ -37,7 +37,7 @@ def train(
     args: Annotated[
         list[str] | None,
         typer.Argument(help="[RECIPE] [key.path=value ...]: a recipe file or shipped name (default: 'default'), "
-                       "then dotted overrides, e.g. algo.clip_high=0.28 train.steps=50"),
+                       "then dotted overrides, e.g. algo.policy_loss.clip_high=0.28 train.steps=50"),
     ] = None,
     resume: Annotated[Path | None, typer.Option(help="continue the run in this run directory")] = None,
 ) -> None:
@@ -218,16 +218,32 @@ def algos() -> None:
     for name in preset_names():
         a = config_from_dict({"preset": name}, source=f"preset {name}").algo
         kl = f"{a.kl.estimator} x {a.kl.coef:g} in {a.kl.placement}" if a.kl.coef > 0 else "-"
-        presets.add_row(name, a.advantage, a.policy_loss, a.loss_agg, kl, preset_summary(name))
+        parts = [_changed_options(kind, getattr(a, kind)) for kind in ("advantage", "policy_loss", "loss_agg")]
+        presets.add_row(name, *parts, kl, preset_summary(name))
     console.print(presets)
     for kind, registry in all_kinds().items():
         table = Table(title=f"{kind} ({registry.kind})", show_lines=False, title_justify="left")
-        table.add_column("name", style="bold")
+        table.add_column("name", style="bold", no_wrap=True)
         table.add_column("formula")
         table.add_column("paper")
+        table.add_column("settings (defaults)")
         for e in registry.entries():
-            table.add_row(e.name, e.formula, e.paper)
+            table.add_row(e.name, e.formula, e.paper, _options(e.options()) or "-")
         console.print(table)
+
+
+def _options(options: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in options.items())
+
+
+def _changed_options(kind: str, part: object) -> str:
+    """``name (option=value, ...)`` of a preset's part, with the options it sets away from their defaults."""
+    from reinforge.parts import all_kinds
+
+    defaults = all_kinds()[kind].entry(str(part)).options()
+    form = part.recipe_form() if hasattr(part, "recipe_form") else str(part)
+    changed = {k: v for k, v in form.items() if k != "name" and v != defaults[k]} if isinstance(form, dict) else {}
+    return f"{part} ({_options(changed)})" if changed else str(part)
 
 
 def main() -> None:

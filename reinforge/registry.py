@@ -5,7 +5,10 @@ What an entry *needs* from the loop is declared, never inferred from its name:
 
 * the function's own parameters name the fields of the context record it reads (``Registry.call``
   binds them by name: an advantage estimator with a ``values`` parameter gets the critic's values,
-  a policy loss with ``ref_logp`` the reference log-probs); ``cfg`` is the part's settings;
+  a policy loss with ``ref_logp`` the reference log-probs), and only those; ``cfg`` is the part's
+  settings;
+* ``settings`` is a pydantic model of the part's own options (usually a ``Settings``), validated
+  from the recipe; a part that reads no option declares none;
 * ``needs`` lists the inputs the loop must produce for it because nothing else would (a critic's
   ``values``, a ``greedy_baseline``, ``turn_returns``, ``ref_logp``, ...); the loop asks
   ``Registry.needs(name)`` and provides them.
@@ -23,9 +26,17 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from reinforge.errors import ConfigError
 
 F = TypeVar("F", bound=Callable)
+
+
+class Settings(BaseModel):
+    """Base of a part's settings model: unknown options are errors and assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,12 @@ class Entry(Generic[F]):
     params: tuple[str, ...] = field(default=(), compare=False)  # the fn's parameters, for Registry.call
     settings: type | None = None  # the part's own options (a pydantic model), validated from the recipe
 
+    def options(self) -> dict[str, Any]:
+        """The part's options with their defaults (none without a settings model)."""
+        if self.settings is None:
+            return {}
+        return {k: f.default for k, f in self.settings.model_fields.items()}
+
     def make_settings(self, values: Mapping[str, Any], where: str) -> Any:
         """The part's settings from a recipe mapping (``where`` names it in errors); with no settings
         model declared, the mapping must be empty."""
@@ -45,8 +62,6 @@ class Entry(Generic[F]):
             if values:
                 raise ConfigError(f"{where}: {self.name} takes no settings (got {', '.join(sorted(values))})")
             return None
-        from pydantic import ValidationError
-
         try:
             return self.settings(**values)
         except ValidationError as e:

@@ -4,11 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from part_calls import advantage
 from torch.testing import assert_close
 
 from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantages import group_mean_std, grpo_advantage
-from reinforge.config import AlgoConfig
 
 # groups: [1, 0, 0, 1] | [1, 1, 1, 1] | [0, 1]
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0])
@@ -55,7 +55,7 @@ def test_group_mean_std_singleton_and_interleaved_groups():
 
 def test_grpo_with_std_scaling():
     mask = torch.ones(10, 3)
-    adv = grpo_advantage(REWARDS, GROUPS, mask, None, AlgoConfig())
+    adv = advantage(grpo_advantage, REWARDS, GROUPS, mask, None, None)
     per_seq = torch.tensor([A0, -A0, -A0, A0, 0.0, 0.0, 0.0, 0.0, -A2, A2])
     assert_close(adv, per_seq[:, None].expand(10, 3), atol=1e-6, rtol=0)
     assert adv.dtype == mask.dtype
@@ -63,15 +63,15 @@ def test_grpo_with_std_scaling():
 
 def test_grpo_without_std_scaling():
     mask = torch.ones(10, 2)
-    adv = grpo_advantage(REWARDS, GROUPS, mask, None, _cfg(False))
+    adv = advantage(grpo_advantage, REWARDS, GROUPS, mask, None, _cfg(False))
     per_seq = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0, -0.5, 0.5])
     assert_close(adv, per_seq[:, None].expand(10, 2), atol=1e-7, rtol=0)
 
 
 def test_grpo_eps_enters_denominator():
     # group [0, 1]: std sqrt(1/2); with eps = 0.2: 0.5 / (0.70710678 + 0.2) = 0.5512...
-    adv = grpo_advantage(
-        torch.tensor([0.0, 1.0]), torch.tensor([0, 0]), torch.ones(2, 1), None, _cfg(True, 0.2)
+    adv = advantage(
+        grpo_advantage, torch.tensor([0.0, 1.0]), torch.tensor([0, 0]), torch.ones(2, 1), None, _cfg(True, 0.2)
     )
     expected = 0.5 / (0.7071067811865476 + 0.2)
     assert_close(adv[:, 0], torch.tensor([-expected, expected]), atol=1e-6, rtol=0)
@@ -80,7 +80,7 @@ def test_grpo_eps_enters_denominator():
 def test_grpo_non_binary_rewards():
     # group [1, 2, 6]: mean 3, deviations -2, -1, 3; unbiased var (4 + 1 + 9) / 2 = 7
     rewards = torch.tensor([1.0, 2.0, 6.0])
-    adv = grpo_advantage(rewards, torch.tensor([0, 0, 0]), torch.ones(3, 1), None, _cfg(True, 1e-12))
+    adv = advantage(grpo_advantage, rewards, torch.tensor([0, 0, 0]), torch.ones(3, 1), None, _cfg(True, 1e-12))
     s = 7.0**0.5
     assert_close(adv[:, 0], torch.tensor([-2.0 / s, -1.0 / s, 3.0 / s]), atol=1e-6, rtol=0)
 
@@ -89,7 +89,7 @@ def test_grpo_non_binary_rewards():
 def test_grpo_singleton_group_gets_zero(scale):
     rewards = torch.tensor([5.0, 1.0, 0.0])
     groups = torch.tensor([0, 1, 1])
-    adv = grpo_advantage(rewards, groups, torch.ones(3, 2), None, _cfg(scale))
+    adv = advantage(grpo_advantage, rewards, groups, torch.ones(3, 2), None, _cfg(scale))
     assert adv[0].abs().max().item() == 0.0
     assert adv[1, 0].item() > 0 and adv[2, 0].item() < 0
 
@@ -98,7 +98,7 @@ def test_grpo_singleton_group_gets_zero(scale):
 def test_grpo_all_equal_group_gets_zero(scale):
     rewards = torch.tensor([0.7, 0.7, 0.7, 0.0, 0.0])
     groups = torch.tensor([0, 0, 0, 1, 1])
-    adv = grpo_advantage(rewards, groups, torch.ones(5, 4), None, _cfg(scale))
+    adv = advantage(grpo_advantage, rewards, groups, torch.ones(5, 4), None, _cfg(scale))
     assert torch.count_nonzero(adv).item() == 0
 
 
@@ -113,7 +113,7 @@ def test_grpo_masking_including_zero_length_response():
     )
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0])
-    adv = grpo_advantage(rewards, groups, mask, None, _cfg(True))
+    adv = advantage(grpo_advantage, rewards, groups, mask, None, _cfg(True))
     a = A0  # same group statistics as group 0 above
     expected = torch.tensor(
         [

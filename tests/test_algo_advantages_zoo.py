@@ -1,15 +1,16 @@
 """dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline and opo against hand-computed values."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from part_calls import advantage
 from torch.testing import assert_close
 
 from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantages import dr_grpo_advantage, opo_advantage, rloo_advantage
 from reinforge.algo.advantages_batch import reinforce_pp_advantage, reinforce_pp_baseline_advantage
-from reinforge.config import AlgoConfig
 
 NEW = {
     "dr_grpo": dr_grpo_advantage,
@@ -41,8 +42,9 @@ def _tokens(per_seq: list[float]) -> torch.Tensor:
     return torch.tensor(per_seq)[:, None] * MASK
 
 
-def _cfg(**kw) -> AlgoConfig:
-    return AlgoConfig(**kw)
+def _cfg(**kw) -> SimpleNamespace:
+    """The options these estimators read, at the defaults they had as flat ``algo`` keys."""
+    return SimpleNamespace(**{"scale_by_std": True, "adv_eps": 1e-6, "gamma": 1.0, **kw})
 
 
 # ----------------------------------------------------------------------------- registry
@@ -68,7 +70,7 @@ def test_arxiv_ids_in_papers():
 
 @pytest.mark.parametrize("name", sorted(NEW))
 def test_masked_positions_zero_finite_and_dtype(name):
-    adv = NEW[name](REWARDS, GROUPS, MASK, None, _cfg())
+    adv = advantage(NEW[name], REWARDS, GROUPS, MASK, None, _cfg())
     assert adv.shape == MASK.shape and adv.dtype == MASK.dtype
     assert torch.isfinite(adv).all()
     assert (adv[MASK == 0] == 0).all()
@@ -81,7 +83,7 @@ def test_masked_positions_zero_finite_and_dtype(name):
 @pytest.mark.parametrize("scale", [True, False])
 def test_dr_grpo_hand_values_never_std_scaled(scale):
     # group means: g0 1, g1 2, g2 7, g3 5 -> r - mean
-    adv = dr_grpo_advantage(REWARDS, GROUPS, MASK, None, _cfg(scale_by_std=scale))
+    adv = advantage(dr_grpo_advantage, REWARDS, GROUPS, MASK, None, _cfg(scale_by_std=scale))
     expected = torch.tensor(
         [
             [-1.0, 0.0, 0.0, 0.0],
@@ -99,8 +101,8 @@ def test_dr_grpo_hand_values_never_std_scaled(scale):
 
 def test_dr_grpo_non_binary_interleaved():
     # g0 = rewards 0.5, 2.0, 0.5 at positions 0, 2, 3 -> mean 1.0; g1 = [4.0] singleton
-    adv = dr_grpo_advantage(
-        torch.tensor([0.5, 4.0, 2.0, 0.5]), torch.tensor([0, 1, 0, 0]), torch.ones(4, 2), None, _cfg()
+    adv = advantage(
+        dr_grpo_advantage, torch.tensor([0.5, 4.0, 2.0, 0.5]), torch.tensor([0, 1, 0, 0]), torch.ones(4, 2), None, _cfg()
     )
     assert_close(adv[:, 0], torch.tensor([-0.5, 0.0, 1.0, -0.5]), atol=1e-7, rtol=0)
     assert_close(adv[:, 1], adv[:, 0])
@@ -113,7 +115,7 @@ def test_dr_grpo_non_binary_interleaved():
 def test_rloo_hand_values(scale):
     # g0 [0, 0, 3]: 0 - (0+3)/2 = -1.5, 0 - 1.5 = -1.5, 3 - (0+0)/2 = 3
     # g1 [1, 3]: 1 - 3 = -2, 3 - 1 = 2;  g2 singleton -> 0;  g3 equal -> 0
-    adv = rloo_advantage(REWARDS, GROUPS, MASK, None, _cfg(scale_by_std=scale))
+    adv = advantage(rloo_advantage, REWARDS, GROUPS, MASK, None, _cfg(scale_by_std=scale))
     assert_close(adv, _tokens([-1.5, -1.5, 3.0, -2.0, 2.0, 0.0, 0.0, 0.0]), atol=1e-7, rtol=0)
     assert adv[2, 1].item() == pytest.approx(3.0)
     assert adv[4, 2].item() == pytest.approx(2.0)
@@ -121,15 +123,15 @@ def test_rloo_hand_values(scale):
 
 def test_rloo_interleaved_groups_and_singleton():
     # g0 = [2, 4, 6] at positions 0, 2, 3: 2 - 5 = -3, 4 - 4 = 0, 6 - 3 = 3; g1 = [10] alone -> 0
-    adv = rloo_advantage(
-        torch.tensor([2.0, 10.0, 4.0, 6.0]), torch.tensor([0, 1, 0, 0]), torch.ones(4, 3), None, _cfg()
+    adv = advantage(
+        rloo_advantage, torch.tensor([2.0, 10.0, 4.0, 6.0]), torch.tensor([0, 1, 0, 0]), torch.ones(4, 3), None, _cfg()
     )
     assert_close(adv, torch.tensor([[-3.0] * 3, [0.0] * 3, [0.0] * 3, [3.0] * 3]), atol=1e-7, rtol=0)
 
 
 def test_rloo_all_singletons_all_zero():
-    adv = rloo_advantage(
-        torch.tensor([1.0, 5.0, -2.0]), torch.tensor([0, 1, 2]), torch.ones(3, 2), None, _cfg()
+    adv = advantage(
+        rloo_advantage, torch.tensor([1.0, 5.0, -2.0]), torch.tensor([0, 1, 2]), torch.ones(3, 2), None, _cfg()
     )
     assert torch.count_nonzero(adv).item() == 0
 
@@ -156,7 +158,7 @@ PP_MASK = torch.tensor(
 def test_reinforce_pp_population_std_and_eps(scale):
     # (r - 2) / (1 + 0.25) = +-0.8; groups are ignored (the all-equal group and the singleton
     # are nonzero)
-    adv = reinforce_pp_advantage(PP_REWARDS, PP_GROUPS, PP_MASK, None, _cfg(adv_eps=0.25, scale_by_std=scale))
+    adv = advantage(reinforce_pp_advantage, PP_REWARDS, PP_GROUPS, PP_MASK, None, _cfg(adv_eps=0.25, scale_by_std=scale))
     expected = torch.tensor(
         [
             [0.8, 0.8, 0.8],
@@ -172,19 +174,19 @@ def test_reinforce_pp_population_std_and_eps(scale):
 
 def test_reinforce_pp_default_eps_non_symmetric():
     # rewards 0, 0, 0, 4: mean 1, deviations -1 -1 -1 3, pop var (1+1+1+9)/4 = 3
-    adv = reinforce_pp_advantage(
-        torch.tensor([0.0, 0.0, 0.0, 4.0]), torch.tensor([0, 0, 1, 2]), torch.ones(4, 1), None, _cfg()
+    adv = advantage(
+        reinforce_pp_advantage, torch.tensor([0.0, 0.0, 0.0, 4.0]), torch.tensor([0, 0, 1, 2]), torch.ones(4, 1), None, _cfg()
     )
     s = 1.7320508075688772 + 1e-6  # sqrt(3) + eps
     assert_close(adv[:, 0], torch.tensor([-1 / s, -1 / s, -1 / s, 3 / s]), atol=1e-6, rtol=0)
 
 
 def test_reinforce_pp_equal_batch_and_batch_of_one_zero():
-    adv = reinforce_pp_advantage(
-        torch.tensor([2.0, 2.0, 2.0]), torch.tensor([0, 0, 1]), torch.ones(3, 2), None, _cfg()
+    adv = advantage(
+        reinforce_pp_advantage, torch.tensor([2.0, 2.0, 2.0]), torch.tensor([0, 0, 1]), torch.ones(3, 2), None, _cfg()
     )
     assert torch.count_nonzero(adv).item() == 0
-    one = reinforce_pp_advantage(torch.tensor([5.0]), torch.tensor([0]), torch.ones(1, 3), None, _cfg())
+    one = advantage(reinforce_pp_advantage, torch.tensor([5.0]), torch.tensor([0]), torch.ones(1, 3), None, _cfg())
     assert torch.isfinite(one).all() and torch.count_nonzero(one).item() == 0
 
 
@@ -194,7 +196,7 @@ def test_reinforce_pp_equal_batch_and_batch_of_one_zero():
 def test_reinforce_pp_baseline_shared_batch():
     # d = r - mean_g = [-1, -1, 2, -1, 1, 0, 0, 0]; mean 0; pop var (1+1+4+1+1)/8 = 1
     # (unbiased would be 8/7) -> A = d / (1 + 0.25)
-    adv = reinforce_pp_baseline_advantage(REWARDS, GROUPS, MASK, None, _cfg(adv_eps=0.25))
+    adv = advantage(reinforce_pp_baseline_advantage, REWARDS, GROUPS, MASK, None, _cfg(adv_eps=0.25))
     assert_close(adv, _tokens([-0.8, -0.8, 1.6, -0.8, 0.8, 0.0, 0.0, 0.0]), atol=1e-7, rtol=0)
 
 
@@ -204,14 +206,14 @@ def test_reinforce_pp_baseline_one_scale_for_the_whole_batch():
     # (GRPO would give both pairs the same +-0.707; here the wide group keeps the larger advantage)
     rewards = torch.tensor([0.0, 6.0, 0.0, 2.0, 9.0])
     groups = torch.tensor([0, 0, 1, 1, 2])
-    adv = reinforce_pp_baseline_advantage(rewards, groups, torch.ones(5, 2), None, _cfg(adv_eps=1.0))
+    adv = advantage(reinforce_pp_baseline_advantage, rewards, groups, torch.ones(5, 2), None, _cfg(adv_eps=1.0))
     expected = torch.tensor([-1.0, 1.0, -1.0 / 3, 1.0 / 3, 0.0])
     assert_close(adv, expected[:, None].expand(5, 2), atol=1e-7, rtol=0)
 
 
 def test_reinforce_pp_baseline_all_equal_groups_zero():
-    adv = reinforce_pp_baseline_advantage(
-        torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 4.0]),
+    adv = advantage(
+        reinforce_pp_baseline_advantage, torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 4.0]),
         torch.tensor([0, 0, 1, 1, 1, 2]),
         torch.ones(6, 2),
         None,
@@ -229,7 +231,7 @@ def test_opo_shared_batch_length_weighted(scale):
     #     (the zero-length row's reward does not enter the baseline; the plain mean would be 1)
     # g1: l = [1, 3], r = [1, 3] -> b = (1 + 9) / 4 = 2.5 -> [-1.5, 0.5]
     # g2: singleton -> b = 7 -> 0;  g3: equal rewards -> 0
-    adv = opo_advantage(REWARDS, GROUPS, MASK, None, _cfg(scale_by_std=scale))
+    adv = advantage(opo_advantage, REWARDS, GROUPS, MASK, None, _cfg(scale_by_std=scale))
     expected = torch.tensor(
         [
             [-2.0, 0.0, 0.0, 0.0],
@@ -248,14 +250,14 @@ def test_opo_shared_batch_length_weighted(scale):
 def test_opo_two_sample_group():
     # r = [1, 0], l = [3, 1] -> b = 3/4 -> [0.25, -0.75]
     mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
-    adv = opo_advantage(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask, None, _cfg())
+    adv = advantage(opo_advantage, torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask, None, _cfg())
     assert_close(adv, torch.tensor([[0.25, 0.25, 0.25], [0.0, -0.75, 0.0]]), atol=1e-7, rtol=0)
 
 
 def test_opo_equal_lengths_is_group_mean():
     # all l = 2 -> b = mean = 0.5
-    adv = opo_advantage(
-        torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([0, 0, 0, 0]), torch.ones(4, 2), None, _cfg()
+    adv = advantage(
+        opo_advantage, torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([0, 0, 0, 0]), torch.ones(4, 2), None, _cfg()
     )
     assert_close(adv[:, 0], torch.tensor([0.5, -0.5, -0.5, 0.5]), atol=1e-7, rtol=0)
 
@@ -264,6 +266,6 @@ def test_opo_all_zero_length_group_gets_zero_not_nan():
     # g0 has lengths [0, 0] and different rewards: 0/0 baseline must become 0, not NaN
     # g1: r = [2, 0], l = [1, 1] -> b = 1 -> [1, -1]
     mask = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
-    adv = opo_advantage(torch.tensor([1.0, 0.0, 2.0, 0.0]), torch.tensor([0, 0, 1, 1]), mask, None, _cfg())
+    adv = advantage(opo_advantage, torch.tensor([1.0, 0.0, 2.0, 0.0]), torch.tensor([0, 0, 1, 1]), mask, None, _cfg())
     assert not math.isnan(adv.sum().item())
     assert_close(adv, torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [0.0, -1.0]]), atol=1e-7, rtol=0)

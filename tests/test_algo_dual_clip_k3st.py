@@ -5,12 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from part_calls import policy_loss
 from torch.testing import assert_close
 
 from reinforge.algo import KL_ESTIMATORS, POLICY_LOSSES
 from reinforge.algo.kl import kl_k2, kl_k3, kl_k3_st
-from reinforge.algo.losses import ppo_clip_loss
-from reinforge.config import AlgoConfig
+from reinforge.algo.losses import PPOClipSettings, ppo_clip_loss
 
 DUAL = SimpleNamespace(clip_low=0.2, clip_high=0.28, dual_clip=3.0)  # clip range [0.8, 1.28], cap c = 3
 OFF = SimpleNamespace(clip_low=0.2, clip_high=0.28)
@@ -31,7 +31,7 @@ def _run(cfg, requires_grad=False):
     ratios, advs, *_ = zip(*CASES, strict=True)
     logp = torch.tensor([math.log(r) for r in ratios], dtype=torch.float64, requires_grad=requires_grad)
     adv = torch.tensor(advs, dtype=torch.float64)
-    loss, metrics = ppo_clip_loss(logp, torch.zeros_like(logp), adv, torch.ones_like(adv), cfg)
+    loss, metrics = policy_loss(ppo_clip_loss, logp, torch.zeros_like(logp), adv, torch.ones_like(adv), cfg)
     return logp, loss, metrics
 
 
@@ -64,7 +64,7 @@ def test_dual_clip_off_is_unchanged_and_metric_present():
 
 
 def test_dual_clip_with_algo_config_and_invalid_constant():
-    _, loss, metrics = _run(AlgoConfig(clip_low=0.2, clip_high=0.28, dual_clip=3.0))
+    _, loss, metrics = _run(PPOClipSettings(clip_low=0.2, clip_high=0.28, dual_clip=3.0))
     assert metrics["dual_clip_frac"].sum().item() == 2.0
     assert loss[0].item() == pytest.approx(3.0)
     with pytest.raises(ValueError, match="dual_clip"):

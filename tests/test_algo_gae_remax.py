@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
+from part_calls import advantage
 from torch.testing import assert_close
 
 from reinforge.algo import ADVANTAGES, gae_advantages_and_returns, outcome_token_rewards, returns_to_go
 from reinforge.algo.advantages import grpo_advantage
 from reinforge.algo.advantages_batch import gae_advantage, reinforce_pp_advantage, remax_advantage
-from reinforge.config import AlgoConfig
 
 OUTCOME = ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "opo", "remax"]
 
@@ -59,8 +59,8 @@ def test_grpo_with_token_rewards_hand_values():
     # row 1 mask [1, 1, 0, 0], tr [-1, -1, 9, 9]: G1 = -1, G0 = -1 + 0.5 * -1 = -1.5 -> [-2.0, -2.0 + 0.5, 0, 0]
     mask = torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
     tr = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-1.0, -1.0, 9.0, 9.0]])
-    cfg = AlgoConfig(scale_by_std=False, gamma=0.5)
-    adv = grpo_advantage(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask, None, cfg, token_rewards=tr)
+    cfg = dict(scale_by_std=False, gamma=0.5)
+    adv = advantage(grpo_advantage, torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask, None, cfg, token_rewards=tr)
     assert_close(adv, torch.tensor([[4.0, 0.0, 5.5, 4.5], [-2.0, -1.5, 0.0, 0.0]]))
     assert adv.dtype == mask.dtype
 
@@ -93,21 +93,21 @@ BASELINE = torch.tensor([0.5, 0.5, 1.0, 1.0, 4.0])
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
 def test_outcome_estimators_add_returns_to_go(name, gamma):
     fn = ADVANTAGES.get(name)
-    cfg = AlgoConfig(gamma=gamma)
-    plain = fn(REWARDS, GROUPS, MASK, None, cfg, baseline=BASELINE)
-    with_tr = fn(REWARDS, GROUPS, MASK, None, cfg, token_rewards=TOKEN_R, baseline=BASELINE)
+    cfg = ADVANTAGES.entry(name).make_settings({"gamma": gamma}, name)
+    plain = advantage(fn, REWARDS, GROUPS, MASK, None, cfg, baseline=BASELINE)
+    with_tr = advantage(fn, REWARDS, GROUPS, MASK, None, cfg, token_rewards=TOKEN_R, baseline=BASELINE)
     assert_close(with_tr - plain, returns_to_go(TOKEN_R, MASK, gamma), atol=1e-6, rtol=0)
     assert (with_tr[MASK == 0] == 0).all() and (with_tr[2] == 0).all()
     assert with_tr.dtype == MASK.dtype
     # zero token rewards change nothing (bit-identical)
-    zero_tr = fn(REWARDS, GROUPS, MASK, None, cfg, token_rewards=torch.zeros_like(TOKEN_R), baseline=BASELINE)
+    zero_tr = advantage(fn, REWARDS, GROUPS, MASK, None, cfg, token_rewards=torch.zeros_like(TOKEN_R), baseline=BASELINE)
     assert torch.equal(zero_tr, plain)
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGES.names()))
 def test_every_estimator_accepts_the_keyword_arguments(name):
     values = torch.zeros_like(MASK)
-    adv = ADVANTAGES.get(name)(REWARDS, GROUPS, MASK, values, AlgoConfig(), token_rewards=TOKEN_R, baseline=BASELINE)
+    adv = advantage(name, REWARDS, GROUPS, MASK, values, None, token_rewards=TOKEN_R, baseline=BASELINE)
     assert adv.shape == MASK.shape and adv.dtype == MASK.dtype
     assert torch.isfinite(adv).all() and (adv[MASK == 0] == 0).all()
 
@@ -133,8 +133,8 @@ PP_GROUPS = torch.tensor([0, 0, 1])
 
 
 def test_reinforce_pp_token_form_hand_values():
-    adv = reinforce_pp_advantage(
-        PP_REWARDS, PP_GROUPS, PP_MASK, None, AlgoConfig(adv_eps=0.25), token_rewards=PP_TR
+    adv = advantage(
+        reinforce_pp_advantage, PP_REWARDS, PP_GROUPS, PP_MASK, None, dict(adv_eps=0.25), token_rewards=PP_TR
     )
     assert_close(adv, torch.tensor([[0.8, -0.8, 0.0], [-0.8, 0.0, 0.8], [0.0, 0.0, 0.0]]), atol=1e-7, rtol=0)
     assert adv.dtype == PP_MASK.dtype
@@ -143,8 +143,8 @@ def test_reinforce_pp_token_form_hand_values():
 def test_reinforce_pp_token_form_discounted():
     # gamma 0.5: row 0 G1 = 1, G0 = 2 + 0.5 = 2.5; row 1 G2 = 3, G0 = -2 + 0.5 * 3 = -0.5
     # G = 2.5, 1, -0.5, 3: mean 1.5, deviations 1, -0.5, -2, 1.5, population var 7.5 / 4 = 1.875
-    adv = reinforce_pp_advantage(
-        PP_REWARDS, PP_GROUPS, PP_MASK, None, AlgoConfig(adv_eps=1e-6, gamma=0.5), token_rewards=PP_TR
+    adv = advantage(
+        reinforce_pp_advantage, PP_REWARDS, PP_GROUPS, PP_MASK, None, dict(adv_eps=1e-6, gamma=0.5), token_rewards=PP_TR
     )
     s = math.sqrt(1.875) + 1e-6
     expected = torch.tensor([[1.0 / s, -0.5 / s, 0.0], [-2.0 / s, 0.0, 1.5 / s], [0.0, 0.0, 0.0]])
@@ -152,8 +152,8 @@ def test_reinforce_pp_token_form_discounted():
 
 
 def test_reinforce_pp_token_form_empty_batch_is_zero():
-    adv = reinforce_pp_advantage(
-        PP_REWARDS, PP_GROUPS, torch.zeros(3, 3), None, AlgoConfig(), token_rewards=PP_TR
+    adv = advantage(
+        reinforce_pp_advantage, PP_REWARDS, PP_GROUPS, torch.zeros(3, 3), None, None, token_rewards=PP_TR
     )
     assert torch.isfinite(adv).all() and torch.count_nonzero(adv).item() == 0
 
@@ -164,22 +164,22 @@ def test_reinforce_pp_token_form_empty_batch_is_zero():
 def test_remax_hand_values_and_masking():
     # A = r - b = [1 - 0.5, 0 - 0.5, 0.5 - 0.5]; row 1 zero-length; groups are ignored
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
-    adv = remax_advantage(
-        torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0, 0, 1]), mask, None, AlgoConfig(),
+    adv = advantage(
+        remax_advantage, torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0, 0, 1]), mask, None, None,
         baseline=torch.tensor([0.5, 0.5, 0.5]),
     )
     assert_close(adv, torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
     # a group of one still has a baseline: r = 3, b = 1 -> 2
-    one = remax_advantage(
-        torch.tensor([3.0]), torch.tensor([0]), torch.ones(1, 2), None, AlgoConfig(), baseline=torch.tensor([1.0])
+    one = advantage(
+        remax_advantage, torch.tensor([3.0]), torch.tensor([0]), torch.ones(1, 2), None, None, baseline=torch.tensor([1.0])
     )
     assert_close(one, torch.tensor([[2.0, 2.0]]))
 
 
 def test_remax_with_token_rewards():
     # A = 1 - 0.25 = 0.75; tr [0.5, -1] over mask [1, 1], gamma 1: rtg [-0.5, -1] -> [0.25, -0.25]
-    adv = remax_advantage(
-        torch.tensor([1.0]), torch.tensor([0]), torch.ones(1, 2), None, AlgoConfig(),
+    adv = advantage(
+        remax_advantage, torch.tensor([1.0]), torch.tensor([0]), torch.ones(1, 2), None, None,
         token_rewards=torch.tensor([[0.5, -1.0]]), baseline=torch.tensor([0.25]),
     )
     assert_close(adv, torch.tensor([[0.25, -0.25]]))
@@ -187,10 +187,10 @@ def test_remax_with_token_rewards():
 
 def test_remax_requires_baseline():
     with pytest.raises(ValueError, match="baseline"):
-        remax_advantage(torch.tensor([1.0]), torch.tensor([0]), torch.ones(1, 2), None, AlgoConfig())
+        advantage(remax_advantage, torch.tensor([1.0]), torch.tensor([0]), torch.ones(1, 2), None, None)
     with pytest.raises(ValueError, match="shape"):
-        remax_advantage(
-            torch.tensor([1.0]), torch.tensor([0]), torch.ones(1, 2), None, AlgoConfig(), baseline=torch.ones(2)
+        advantage(
+            remax_advantage, torch.tensor([1.0]), torch.tensor([0]), torch.ones(1, 2), None, None, baseline=torch.ones(2)
         )
 
 
@@ -255,13 +255,13 @@ E_V = torch.tensor([[-1.0, 0.5, 7.0], [1.0, -2.0, 0.0], [3.0, 3.0, 3.0]])
 
 def test_gae_estimator_unscaled_and_whitened():
     groups = torch.tensor([0, 1, 2])
-    raw = gae_advantage(
-        E_REWARDS, groups, E_MASK, E_V, AlgoConfig(gamma=1.0, lam=1.0, scale_by_std=False), token_rewards=E_TR
+    raw = advantage(
+        gae_advantage, E_REWARDS, groups, E_MASK, E_V, dict(gamma=1.0, lam=1.0, scale_by_std=False), token_rewards=E_TR
     )
     assert_close(raw, torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]))
     assert raw.dtype == E_MASK.dtype
-    white = gae_advantage(
-        E_REWARDS, groups, E_MASK, E_V, AlgoConfig(gamma=1.0, lam=1.0, adv_eps=0.25), token_rewards=E_TR
+    white = advantage(
+        gae_advantage, E_REWARDS, groups, E_MASK, E_V, dict(gamma=1.0, lam=1.0, adv_eps=0.25), token_rewards=E_TR
     )
     assert_close(white, torch.tensor([[0.8, -0.8, 0.0], [0.0, 0.8, -0.8], [0.0, 0.0, 0.0]]), atol=1e-7, rtol=0)
 
@@ -270,17 +270,17 @@ def test_gae_estimator_without_token_rewards_puts_reward_on_last_token():
     # gamma 0.5, lam 1, V = 0: A_t = 0.5^(steps to the last masked token) * r
     # row 0: [0.25, 0.5, 1] * 4; row 1 (mask [1, 0, 1]): [0.5 * 2, 0, 2]
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
-    adv = gae_advantage(
-        torch.tensor([4.0, 2.0]), torch.tensor([0, 0]), mask, torch.zeros(2, 3),
-        AlgoConfig(gamma=0.5, lam=1.0, scale_by_std=False),
+    adv = advantage(
+        gae_advantage, torch.tensor([4.0, 2.0]), torch.tensor([0, 0]), mask, torch.zeros(2, 3),
+        dict(gamma=0.5, lam=1.0, scale_by_std=False),
     )
     assert_close(adv, torch.tensor([[1.0, 2.0, 4.0], [1.0, 0.0, 2.0]]))
 
 
 def test_gae_estimator_requires_values_and_handles_empty_batch():
     with pytest.raises(ValueError, match="values"):
-        gae_advantage(E_REWARDS, torch.tensor([0, 1, 2]), E_MASK, None, AlgoConfig())
-    adv = gae_advantage(E_REWARDS, torch.tensor([0, 1, 2]), torch.zeros(3, 3), E_V, AlgoConfig())
+        advantage(gae_advantage, E_REWARDS, torch.tensor([0, 1, 2]), E_MASK, None, None)
+    adv = advantage(gae_advantage, E_REWARDS, torch.tensor([0, 1, 2]), torch.zeros(3, 3), E_V, None)
     assert torch.isfinite(adv).all() and torch.count_nonzero(adv).item() == 0
 
 

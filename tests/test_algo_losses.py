@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from part_calls import policy_loss
 from torch.testing import assert_close
 
 from reinforge.algo import LOSS_AGG, POLICY_LOSSES
@@ -25,7 +26,7 @@ def _ppo(ratios, advs, cfg=CFG, requires_grad=False):
     logp = torch.tensor([math.log(r) for r in ratios], dtype=torch.float64, requires_grad=requires_grad)
     old = torch.zeros_like(logp)
     adv = torch.tensor(advs, dtype=torch.float64)
-    loss, metrics = ppo_clip_loss(logp, old, adv, torch.ones_like(adv), cfg)
+    loss, metrics = policy_loss(ppo_clip_loss, logp, old, adv, torch.ones_like(adv), cfg)
     return logp, loss, metrics
 
 
@@ -96,7 +97,7 @@ def test_ppo_clip_on_policy_gradient_is_minus_advantage():
     # logp == old_logp: ratio 1 everywhere, gradient -A (the REINFORCE gradient)
     logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     adv = torch.tensor([[0.5, -1.5, 2.0]])
-    loss, metrics = ppo_clip_loss(logp, logp.detach(), adv, torch.ones_like(adv), CFG)
+    loss, metrics = policy_loss(ppo_clip_loss, logp, logp.detach(), adv, torch.ones_like(adv), CFG)
     loss.sum().backward()
     assert_close(logp.grad, torch.tensor([[-0.5, 1.5, -2.0]]))
     assert metrics["clip_frac"].sum().item() == 0.0
@@ -187,12 +188,13 @@ def test_aggregation_micro_batch_invariance_through_ppo(name):
     mask[2] = 0.0
     norm = AggNorm.of(mask, 5.0)
 
-    full = agg(ppo_clip_loss(logp, old, adv, mask, CFG)[0], mask, norm)
+    full = agg(policy_loss(ppo_clip_loss, logp, old, adv, mask, CFG)[0], mask, norm)
     (grad_full,) = torch.autograd.grad(full, logp)
     total = 0.0
     for rows in MICRO_SPLIT:
         idx = torch.tensor(rows)
-        total = total + agg(ppo_clip_loss(logp[idx], old[idx], adv[idx], mask[idx], CFG)[0], mask[idx], norm)
+        part_loss = policy_loss(ppo_clip_loss, logp[idx], old[idx], adv[idx], mask[idx], CFG)[0]
+        total = total + agg(part_loss, mask[idx], norm)
     (grad_split,) = torch.autograd.grad(total, logp)
     assert_close(total, full, atol=1e-6, rtol=0)
     assert_close(grad_split, grad_full, atol=1e-6, rtol=0)

@@ -4,6 +4,7 @@ import math
 from types import SimpleNamespace
 
 import torch
+from part_calls import policy_loss
 
 from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm
 
@@ -21,7 +22,7 @@ def test_gspo_sequence_ratio_value_and_clip():
     logp = torch.tensor([[LOG(1.1), 0.0, 0.0], [LOG(2.0), LOG(2.0), 5.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     adv = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
-    loss, m = POLICY_LOSSES.get("gspo")(logp, old, adv, mask, _cfg())
+    loss, m = policy_loss("gspo", logp, old, adv, mask, _cfg())
     s0 = math.sqrt(1.1)
     torch.testing.assert_close(loss[0, :2], torch.tensor([-s0, -s0]))
     torch.testing.assert_close(loss[1, :2], torch.tensor([-1.2, -1.2]))
@@ -36,7 +37,7 @@ def test_gspo_token_form_gradient_equals_sequence_objective():
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     a = torch.tensor([0.5, -1.0, 2.0])
     logp = (old + torch.randn(3, 4) * 0.01).requires_grad_(True)
-    loss, _ = POLICY_LOSSES.get("gspo")(logp, old, a[:, None] * mask, mask, _cfg(clip_low=0.5, clip_high=0.5))
+    loss, _ = policy_loss("gspo", logp, old, a[:, None] * mask, mask, _cfg(clip_low=0.5, clip_high=0.5))
     LOSS_AGG.get("seq_mean_token_mean")(loss, mask, AggNorm.of(mask)).backward()
     g_token = logp.grad.clone()
     logp.grad = None
@@ -51,7 +52,7 @@ def test_cispo_values_and_gradient_reaches_clipped_tokens():
     logp = torch.tensor([[0.0, LOG(1.5), LOG(0.5)]], requires_grad=True)
     adv = torch.tensor([[2.0, -1.0, 1.0]])
     mask = torch.ones(1, 3)
-    loss, m = POLICY_LOSSES.get("cispo")(logp, old, adv, mask, _cfg())
+    loss, m = policy_loss("cispo", logp, old, adv, mask, _cfg())
     expected = torch.tensor([[-1.0 * 2.0 * 0.0, 1.2 * LOG(1.5), -0.8 * 1.0 * LOG(0.5)]])
     torch.testing.assert_close(loss.detach(), expected)
     assert m["clip_frac"].tolist() == [[0.0, 1.0, 1.0]]
@@ -67,7 +68,7 @@ def test_ppo_clip_drops_gradient_where_cispo_keeps_it():
     grads = {}
     for name in ("ppo_clip", "cispo"):
         logp = torch.full((1, 1), LOG(1.5), requires_grad=True)  # ratio 1.5 > 1 + 0.2 with A > 0
-        POLICY_LOSSES.get(name)(logp, old, adv, mask, _cfg())[0].sum().backward()
+        policy_loss(name, logp, old, adv, mask, _cfg())[0].sum().backward()
         grads[name] = logp.grad.item()
     assert grads["ppo_clip"] == 0.0
     assert abs(grads["cispo"] - (-1.2)) < 1e-6
@@ -78,13 +79,13 @@ def test_reinforce_plain_and_truncated_is():
     logp = torch.tensor([[LOG(3.0), LOG(0.5)]], requires_grad=True)
     adv = torch.tensor([[1.0, -2.0]])
     mask = torch.ones(1, 2)
-    loss, m = POLICY_LOSSES.get("reinforce")(logp, old, adv, mask, _cfg())
+    loss, m = policy_loss("reinforce", logp, old, adv, mask, _cfg())
     torch.testing.assert_close(loss.detach(), torch.tensor([[-LOG(3.0), 2.0 * LOG(0.5)]]))
     loss.sum().backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, 2.0]]))
     assert m["clip_frac"].sum() == 0
     logp.grad = None
-    loss, m = POLICY_LOSSES.get("reinforce")(logp, old, adv, mask, _cfg(tis_cap=2.0))
+    loss, m = policy_loss("reinforce", logp, old, adv, mask, _cfg(tis_cap=2.0))
     loss.sum().backward()
     # weights min(3, 2) = 2 and min(0.5, 2) = 0.5
     torch.testing.assert_close(logp.grad, torch.tensor([[-2.0, 1.0]]))

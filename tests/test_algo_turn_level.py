@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from part_calls import advantage
 
 from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantages import grpo_advantage, grpo_turn_advantage, turn_returns
@@ -39,11 +40,11 @@ def test_grpo_turn_hand_computed():
     assert tr[0].tolist() == [0, 0, 0.5, 0.5, 0, 1.0, 1.0] and tr[1].tolist() == [0.0] * 7
     rewards, groups = torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
     # G_0 = [0.5, 0]: mean 0.25; no std scaling: turn 0 -> 0.25, turn 1 -> 0.75; episode 1 -> -0.25
-    adv = grpo_turn_advantage(rewards, groups, mask, None, _cfg(scale=False), turn_returns=tr)
+    adv = advantage(grpo_turn_advantage, rewards, groups, mask, None, _cfg(scale=False), turn_returns=tr)
     assert adv[0].tolist() == [0, 0, 0.25, 0.25, 0, 0.75, 0.75]
     assert adv[1].tolist() == [0, 0, -0.25, -0.25, 0, -0.25, -0.25]
     # unbiased std of [0.5, 0] = 0.353553...
-    adv = grpo_turn_advantage(rewards, groups, mask, None, _cfg(scale=True), turn_returns=tr)
+    adv = advantage(grpo_turn_advantage, rewards, groups, mask, None, _cfg(scale=True), turn_returns=tr)
     assert adv[0, 2].item() == pytest.approx(0.25 / (0.5 ** 0.5 / 2 + 1e-6))
     assert adv[0, 5].item() == pytest.approx(0.75 / (0.5 ** 0.5 / 2 + 1e-6))
 
@@ -52,14 +53,15 @@ def test_grpo_turn_reduces_to_grpo_for_one_turn():
     mask = torch.tensor([[0, 1, 1], [0, 1, 0], [0, 1, 1]], dtype=torch.float32)
     rewards, groups = torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0, 0, 0])
     cfg = _cfg(scale=True)
-    torch.testing.assert_close(grpo_turn_advantage(rewards, groups, mask, None, cfg),
-                               grpo_advantage(rewards, groups, mask, None, cfg))
+    torch.testing.assert_close(advantage(grpo_turn_advantage, rewards, groups, mask, None, cfg),
+                               advantage(grpo_advantage, rewards, groups, mask, None, cfg))
 
 
 def test_registered_and_built_by_the_batch():
     assert ADVANTAGES.get("grpo_turn") is grpo_turn_advantage
     trajs, _ = _two_episodes()
-    batch, _ = build_batch(trajs, AlgoConfig(advantage="grpo_turn", gamma=0.5, skip_equal_reward_groups=False), 0)
+    turn = AlgoConfig(advantage={"name": "grpo_turn", "gamma": 0.5}, skip_equal_reward_groups=False)
+    batch, _ = build_batch(trajs, turn, 0)
     assert batch.turn_returns is not None and batch.turn_returns[0, 5].item() == 1.0
     batch, _ = build_batch(trajs, AlgoConfig(advantage="grpo", skip_equal_reward_groups=False), 0)
     assert batch.turn_returns is None

@@ -23,9 +23,9 @@ def half_credit(task, completion: str) -> RewardResult:
 
 def test_arguments_become_the_command_lines_overrides():
     assert _overrides(model="tiny-base", task="arithmetic", reward="exact_match", preset="dapo", plugins=["p.py"],
-                      train={"steps": 5, "lr": 1e-4}, **{"algo.clip_high": 0.28}) == [
+                      train={"steps": 5, "lr": 1e-4}, **{"algo.policy_loss.clip_high": 0.28}) == [
         "preset=dapo", 'plugins=["p.py"]', 'model.path="tiny-base"', 'task.kind="arithmetic"',
-        'task.verifier="exact_match"', "train.steps=5", "train.lr=0.0001", "algo.clip_high=0.28"]
+        'task.verifier="exact_match"', "train.steps=5", "train.lr=0.0001", "algo.policy_loss.clip_high=0.28"]
     assert _overrides(model=None, task={"kind": "arithmetic", "digits": 1}, reward=half_credit, preset=None,
                       plugins=None) == [f'task.verifier="{__name__}:half_credit"', 'task.kind="arithmetic"',
                                         "task.digits=1"]
@@ -39,11 +39,11 @@ def test_train_in_one_call_with_your_own_reward(tmp_path):
     run = reinforge.train(
         preset="grpo", model="tiny-base", task="arithmetic", reward=half_credit, output_dir=str(tmp_path),
         train={"steps": 2, "time_limit_s": 0}, rollout={"prompts_per_step": 4, "group_size": 4},
-        eval={"final_samples": 0}, log={"report": False}, **{"algo.clip_high": 0.28, "task.heldout_size": 8},
+        eval={"final_samples": 0}, log={"report": False}, **{"algo.policy_loss.clip_high": 0.28, "task.heldout_size": 8},
     )
     assert run.steps == 2 and run.heldout_before is not None
     saved = yaml.safe_load((run.run_dir / "config.yaml").read_text())
-    assert saved["algo"]["clip_high"] == 0.28 and saved["task"]["verifier"] == f"{__name__}:half_credit"
+    assert saved["algo"]["policy_loss"]["clip_high"] == 0.28 and saved["task"]["verifier"] == f"{__name__}:half_credit"
     steps = [m for m in run.metrics() if "reward/mean" in m]
     assert len(steps) == 2 and len(CALLS) >= 2 * 16  # every training completion went through it
     assert all(0.0 <= m["reward/mean"] <= 1.0 for m in steps)

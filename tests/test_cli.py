@@ -24,9 +24,9 @@ def test_help_is_fast_and_lists_commands():
 
 
 def test_bad_override_fails_before_work_with_one_message(tmp_path):
-    out = _run("train", "algo.clip_hgh=0.3", cwd=tmp_path)
+    out = _run("train", "algo.policy_loss.clip_hgh=0.3", cwd=tmp_path)
     assert out.returncode == 2
-    assert "algo.clip_hgh" in out.stderr and "clip_high" in out.stderr
+    assert "algo.policy_loss.clip_hgh" in out.stderr and "clip_high" in out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     assert not (tmp_path / "runs").exists()
 

@@ -192,3 +192,11 @@ def test_eval_with_a_multi_turn_recipe_plays_its_episodes(tmp_path):
         heldout = build_task_splits(load_config(recipe).task).heldout  # the recipe's split
         expected = evaluate(engine, heldout, None, 5, player=play(collector)).greedy_accuracy
     assert multi_acc == expected
+
+
+def test_the_flat_overlong_keys_say_where_they_moved():
+    with pytest.raises(ConfigError, match=r"algo.overlong_buffer: moved: use algo.reward_shapers: "
+                                          r"\[\{name: overlong_penalty, params: \{buffer: 0.25\}\}\]"):
+        load_config(None, ["algo.overlong_buffer=0.25"])
+    with pytest.raises(ConfigError, match=r"algo.overlong_filter: moved: .*\{name: overlong_filter\}"):
+        load_config(None, ["algo.overlong_filter=true"])

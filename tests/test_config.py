@@ -5,8 +5,8 @@ from reinforge.errors import ConfigError
 
 
 def test_default_recipe_loads_and_overrides_apply():
-    cfg = load_config(None, ["algo.clip_high=0.28", "train.steps=50", 'rollout.stop=["\\n"]'])
-    assert cfg.algo.clip_high == 0.28
+    cfg = load_config(None, ["algo.policy_loss.clip_high=0.28", "train.steps=50", 'rollout.stop=["\\n"]'])
+    assert cfg.algo.policy_loss.settings.clip_high == 0.28
     assert cfg.train.steps == 50
     assert cfg.rollout.stop == ["\n"]
     assert cfg.model.path == "tiny-base"
@@ -14,9 +14,9 @@ def test_default_recipe_loads_and_overrides_apply():
 
 def test_unknown_key_names_the_key_and_allowed_keys():
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["algo.clip_hgh=0.3"])
+        load_config(None, ["algo.policy_loss.clip_hgh=0.3"])
     msg = str(e.value)
-    assert "algo.clip_hgh" in msg and "unknown key" in msg and "clip_high" in msg
+    assert "algo.policy_loss.clip_hgh" in msg and "unknown key" in msg and "clip_high" in msg
 
 
 def test_unknown_registered_name_lists_allowed_values():

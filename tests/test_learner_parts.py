@@ -64,7 +64,7 @@ def test_kl_in_reward_adds_token_returns_to_the_advantage(tmp_path):
     plain = load_config(None, ["algo.advantage=rloo"]).algo
     from reinforge.algo.advantages import rloo_advantage
 
-    outcome = rloo_advantage(batch.rewards, batch.group_index, mask, None, plain)
+    outcome = rloo_advantage(batch.rewards, batch.group_index, mask, plain.advantage.settings)
     expected = outcome + returns_to_go(-0.5 * kl, mask, 1.0)
     torch.testing.assert_close(batch.advantages, expected.float(), atol=1e-5, rtol=1e-5)
     assert metrics["kl_ref"] == pytest.approx(float(kl.sum() / mask.sum()), rel=1e-4)

@@ -93,6 +93,17 @@ def test_policy_loss_reads_the_sampling_logprobs_and_lengths(tmp_path, plugin_fi
     assert all(0.5 < m["train/behaviour_weight"] <= 2.0 for m in steps)  # ~1: the sampler is the policy
 
 
+def test_a_plugin_part_takes_its_options_inline(plugin_files):
+    plugin = f"plugins=[{plugin_files['policy_loss']}]"
+    cfg = load_config(None, [plugin, "algo.policy_loss={name: behaviour_weighted_pg, cap: 1.5}"])
+    assert cfg.algo.policy_loss == "behaviour_weighted_pg" and cfg.algo.policy_loss.settings.cap == 1.5
+    assert load_config(None, [plugin, "algo.policy_loss=behaviour_weighted_pg"]).algo.policy_loss.settings.cap == 2.0
+    with pytest.raises(ConfigError, match="algo.policy_loss.cap: Input should be greater than 0"):
+        load_config(None, [plugin, "algo.policy_loss={name: behaviour_weighted_pg, cap: 0}"])
+    with pytest.raises(ConfigError, match="algo.policy_loss.clip_high: unknown key"):
+        load_config(None, [plugin, "algo.policy_loss={name: behaviour_weighted_pg, clip_high: 0.3}"])
+
+
 @pytest.mark.slow
 def test_extra_loss_term(tmp_path, plugin_files):
     _, steps = _run(tmp_path, plugin_files["loss_term"], "algo.loss_terms=[{name: nll_on_correct, coef: 0.1}]")

@@ -45,7 +45,8 @@ def test_preset_parts(name, parts):
 
 def test_dapo_data_side_and_clip_higher():
     a = config_from_dict({"preset": "dapo"}).algo
-    assert (a.clip_low, a.clip_high, a.dynamic_sampling, a.reward_shapers[0].settings().buffer) == (0.2, 0.28, True, 0.2)
+    clip = a.policy_loss.settings
+    assert (clip.clip_low, clip.clip_high, a.dynamic_sampling, a.reward_shapers[0].settings().buffer) == (0.2, 0.28, True, 0.2)
 
 
 def test_baseline_presets_keep_equal_reward_groups():
@@ -56,9 +57,10 @@ def test_baseline_presets_keep_equal_reward_groups():
 
 def test_recipe_and_overrides_win_over_preset(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({"preset": "dapo", "algo": {"clip_high": 0.3}, "train": {"steps": 7}}))
+    recipe.write_text(yaml.safe_dump({"preset": "dapo", "algo": {"policy_loss": {"clip_high": 0.3}}, "train": {"steps": 7}}))
     cfg = load_config(recipe, ["algo.kl.coef=0.1"])
-    assert cfg.algo.clip_high == 0.3 and cfg.algo.clip_low == 0.2 and cfg.algo.dynamic_sampling
+    clip = cfg.algo.policy_loss.settings
+    assert clip.clip_high == 0.3 and clip.clip_low == 0.2 and cfg.algo.dynamic_sampling
     assert cfg.algo.kl.coef == 0.1 and cfg.algo.kl.estimator == "k3" and cfg.train.steps == 7
 
 
@@ -110,9 +112,9 @@ def test_deep_merge_does_not_mutate():
 
 
 def test_dual_clip_must_exceed_one():
-    with pytest.raises(ConfigError, match="algo.dual_clip: must be 0"):
-        load_config(None, ["algo.dual_clip=0.5"])
-    assert load_config(None, ["algo.dual_clip=3"]).algo.dual_clip == 3.0
+    with pytest.raises(ConfigError, match="algo.policy_loss.dual_clip: must be 0"):
+        load_config(None, ["algo.policy_loss.dual_clip=0.5"])
+    assert load_config(None, ["algo.policy_loss.dual_clip=3"]).algo.policy_loss.settings.dual_clip == 3.0
 
 
 def test_algos_lists_presets_and_parts():

@@ -132,8 +132,8 @@ def test_nan_loss_stops_with_step_and_statistics(tmp_path, monkeypatch):
 
     real = POLICY_LOSSES.get("ppo_clip")
 
-    def broken(logp, old_logp, advantages, mask, cfg):
-        loss, metrics = real(logp, old_logp, advantages, mask, cfg)
+    def broken(logp, old_logp, advantages, cfg):  # the context fields ppo_clip reads
+        loss, metrics = real(logp, old_logp, advantages, cfg)
         return loss * float("nan"), metrics
 
     monkeypatch.setitem(POLICY_LOSSES._entries, "ppo_clip", dataclasses.replace(POLICY_LOSSES.entry("ppo_clip"),

@@ -1,13 +1,12 @@
 """Advantage estimators: rewards (and values) -> per-token advantages.
 
-Signature of every estimator (registered in ``ADVANTAGES``)::
-
-    fn(rewards: Tensor[N], group_index: Tensor[N] (long), mask: Tensor[N, T],
-       values: Tensor[N, T] | None, cfg: AlgoConfig, *,
-       token_rewards: Tensor[N, T] | None = None, baseline: Tensor[N] | None = None) -> Tensor[N, T]
-
-``group_index[i]`` names the prompt that sequence ``i`` answers (its group); the result is zero
-wherever ``mask`` is zero. ``values`` are critic values (needed by ``gae`` only).
+An estimator (registered in ``ADVANTAGES``) declares only the parameters it reads: each is a field
+of the context record (``algo/context.py``, bound by name by ``Registry.call``), and ``cfg`` is the
+estimator's own settings (its ``settings=`` model, validated from ``algo.advantage: {name: ...,
+option: value}``). The fields: ``rewards`` [N], ``group_index`` [N] (long: the prompt, i.e. group,
+of each sequence), ``mask`` [N, T], ``values`` [N, T] (a critic's; ``gae``), ``token_rewards``
+[N, T], ``baseline`` [N] (``remax``), ``turn_returns`` [N, T] (``grpo_turn``). The result is
+[N, T] and zero wherever ``mask`` is zero.
 
 ``token_rewards`` are extra per-token rewards (e.g. ``-beta * KL`` when the KL penalty is placed in
 the reward); only masked positions count. The outcome estimators (grpo, dr_grpo, rloo,
@@ -27,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from reinforge.algo.returns import (  # noqa: F401  (re-exported: the estimators' shared helpers)
@@ -38,24 +38,36 @@ from reinforge.algo.returns import (  # noqa: F401  (re-exported: the estimators
     returns_to_go,
     turn_returns,
 )
-from reinforge.registry import Registry, kind
+from reinforge.registry import Registry, Settings, kind
 
 
 class AdvantageFn(Protocol):
-    def __call__(
-        self,
-        rewards: Tensor,
-        group_index: Tensor,
-        mask: Tensor,
-        values: Tensor | None,
-        cfg: Any,
-        *,
-        token_rewards: Tensor | None = None,
-        baseline: Tensor | None = None,
-    ) -> Tensor: ...
+    """An estimator: keyword parameters named after the context fields it reads, ``cfg`` its
+    settings; returns the [N, T] advantages (e.g. ``fn(rewards, group_index, mask, cfg)``)."""
+
+    def __call__(self, **fields: Any) -> Tensor: ...
 
 
 ADVANTAGES: Registry[AdvantageFn] = kind("advantage", Registry("advantage estimator"))
+
+
+class DiscountSettings(Settings):
+    """The discount of per-token rewards, the one option every built-in estimator reads."""
+
+    gamma: float = Field(1.0, ge=0, le=1, description="discount of per-token rewards (returns-to-go, GAE, "
+                         "multi-turn turn returns)")
+
+
+class NormSettings(DiscountSettings):
+    """Estimators that divide by a standard deviation (REINFORCE++)."""
+
+    adv_eps: float = Field(1e-6, gt=0, description="epsilon added to the std in the denominator")
+
+
+class GroupNormSettings(NormSettings):
+    """GRPO-like estimators, whose std scaling is optional."""
+
+    scale_by_std: bool = Field(True, description="divide by the std (grpo: the group's; gae: whiten over the batch)")
 
 
 def group_mean_std(values: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -74,16 +86,10 @@ def group_mean_std(values: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor,
     "grpo",
     formula="A_i = (r_i - mean_g(r)) / (std_g(r) + eps)  [std scaling optional], broadcast to every token",
     paper="Shao et al. 2024, DeepSeekMath (arXiv:2402.03300)",
+    settings=GroupNormSettings,
 )
 def grpo_advantage(
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
-    token_rewards: Tensor | None = None,
-    baseline: Tensor | None = None,
+    rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: GroupNormSettings, token_rewards: Tensor | None = None
 ) -> Tensor:
     """Group-relative advantage (GRPO, outcome supervision).
 
@@ -106,16 +112,14 @@ def grpo_advantage(
     paper="turn-level credit for multi-turn agents, cf. Zeng et al. 2025 (arXiv:2505.11821); group baseline of "
           "Shao et al. 2024 (arXiv:2402.03300)",
     needs=("turn_returns",),
+    settings=GroupNormSettings,
 )
 def grpo_turn_advantage(
     rewards: Tensor,
     group_index: Tensor,
     mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
+    cfg: GroupNormSettings,
     token_rewards: Tensor | None = None,
-    baseline: Tensor | None = None,
     turn_returns: Tensor | None = None,  # noqa: F811  (the context field; the function of that name is returns.py's)
 ) -> Tensor:
     """Turn-level group-relative advantage for multi-turn episodes.
@@ -147,21 +151,15 @@ def grpo_turn_advantage(
     "dr_grpo",
     formula="A_i = r_i - mean_g(r)  [never std-scaled], broadcast to every token",
     paper="Liu et al. 2025, Understanding R1-Zero-Like Training: A Critical Perspective (Dr. GRPO, arXiv:2503.20783)",
+    settings=DiscountSettings,
 )
 def dr_grpo_advantage(
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
-    token_rewards: Tensor | None = None,
-    baseline: Tensor | None = None,
+    rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: DiscountSettings, token_rewards: Tensor | None = None
 ) -> Tensor:
     """Dr. GRPO advantage: GRPO without the per-group std division.
 
-    A_i = r_i - mean_{j in g(i)} r_j, every token of sequence i gets A_i. ``cfg.scale_by_std`` is
-    ignored: removing the std (which up-weights near-uniform groups) is the point of Dr. GRPO.
+    A_i = r_i - mean_{j in g(i)} r_j, every token of sequence i gets A_i. It has no ``scale_by_std``
+    option: removing the std (which up-weights near-uniform groups) is the point of Dr. GRPO.
     (The paper's other fix, dropping the 1/|o_i| length normalisation, is a loss aggregation
     choice and lives in the loss, not here.) A group of one, or with equal rewards, gets 0.
     With ``token_rewards``, every masked token t also gets ``returns_to_go(token_rewards)[t]``.
@@ -177,23 +175,17 @@ def dr_grpo_advantage(
         "Ahmadian et al. 2024, Back to Basics: Revisiting REINFORCE Style Optimization for Learning from "
         "Human Feedback in LLMs (arXiv:2402.14740); estimator from Kool et al. 2019"
     ),
+    settings=DiscountSettings,
 )
 def rloo_advantage(
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
-    token_rewards: Tensor | None = None,
-    baseline: Tensor | None = None,
+    rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: DiscountSettings, token_rewards: Tensor | None = None
 ) -> Tensor:
     """REINFORCE leave-one-out (RLOO) advantage.
 
     A_i = r_i - (1 / (|g| - 1)) sum_{j in g(i), j != i} r_j = |g| / (|g| - 1) * (r_i - mean_g r):
     each sample's baseline is the mean reward of the *other* samples of its prompt, which keeps
     the gradient estimate unbiased. A group of one has no other sample and gets advantage 0.
-    No std scaling (``cfg.scale_by_std`` is ignored). Every token of sequence i gets A_i.
+    No std scaling. Every token of sequence i gets A_i.
     With ``token_rewards``, every masked token t also gets ``returns_to_go(token_rewards)[t]``.
     """
     mean, _, count = group_mean_std(rewards, group_index)
@@ -205,16 +197,10 @@ def rloo_advantage(
     "opo",
     formula="b_g = sum_{j in g} l_j r_j / sum_{j in g} l_j  (l_j = generated tokens of j);  A_i = r_i - b_g",
     paper="Hao et al. 2025, On-Policy RL with Optimal reward baseline (OPO, arXiv:2505.23585)",
+    settings=DiscountSettings,
 )
 def opo_advantage(
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
-    token_rewards: Tensor | None = None,
-    baseline: Tensor | None = None,
+    rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: DiscountSettings, token_rewards: Tensor | None = None
 ) -> Tensor:
     """OPO advantage: group baseline weighted by response length (the optimal baseline).
 
@@ -222,7 +208,7 @@ def opo_advantage(
     / sum_{j in g} l_j and A_i = r_i - b_g. Under the paper's assumption that token gradients are
     i.i.d., this baseline minimises the variance of the sequence-level policy gradient. A group
     whose lengths are all zero has no baseline and gets 0 (its tokens are all masked anyway). No
-    std scaling (``cfg.scale_by_std`` is ignored). Every token of sequence i gets A_i.
+    std scaling. Every token of sequence i gets A_i.
     With ``token_rewards``, every masked token t also gets ``returns_to_go(token_rewards)[t]``.
     """
     r = rewards.to(torch.float64)

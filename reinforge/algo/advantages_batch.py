@@ -1,15 +1,20 @@
 """Advantage estimators over the whole batch or with a baseline from outside the group: REINFORCE++
 (batch normalisation), REINFORCE++-baseline, ReMax (a greedy completion's reward) and GAE (a critic).
-Signatures and conventions: algo/advantages.py."""
+Parameters and conventions: algo/advantages.py."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.advantages import ADVANTAGES, group_mean_std
+from reinforge.algo.advantages import (
+    ADVANTAGES,
+    DiscountSettings,
+    GroupNormSettings,
+    NormSettings,
+    group_mean_std,
+)
 from reinforge.algo.returns import (
     _batch_mean_std,
     _gamma,
@@ -21,6 +26,12 @@ from reinforge.algo.returns import (
 )
 
 
+class GAESettings(GroupNormSettings):
+    """GAE: the discount, lambda and the optional whitening of the advantages."""
+
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+
+
 @ADVANTAGES.register(
     "reinforce_pp",
     formula=(
@@ -29,16 +40,10 @@ from reinforge.algo.returns import (
         "A_t = (G_t - mean_tokens(G)) / (std_tokens(G) + eps)"
     ),
     paper="Hu 2025, REINFORCE++ (arXiv:2501.03262)",
+    settings=NormSettings,
 )
 def reinforce_pp_advantage(
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
-    token_rewards: Tensor | None = None,
-    baseline: Tensor | None = None,
+    rewards: Tensor, mask: Tensor, cfg: NormSettings, token_rewards: Tensor | None = None
 ) -> Tensor:
     """REINFORCE++ advantage: global batch normalisation of the outcome reward.
 
@@ -49,7 +54,7 @@ def reinforce_pp_advantage(
     unbiased estimator would divide by zero. Every sequence counts once, including zero-length
     ones (the paper's implementation normalises over tokens; we weight by sequence, as the
     per-sequence reward is what is normalised). Normalisation is the estimator's definition, so
-    ``cfg.scale_by_std`` is ignored; ``eps = cfg.adv_eps``. Every token of sequence i gets A_i.
+    it has no ``scale_by_std`` option; ``eps = cfg.adv_eps``. Every token of sequence i gets A_i.
 
     With ``token_rewards`` (e.g. the per-token KL penalty), the paper's token-level form is used:
     the outcome reward r_i is placed on the last masked token of sequence i, the per-token return
@@ -71,16 +76,10 @@ def reinforce_pp_advantage(
         "[population std over all N sequences]"
     ),
     paper="Hu 2025, REINFORCE++ (arXiv:2501.03262), REINFORCE++-baseline variant",
+    settings=NormSettings,
 )
 def reinforce_pp_baseline_advantage(
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
-    token_rewards: Tensor | None = None,
-    baseline: Tensor | None = None,
+    rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: NormSettings, token_rewards: Tensor | None = None
 ) -> Tensor:
     """REINFORCE++-baseline advantage: group-mean baseline, then global batch normalisation.
 
@@ -89,7 +88,7 @@ def reinforce_pp_baseline_advantage(
     Since every group's d sums to 0, mu is 0 up to rounding; it is subtracted anyway to follow
     the paper. Unlike GRPO the scale is shared by the whole batch, so a group with a small spread
     is not blown up. Singleton and equal-reward groups have d = 0 and so A = 0 (mu = 0).
-    ``cfg.scale_by_std`` is ignored; ``eps = cfg.adv_eps``. Every token of sequence i gets A_i.
+    There is no ``scale_by_std`` option; ``eps = cfg.adv_eps``. Every token of sequence i gets A_i.
     With ``token_rewards``, every masked token t also gets ``returns_to_go(token_rewards)[t]``.
     """
     mean, _, _ = group_mean_std(rewards, group_index)
@@ -103,22 +102,17 @@ def reinforce_pp_baseline_advantage(
     formula="A_i = r_i - r(greedy completion of prompt(i)), broadcast to every token (+ token-reward returns-to-go)",
     paper="Li et al. 2023, ReMax: A Simple, Effective, and Efficient RL Method for Aligning LLMs (arXiv:2310.10505)",
     needs=("baseline",),
+    settings=DiscountSettings,
 )
 def remax_advantage(
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
-    token_rewards: Tensor | None = None,
+    rewards: Tensor, mask: Tensor, cfg: DiscountSettings, token_rewards: Tensor | None = None,
     baseline: Tensor | None = None,
 ) -> Tensor:
     """ReMax advantage: REINFORCE with the greedy completion's reward as baseline.
 
     A_i = r_i - b_i with b_i = ``baseline[i]``, the reward of the greedy (argmax-decoded) completion
     of sequence i's prompt; the baseline removes the prompt's difficulty from the return without
-    a critic. No normalisation (``cfg.scale_by_std`` is ignored); groups are not used. Every token
+    a critic. No normalisation; groups are not used. Every token
     of sequence i gets A_i. With ``token_rewards``, every masked token t also gets
     ``returns_to_go(token_rewards)[t]``. Raises ``ValueError`` without ``baseline``.
     """
@@ -140,16 +134,10 @@ def remax_advantage(
     ),
     paper="Schulman et al. 2016, High-Dimensional Continuous Control Using GAE (arXiv:1506.02438)",
     needs=("values",),
+    settings=GAESettings,
 )
 def gae_advantage(
-    rewards: Tensor,
-    group_index: Tensor,
-    mask: Tensor,
-    values: Tensor | None,
-    cfg: Any,
-    *,
-    token_rewards: Tensor | None = None,
-    baseline: Tensor | None = None,
+    rewards: Tensor, mask: Tensor, values: Tensor | None, cfg: GAESettings, token_rewards: Tensor | None = None
 ) -> Tensor:
     """GAE advantage with a critic (PPO with a value model).
 

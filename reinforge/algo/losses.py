@@ -1,8 +1,11 @@
 """Policy losses (per token) and loss aggregation with global denominators.
 
-Policy loss signature (registered in ``POLICY_LOSSES``)::
+A policy loss (registered in ``POLICY_LOSSES``) declares only the parameters it reads: context
+fields (``algo/context.py``, bound by name by ``Registry.call``: ``logp``, ``old_logp``,
+``advantages``, ``mask``, ``sampling_logp``, ...) and ``cfg``, its own settings (its ``settings=``
+model, validated from ``algo.policy_loss: {name: ..., option: value}``)::
 
-    fn(logp: Tensor[N,T], old_logp: Tensor[N,T], advantages: Tensor[N,T], mask: Tensor[N,T], cfg)
+    fn(logp: Tensor[N,T], old_logp: Tensor[N,T], advantages: Tensor[N,T], cfg)
         -> (loss: Tensor[N,T], metrics: dict[str, Tensor[N,T]])
 
 ``loss`` is per token (to be aggregated by a ``LOSS_AGG`` function); each metric is a per-token
@@ -14,7 +17,8 @@ Aggregation signature (registered in ``LOSS_AGG``)::
 
 ``AggNorm`` holds denominators computed once over the whole optimizer mini-batch, so summing
 the aggregated loss of its micro-batches gives exactly the loss (and gradient) of the whole
-mini-batch however it is split.
+mini-batch however it is split. An aggregation's settings (``seq_mean_token_sum_norm``'s
+``max_len_norm``) are read by the learner into ``AggNorm``.
 """
 
 from __future__ import annotations
@@ -24,18 +28,53 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from pydantic import Field, field_validator
 from torch import Tensor
 
-from reinforge.registry import Registry, kind
+from reinforge.registry import Registry, Settings, kind
 
 
 class PolicyLossFn(Protocol):
-    def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
-    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+    """A policy loss: keyword parameters named after the context fields it reads, ``cfg`` its
+    settings; returns (per-token loss, per-token metrics)."""
+
+    def __call__(self, **fields: Any) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
 POLICY_LOSSES: Registry[PolicyLossFn] = kind("policy_loss", Registry("policy loss"))
+
+
+class ClipSettings(Settings):
+    """The clip range [1 - clip_low, 1 + clip_high] of an importance ratio."""
+
+    clip_low: float = Field(0.2, ge=0, description="lower clip range: the ratio is clipped at 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0, description="upper clip range: the ratio is clipped at 1 + clip_high "
+                             "(clip-higher: above clip_low)")
+
+
+class PPOClipSettings(ClipSettings):
+    """PPO's clip range and its optional dual clip."""
+
+    dual_clip: float = Field(0.0, ge=0, description="PPO dual-clip constant c > 1 for A < 0 (0 = off)")
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip(cls, v: float) -> float:
+        if 0 < v <= 1:
+            raise ValueError("must be 0 (off) or a constant c > 1 (e.g. 3.0)")
+        return v
+
+
+class TISSettings(Settings):
+    """Truncated importance sampling of a plain policy gradient."""
+
+    tis_cap: float = Field(0.0, ge=0, description="truncated importance-sampling cap C (0 = off)")
+
+
+class LengthNormSettings(Settings):
+    """The constant length normaliser of ``seq_mean_token_sum_norm``."""
+
+    max_len_norm: float = Field(0.0, ge=0, description="L_max; 0 = rollout.max_new_tokens")
 
 
 @POLICY_LOSSES.register(
@@ -48,9 +87,10 @@ POLICY_LOSSES: Registry[PolicyLossFn] = kind("policy_loss", Registry("policy los
         "Schulman et al. 2017, PPO (arXiv:1707.06347); clip-higher: Yu et al. 2025, DAPO (arXiv:2503.14476); "
         "dual clip: Ye et al. 2020, Mastering Complex Control in MOBA Games with Deep RL (arXiv:1912.09729)"
     ),
+    settings=PPOClipSettings,
 )
 def ppo_clip_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: PPOClipSettings
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with separate lower and upper clip ranges (clip-higher) and optional dual clip.
 
@@ -96,9 +136,10 @@ def _masked_seq_mean(values: Tensor, mask: Tensor) -> Tensor:
     "gspo",
     formula="s_i = exp(mean_t log(pi/pi_old)); L_i = -min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i) (token form)",
     paper="Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071)",
+    settings=ClipSettings,
 )
 def gspo_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: ClipSettings
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: a sequence-level importance ratio with sequence-level clipping, in the paper's GSPO-token form.
 
@@ -123,9 +164,10 @@ def gspo_loss(
     "cispo",
     formula="L_t = -sg(clip(rho_t, 1-eps_low, 1+eps_high)) A_t log pi(a_t)",
     paper="MiniMax 2025, MiniMax-M1 (CISPO) (arXiv:2506.13585)",
+    settings=ClipSettings,
 )
 def cispo_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: ClipSettings
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO: clip the importance-sampling weight, not the update, so every token keeps a gradient.
 
@@ -145,9 +187,10 @@ def cispo_loss(
     "reinforce",
     formula="L_t = -w_t A_t log pi(a_t), w_t = sg(min(pi/pi_old, C)) with truncated IS (C = tis_cap), else 1",
     paper="Williams 1992, REINFORCE; truncated IS: Espeholt et al. 2018, IMPALA (arXiv:1802.01561)",
+    settings=TISSettings,
 )
 def reinforce_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: TISSettings
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain policy gradient: L_t = -w_t A_t log pi(a_t).
 
@@ -220,9 +263,11 @@ def seq_mean_token_mean(values: Tensor, mask: Tensor, norm: AggNorm) -> Tensor:
     "seq_mean_token_sum_norm",
     formula="L = (1/N) sum_i sum_t m_it l_it / L_max",
     paper="Liu et al. 2025, Dr. GRPO (arXiv:2503.20783)",
+    settings=LengthNormSettings,
 )
 def seq_mean_token_sum_norm(values: Tensor, mask: Tensor, norm: AggNorm) -> Tensor:
-    """Sum over tokens divided by a constant maximum length, mean over sequences (no length bias)."""
+    """Sum over tokens divided by a constant maximum length, mean over sequences (no length bias);
+    L_max = ``norm.max_len``, the ``max_len_norm`` option (or ``rollout.max_new_tokens``)."""
     return (values * mask).sum() / (norm.num_seqs * norm.max_len)
 
 

@@ -58,13 +58,16 @@ class Term:
 
 @dataclass(frozen=True)
 class Objective:
-    """The parts of one run's objective (names of registered entries) and the algorithm's settings."""
+    """The parts of one run's objective (names of registered entries), the algorithm's config (``cfg``:
+    for the loss terms without settings of their own, e.g. the KL term's estimator) and the policy
+    loss's settings (``policy_cfg``)."""
 
     policy_loss: str
     loss_agg: str
     mismatch: str
     mismatch_cap: float
     cfg: Any
+    policy_cfg: Any = None
 
     def reads(self, field: str, terms: Iterable[Term] = ()) -> bool:
         """Whether the policy loss or any of ``terms`` reads context ``field`` (e.g. needs the entropy's gradient)."""
@@ -77,7 +80,7 @@ class Objective:
         is_weight, metrics = mismatch_correction(ctx.old_logp, ctx.sampling_logp, ctx.mask, self.mismatch,
                                                  self.mismatch_cap)
         metrics = {f"mismatch/{k}": v for k, v in metrics.items()}
-        pg, pg_metrics = POLICY_LOSSES.call(self.policy_loss, ctx, self.cfg)
+        pg, pg_metrics = POLICY_LOSSES.call(self.policy_loss, ctx, self.policy_cfg)
         metrics.update(pg_metrics)
         pg_loss = aggregate(pg * is_weight, ctx.mask, norm)
         loss = pg_loss

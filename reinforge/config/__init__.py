@@ -1,7 +1,7 @@
 """Typed run configuration: pydantic models of every section (``base``, ``task``, ``algo``, ``run``) and
 YAML recipes with presets and dotted command-line overrides (``recipes``).
 
-    reinforge train recipes/x.yaml algo.clip_high=0.28 train.steps=50
+    reinforge train recipes/x.yaml algo.policy_loss.clip_high=0.28 train.steps=50
 
 Unknown keys and bad values are rejected before any work starts, with the dotted name of the field
 and the allowed values. The fully resolved config is saved in the run directory.

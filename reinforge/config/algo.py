@@ -1,12 +1,23 @@
-"""The algorithm: ``algo`` (estimator, loss, aggregation, KL, mismatch, critic, data-side pieces, loss terms)."""
+"""The algorithm: ``algo`` (estimator, loss, aggregation, KL, mismatch, critic, data-side pieces, loss terms).
+
+The estimator, policy loss and aggregation are part fields (``config.base.Part``): each part's own
+options live in its settings model, next to the part, and are written inline in the recipe."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from reinforge.config.base import LossTermConfig, RewardShaperConfig, _check_registered, _Strict
+from reinforge.config.base import (
+    LossTermConfig,
+    Part,
+    PartRef,
+    RewardShaperConfig,
+    _check_registered,
+    _Strict,
+)
 
 
 class KLConfig(_Strict):
@@ -46,19 +57,36 @@ class CriticConfig(_Strict):
     warmup_steps: int = Field(0, ge=0, description="first N steps train only the critic (the policy is frozen)")
 
 
+MOVED_OPTIONS = ("scale_by_std", "adv_eps", "gamma", "lam", "clip_low", "clip_high", "dual_clip", "tis_cap",
+                 "max_len_norm")
+"""Options that were flat ``algo`` keys and are now the settings of the part that reads them."""
+
+MOVED_TO_SHAPERS = {"overlong_buffer": "{{name: overlong_penalty, params: {{buffer: {}}}}}",
+                    "overlong_penalty": "{{name: overlong_penalty, params: {{penalty: {}}}}}",
+                    "overlong_filter": "{{name: overlong_filter}}"}
+"""DAPO's flat length-shaping keys, now reward shapers (``algo.reward_shapers``)."""
+
+
+class Discount(NamedTuple):
+    """The discount of the run's returns: gamma, and GAE's lambda."""
+
+    gamma: float
+    lam: float
+
+
 class AlgoConfig(_Strict):
-    advantage: str = "grpo"
-    scale_by_std: bool = True
-    adv_eps: float = Field(1e-6, gt=0)
-    policy_loss: str = "ppo_clip"
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.2, ge=0)
-    tis_cap: float = Field(0.0, ge=0, description="truncated importance-sampling cap C for policy_loss=reinforce (0 = off)")
-    loss_agg: str = "token_mean"
-    max_len_norm: float = Field(0.0, ge=0, description="L_max for seq_mean_token_sum_norm; 0 = rollout.max_new_tokens")
-    dual_clip: float = Field(0.0, ge=0, description="PPO dual-clip constant c > 1 for A < 0 (0 = off)")
-    gamma: float = Field(1.0, ge=0, le=1, description="discount of per-token rewards (gae, returns-to-go)")
-    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    """The algorithm. ``advantage``, ``policy_loss`` and ``loss_agg`` name registered parts, each with its
+    own options inline: ``policy_loss: {name: ppo_clip, clip_high: 0.28}`` (or just ``ppo_clip``)."""
+
+    advantage: Annotated[PartRef, Part("advantage")] = Field(
+        "grpo", validate_default=True,
+        description="advantage estimator: a name or {name: ..., <option>: ...} (reinforge algos lists the options)")
+    policy_loss: Annotated[PartRef, Part("policy_loss")] = Field(
+        "ppo_clip", validate_default=True,
+        description="policy loss: a name or {name: ..., <option>: ...} (reinforge algos lists the options)")
+    loss_agg: Annotated[PartRef, Part("loss_agg")] = Field(
+        "token_mean", validate_default=True,
+        description="loss aggregation: a name or {name: ..., <option>: ...} (reinforge algos lists the options)")
     kl: KLConfig = Field(default_factory=KLConfig)
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient (loss -= coef * entropy)")
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
@@ -76,26 +104,59 @@ class AlgoConfig(_Strict):
         default_factory=list, description="extra loss terms beyond the KL and entropy ones (e.g. a plug-in's)"
     )
 
-    @field_validator("advantage")
+    @model_validator(mode="before")
     @classmethod
-    def _adv(cls, v: str) -> str:
-        return _check_registered("advantage", v)
+    def _parts(cls, data: Any) -> Any:
+        """A moved option is an error saying where it lives now; ``{<option>: ...}`` without a name is
+        the field's default part with that option."""
+        if not isinstance(data, dict):
+            return data
+        errors = [_moved(data, k) for k in MOVED_OPTIONS if k in data]
+        errors += [_moved_to_shapers(data, k) for k in MOVED_TO_SHAPERS if k in data]
+        if errors:
+            raise ValidationError.from_exception_data("AlgoConfig", errors)
+        data = dict(data)
+        for key in PART_FIELDS:
+            if isinstance(data.get(key), dict) and "name" not in data[key]:
+                data[key] = {"name": cls.model_fields[key].default, **data[key]}
+        return data
 
-    @field_validator("policy_loss")
-    @classmethod
-    def _pl(cls, v: str) -> str:
-        return _check_registered("policy_loss", v)
+    @property
+    def discount(self) -> Discount:
+        """gamma and lam of the advantage estimator's settings (the defaults where it declares none): the
+        discount its returns use, which the multi-turn turn returns and the critic's targets share."""
+        from reinforge.algo.advantages_batch import GAESettings
 
-    @field_validator("loss_agg")
-    @classmethod
-    def _agg(cls, v: str) -> str:
-        return _check_registered("loss_agg", v)
-
-    @field_validator("dual_clip")
-    @classmethod
-    def _dual_clip(cls, v: float) -> float:
-        if 0 < v <= 1:
-            raise ValueError("must be 0 (off) or a constant c > 1 (e.g. 3.0)")
-        return v
+        defaults = GAESettings.model_fields
+        s = self.advantage.settings
+        return Discount(float(getattr(s, "gamma", defaults["gamma"].default)),
+                        float(getattr(s, "lam", defaults["lam"].default)))
 
 
+PART_FIELDS = tuple(k for k, f in AlgoConfig.model_fields.items() if any(isinstance(m, Part) for m in f.metadata))
+
+
+def _moved_to_shapers(data: dict[str, Any], key: str) -> dict[str, Any]:
+    msg = f"moved: use algo.reward_shapers: [{MOVED_TO_SHAPERS[key].format(data[key])}] (docs/algorithms.md)"
+    return {"type": PydanticCustomError("moved_option", "{msg}", {"msg": msg}), "loc": (key,), "input": data[key]}
+
+
+def _moved(data: dict[str, Any], option: str) -> dict[str, Any]:
+    """The error of a moved flat option: which part field takes it now, with the recipe's part if it is one
+    that reads it, else the first that does."""
+    from reinforge.parts import all_kinds
+
+    for field in PART_FIELDS:
+        registry = all_kinds()[field]
+        takers = [e.name for e in registry.entries() if option in e.options()]
+        if not takers:
+            continue
+        default = AlgoConfig.model_fields[field].default
+        given = data.get(field, default)
+        given = given.get("name") if isinstance(given, dict) else given
+        name = next(n for n in (given, default, takers[0]) if n in takers)
+        value = str(data[option]).lower() if isinstance(data[option], bool) else data[option]
+        msg = f"moved: use algo.{field}: {{name: {name}, {option}: {value}}} (an option of {', '.join(takers)})"
+        return {"type": PydanticCustomError("moved_option", "{msg}", {"msg": msg}), "loc": (option,),
+                "input": data[option]}
+    raise AssertionError(f"no part takes {option}")

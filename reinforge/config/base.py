@@ -1,10 +1,14 @@
-"""The config models' base: strict models, registered-name checks, and parts named with their settings."""
+"""The config models' base: strict models, registered-name checks, and parts named with their settings:
+``PartConfig`` (``{name, params}``) and ``Part`` fields (a name, or ``{name, <option>: value}``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 
 class _Strict(BaseModel):
@@ -18,6 +22,81 @@ def _check_registered(kind: str, name: str) -> str:
     if name not in registry:
         raise ValueError(f"unknown {registry.kind} {name!r}; allowed: {', '.join(registry.names())}")
     return name
+
+
+class PartRef(str):
+    """A registered part chosen in a recipe: its name (this string, so it compares equal to the name and
+    indexes the registries like one) carrying the part's validated ``settings`` (None when it declares none)."""
+
+    settings: Any
+
+    def __new__(cls, name: str, settings: Any = None) -> PartRef:
+        ref = super().__new__(cls, name)
+        ref.settings = settings
+        return ref
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    def recipe_form(self) -> str | dict[str, Any]:
+        """As a recipe writes it: ``{name: ..., <option>: value, ...}``, or the bare name for a part
+        that declares no settings."""
+        if self.settings is None:
+            return self.name
+        return {"name": self.name, **self.settings.model_dump(mode="json")}
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PartRef):
+            return self.name == other.name and self.settings == other.settings
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return PartRef, (self.name, self.settings)
+
+
+@dataclass(frozen=True)
+class Part:
+    """The annotation of a config field naming a registered part of ``kind`` (a ``registry.KINDS``
+    key): a bare name (all its options at their defaults) or ``{name: ..., <option>: value, ...}``
+    with the part's options inline, validated by its settings model (errors name
+    ``<field>.<option>``). The field's value is a ``PartRef``; it dumps to the mapping form."""
+
+    kind: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            self.validate, serialization=core_schema.plain_serializer_function_ser_schema(PartRef.recipe_form),
+            json_schema_input_schema=core_schema.union_schema([core_schema.str_schema(), core_schema.dict_schema()]),
+        )
+
+    def validate(self, value: Any) -> PartRef:
+        if isinstance(value, PartRef):
+            value = value.recipe_form()
+        if isinstance(value, str):
+            name, options = value, {}
+        elif isinstance(value, Mapping) and isinstance(value.get("name"), str):
+            name, options = value["name"], {k: v for k, v in value.items() if k != "name"}
+        else:
+            raise ValueError("must be a part's name or {name: NAME, <option>: value, ...}")
+        _check_registered(self.kind, name)
+        from reinforge.parts import all_kinds
+
+        entry = all_kinds()[self.kind].entry(name)
+        allowed = list(entry.options())
+        unknown = [k for k in options if k not in allowed]
+        if unknown:
+            msg = (f"unknown key, not an option of {name}; allowed keys here: name, {', '.join(allowed)}" if allowed
+                   else f"unknown key; {name} takes no options")
+            raise ValidationError.from_exception_data("options", [
+                {"type": PydanticCustomError("unknown_option", "{msg}", {"msg": msg}), "loc": (k,), "input": options[k]}
+                for k in unknown])
+        return PartRef(name, entry.settings.model_validate(options) if entry.settings is not None else None)
 
 
 class PartConfig(_Strict):

@@ -1,20 +1,28 @@
 """Recipes: YAML files (or shipped names) with presets and dotted command-line overrides -> ``RunConfig``.
 
-    reinforge train recipes/x.yaml algo.clip_high=0.28 train.steps=50
+    reinforge train recipes/x.yaml algo.policy_loss.clip_high=0.28 train.steps=50
 
 Unknown keys and bad values are rejected before any work starts, with the dotted name of the
 field and the allowed values. The fully resolved config is saved in the run directory.
+
+A part field (``algo.advantage``, ``algo.policy_loss``, ``algo.loss_agg``) is a name or ``{name, <option>:
+value}``; a bare name stands for ``{name: NAME}``, so an option can be set over either form
+(``algo.policy_loss.clip_high=0.28``). Naming a *different* part (in an override, or a recipe over its
+preset) replaces the old part with its options; naming the same part again (or none) keeps the options
+not given.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from reinforge.config.base import Part
 from reinforge.config.run import RunConfig
 from reinforge.config.task import DEFAULT_TASK_KIND, REPLACED_KEYS, task_kind_model
 from reinforge.errors import ConfigError
@@ -22,6 +30,7 @@ from reinforge.errors import ConfigError
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 PRESETS_DIR = RECIPES_DIR / "presets"
 DEFAULT_RECIPE = "default"
+NO_INPUT_ERRORS = ("extra_forbidden", "unknown_option", "moved_option")  # errors shown without "(got ...)"
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
@@ -31,6 +40,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         field = ".".join(path) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         got = f" (got {e.get('input')!r})" if not isinstance(e.get("input"), dict) else ""
+        if e["type"] in NO_INPUT_ERRORS:
+            got = ""
         if e["type"] == "extra_forbidden":
             keys = f"; allowed keys here: {', '.join(owner.model_fields)}" if owner else ""
             msg, got = (f"not a field of {kind}" if kind else "unknown key") + keys, ""
@@ -103,9 +114,35 @@ def _list_index(item: str, key: str, part: str, items: list[Any]) -> int:
     return index
 
 
+def is_part_field(path: Sequence[str]) -> bool:
+    """Whether the dotted ``path`` names a part field (a ``config.base.Part`` one, e.g. algo.policy_loss)."""
+    model: Any = RunConfig
+    for depth, key in enumerate(path):
+        field = model.model_fields.get(key) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return False
+        if depth == len(path) - 1:
+            return any(isinstance(m, Part) for m in field.metadata)
+        model = field.annotation
+    return False
+
+
+def merge_part(old: Any, new: Any) -> Any:
+    """``new`` written over the part ``old`` (each a name or ``{name, <option>: value}``): a different
+    name replaces the old part, options and all; the same name, or none, updates the old options."""
+    as_map = [{"name": p} if isinstance(p, str) else p for p in (old, new)]
+    if not all(isinstance(p, dict) for p in as_map):
+        return new  # not a part's form: validation reports it
+    old_map, new_map = as_map
+    if "name" in new_map and new_map["name"] != old_map.get("name"):
+        return new
+    return {**old_map, **new_map}
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``a.b.c=value`` overrides into a recipe mapping; a list is indexed by position
-    (``reward.terms.1.reward_model.path=/models/rm``). Missing sections are created."""
+    (``reward.terms.1.reward_model.path=/models/rm``). Missing sections are created; a part field
+    named by a bare string takes an option as ``{name: NAME}`` (``algo.policy_loss.clip_high=0.28``)."""
     for item in overrides:
         path, value = parse_override(item)
         node: Any = data
@@ -114,11 +151,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 node = node[_list_index(item, ".".join(path[:depth]), part, node)]
                 continue
             nxt = node.setdefault(part, {})
+            if isinstance(nxt, str) and is_part_field(path[: depth + 1]):
+                nxt = node[part] = {"name": nxt}
             if not isinstance(nxt, dict | list):
                 raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
             node = nxt
         if isinstance(node, list):
             node[_list_index(item, ".".join(path[:-1]), path[-1], node)] = value
+        elif path[-1] in node and is_part_field(path):
+            node[path[-1]] = merge_part(node[path[-1]], value)
         else:
             node[path[-1]] = value
     return data
@@ -261,12 +302,16 @@ def load_preset(name: str) -> dict[str, Any]:
     return yaml.safe_load(preset_path(name).read_text()) or {}
 
 
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` on top of ``base``, section by section (neither is modified)."""
+def deep_merge(base: dict[str, Any], over: dict[str, Any], _path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``over`` on top of ``base``, section by section (neither is modified); a part field by
+    ``merge_part`` (a different part replaces the old one with its options)."""
     out = dict(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+        path = (*_path, key)
+        if key in out and is_part_field(path):
+            out[key] = merge_part(out[key], value)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value, path)
         else:
             out[key] = value
     return out

@@ -100,18 +100,24 @@ def _config_value(config: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
+def _part_name(value: Any) -> Any:
+    """A part field's name: it is written as a name or as ``{name: ..., <option>: value}``."""
+    return value["name"] if isinstance(value, Mapping) and "name" in value else value
+
+
 def group_key(run: Run, group_by: str | None = None) -> str:
-    """A run's group: the config value at ``group_by`` (dotted), or by default the run's ``preset``,
-    else ``algo.advantage+algo.policy_loss``."""
+    """A run's group: the config value at ``group_by`` (dotted; a part's name for a part field), or by
+    default the run's ``preset``, else ``algo.advantage+algo.policy_loss``."""
     if group_by is not None:
         try:
-            return str(_config_value(run.config, group_by))
+            return str(_part_name(_config_value(run.config, group_by)))
         except KeyError:
             raise ConfigError(f"--group-by {group_by}: no such key in {run.path / 'config.yaml'}") from None
     if run.config.get("preset"):
         return str(run.config["preset"])
     try:
-        return f"{_config_value(run.config, 'algo.advantage')}+{_config_value(run.config, 'algo.policy_loss')}"
+        parts = [_part_name(_config_value(run.config, f"algo.{key}")) for key in ("advantage", "policy_loss")]
+        return "+".join(map(str, parts))
     except KeyError:
         raise ConfigError(
             f"{run.path}: cannot tell its algorithm (no preset nor algo.advantage/algo.policy_loss in "

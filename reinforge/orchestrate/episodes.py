@@ -132,7 +132,7 @@ def build_batch(
         base = torch.tensor([b for b, k in zip(baseline, keep, strict=True) if k], dtype=torch.float32)
     batch = Batch.from_trajectories(kept, pad_id, base)
     if "turn_returns" in required_inputs(algo):
-        batch.turn_returns = turn_return_tensor(kept, batch.input_ids.shape[1], algo.gamma)
+        batch.turn_returns = turn_return_tensor(kept, batch.input_ids.shape[1], algo.discount.gamma)
     return batch, stats
 
 

@@ -267,8 +267,10 @@ def _summary_section(run_dir: Path, records: list[dict[str, Any]], config_text: 
     task = cfg.get("task") if isinstance(cfg.get("task"), dict) else {}
     if cfg:
         rows.append(("model / task", f"{_e(model.get('path', '?'))} / {_e(task.get('kind', '?'))}"))
-        rows.append(("algorithm", _e(f"preset {cfg.get('preset')}: advantage {algo.get('advantage')}, "
-                                     f"policy loss {algo.get('policy_loss')}, loss agg {algo.get('loss_agg')}")))
+        name = {k: v.get("name") if isinstance(v := algo.get(k), dict) else v
+                for k in ("advantage", "policy_loss", "loss_agg")}  # a part: a name or {name, options}
+        rows.append(("algorithm", _e(f"preset {cfg.get('preset')}: advantage {name['advantage']}, "
+                                     f"policy loss {name['policy_loss']}, loss agg {name['loss_agg']}")))
     steps = [r["step"] for r in records if isinstance(r.get("step"), int | float)]
     rows.append(("steps", _fmt(max(steps)) if steps else "none"))
     if reward := _last(records, "reward/mean"):

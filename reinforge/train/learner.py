@@ -86,14 +86,14 @@ class Learner(PreparesBatches):
         self.cfg = cfg
         self.algo = cfg.algo
         self.objective = Objective(cfg.algo.policy_loss, cfg.algo.loss_agg, cfg.algo.mismatch.mode,
-                                   cfg.algo.mismatch.cap, cfg.algo)
+                                   cfg.algo.mismatch.cap, cfg.algo, cfg.algo.policy_loss.settings)
         self.kl_estimator = KL_ESTIMATORS.get(cfg.algo.kl.estimator)
         self.kl_ctl = KLController(cfg.algo.kl.coef, cfg.algo.kl.target, cfg.algo.kl.horizon)
         self.needs = required_inputs(cfg.algo)
         if "values" in self.needs and critic is None:
             raise ConfigError(f"algo.advantage={cfg.algo.advantage} needs a critic (a value model); it is built by "
                               "build_components")
-        self.max_len_norm = cfg.algo.max_len_norm or float(cfg.rollout.max_new_tokens)
+        self.max_len_norm = getattr(cfg.algo.loss_agg.settings, "max_len_norm", 0) or float(cfg.rollout.max_new_tokens)
         self.temperature = cfg.rollout.temperature
         self.optimizer, self.scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], t)
         self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)

@@ -89,7 +89,7 @@ class PreparesBatches:
         batch.advantages = self._advantages(batch, values, token_rewards, offset)
         if values is not None:
             token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)
-            _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, algo.gamma, algo.lam)
+            _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, *algo.discount)
             batch.returns = batch.returns.to(self._loss_dtype)
 
     def _advantages(self, batch: Batch | None, values: Tensor | None, token_rewards: Tensor | None,
@@ -105,7 +105,7 @@ class PreparesBatches:
         if batch is None:
             return None
         assert inputs is not None
-        adv = ADVANTAGES.call(self.algo.advantage, Context(**inputs), self.algo).to(self._loss_dtype)
+        adv = ADVANTAGES.call(self.algo.advantage, Context(**inputs), self.algo.advantage.settings).to(self._loss_dtype)
         return self.parallel.my_rows(adv, offset, batch)
 
     @contextlib.contextmanager

@@ -1,0 +1,188 @@
+"""A part's own options live with the part: ``algo.advantage`` / ``policy_loss`` / ``loss_agg`` are a name or
+``{name, <option>: value}``, validated by the part's settings model; the former flat keys say where they moved."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from reinforge.algo.advantages import GroupNormSettings
+from reinforge.algo.losses import PPOClipSettings
+from reinforge.cli import app
+from reinforge.config import (
+    AlgoConfig,
+    apply_overrides,
+    config_from_dict,
+    dump_config,
+    load_config,
+    preset_names,
+)
+from reinforge.config.algo import MOVED_OPTIONS
+from reinforge.config.base import PartRef
+from reinforge.errors import ConfigError
+from reinforge.eval.runs import Run, group_key
+
+GRPO = {"name": "grpo", "gamma": 1.0, "adv_eps": 1e-6, "scale_by_std": True}
+PPO_CLIP = {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2, "dual_clip": 0.0}
+REINFORCE = {"name": "reinforce", "tis_cap": 0.0}
+
+# Every preset's effective options, written out by hand: the values the flat keys had before the move.
+PRESET_OPTIONS = {
+    "cispo": (GRPO, {"name": "cispo", "clip_low": 1.0, "clip_high": 0.28}, "token_mean"),
+    "dapo": (GRPO, {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
+    "dr_grpo": ({"name": "dr_grpo", "gamma": 1.0}, PPO_CLIP,
+                {"name": "seq_mean_token_sum_norm", "max_len_norm": 0.0}),
+    "grpo": (GRPO, PPO_CLIP, "seq_mean_token_mean"),
+    "gspo": (GRPO, {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}, "seq_mean_token_mean"),
+    "opo": ({"name": "opo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
+    "ppo": ({"name": "gae", "gamma": 1.0, "adv_eps": 1e-6, "scale_by_std": True, "lam": 0.95}, PPO_CLIP,
+            "token_mean"),
+    "reinforce_pp": ({"name": "reinforce_pp", "gamma": 1.0, "adv_eps": 1e-6}, PPO_CLIP, "token_mean"),
+    "remax": ({"name": "remax", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
+    "rloo": ({"name": "rloo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
+}
+
+
+def _recipe(tmp_path: Path, algo: dict, preset: str | None = None) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**({"preset": preset} if preset else {}), "algo": algo}))
+    return path
+
+
+def _error(*overrides: str, recipe: str | Path | None = None) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(recipe, list(overrides))
+    return str(e.value)
+
+
+def test_a_part_by_name_or_with_its_options_inline():
+    bare = AlgoConfig(advantage="grpo", policy_loss="ppo_clip")
+    inline = AlgoConfig(advantage={"name": "grpo", "scale_by_std": False}, policy_loss={"name": "ppo_clip",
+                                                                                         "clip_high": 0.28})
+    assert isinstance(bare.advantage, PartRef) and bare.advantage == "grpo" == inline.advantage
+    assert bare.advantage.settings == GroupNormSettings() and bare.policy_loss.settings == PPOClipSettings()
+    assert inline.advantage.settings.scale_by_std is False and inline.advantage.settings.adv_eps == 1e-6
+    assert inline.policy_loss.settings.clip_high == 0.28 and inline.policy_loss.settings.clip_low == 0.2
+    assert bare.loss_agg == "token_mean" and bare.loss_agg.settings is None  # a part without options
+    assert bare.advantage != inline.advantage  # same name, other options: not the same part choice
+    assert AlgoConfig(policy_loss={"clip_high": 0.3}).policy_loss == "ppo_clip"  # no name: the field's default
+
+
+def test_each_preset_keeps_its_option_values():
+    assert sorted(PRESET_OPTIONS) == preset_names()
+    for name, expected in PRESET_OPTIONS.items():
+        a = config_from_dict({"preset": name}).algo
+        assert (a.advantage.recipe_form(), a.policy_loss.recipe_form(), a.loss_agg.recipe_form()) == expected, name
+        assert tuple(a.discount) == (1.0, 0.95), name
+
+
+def test_discount_is_read_from_the_estimators_settings():
+    assert tuple(AlgoConfig(advantage={"name": "gae", "gamma": 0.9, "lam": 0.8}).discount) == (0.9, 0.8)
+    assert tuple(AlgoConfig(advantage={"name": "grpo_turn", "gamma": 0.5}).discount) == (0.5, 0.95)
+
+
+@pytest.mark.parametrize("option", MOVED_OPTIONS)
+def test_a_former_flat_key_says_where_it_moved(option):
+    msg = _error(f"algo.{option}=0.5")
+    assert f"algo.{option}: moved: use algo." in msg and f"{option}: 0.5}}" in msg
+
+
+def test_moved_key_message_names_the_part_and_the_recipes_own_part(tmp_path):
+    assert "algo.clip_high: moved: use algo.policy_loss: {name: ppo_clip, clip_high: 0.28}" in _error(
+        "algo.clip_high=0.28")
+    assert "use algo.advantage: {name: gae, lam: 0.9} (an option of gae)" in _error("algo.lam=0.9")
+    assert "use algo.loss_agg: {name: seq_mean_token_sum_norm, max_len_norm: 512}" in _error("algo.max_len_norm=512")
+    recipe = _recipe(tmp_path, {"policy_loss": "gspo", "clip_high": 4e-4})
+    assert "use algo.policy_loss: {name: gspo, clip_high: 0.0004} (an option of cispo, gspo, ppo_clip)" in _error(
+        recipe=recipe)
+
+
+def test_an_option_override_applies_to_a_part_named_by_a_string(tmp_path):
+    recipe = _recipe(tmp_path, {"policy_loss": "ppo_clip", "advantage": "gae"})
+    cfg = load_config(recipe, ["algo.policy_loss.clip_high=0.28", "algo.advantage.lam=0.9"])
+    assert cfg.algo.policy_loss.settings.clip_high == 0.28 and cfg.algo.advantage.settings.lam == 0.9
+    assert apply_overrides({"algo": {"policy_loss": "cispo"}}, ["algo.policy_loss.clip_low=1.0"]) == {
+        "algo": {"policy_loss": {"name": "cispo", "clip_low": 1.0}}}
+    # under a preset, and with no part named anywhere (the field's default part)
+    assert load_config(None, ["algo.policy_loss.clip_high=0.3"]).algo.policy_loss.settings.clip_high == 0.3
+    bare = config_from_dict(apply_overrides({}, ["algo.policy_loss.dual_clip=3"]))
+    assert bare.algo.policy_loss == "ppo_clip" and bare.algo.policy_loss.settings.dual_clip == 3.0
+
+
+def test_naming_another_part_replaces_the_old_one_with_its_options(tmp_path):
+    other = load_config(None, ["preset=dapo", "algo.policy_loss=gspo"]).algo.policy_loss
+    assert other.recipe_form() == {"name": "gspo", "clip_low": 0.2, "clip_high": 0.2}  # not dapo's 0.28
+    same = load_config(None, ["preset=dapo", "algo.policy_loss=ppo_clip"]).algo.policy_loss
+    assert same.settings.clip_high == 0.28  # the same part named again keeps its options
+    recipe = _recipe(tmp_path, {"policy_loss": {"name": "cispo", "clip_low": 1.0}}, preset="dapo")
+    assert load_config(recipe).algo.policy_loss.recipe_form() == {"name": "cispo", "clip_low": 1.0, "clip_high": 0.2}
+    recipe = _recipe(tmp_path, {"policy_loss": {"clip_low": 0.1}}, preset="dapo")
+    assert load_config(recipe).algo.policy_loss.recipe_form() == {**PPO_CLIP, "clip_low": 0.1, "clip_high": 0.28}
+    recipe = _recipe(tmp_path, {"policy_loss": {"name": "ppo_clip", "clip_high": 0.3}})
+    cfg = load_config(recipe, ["algo.policy_loss={name: reinforce, tis_cap: 2.0}"])
+    assert cfg.algo.policy_loss.recipe_form() == {"name": "reinforce", "tis_cap": 2.0}
+    # only the name key changed: the old options stay and one the new part lacks is an error naming it
+    msg = _error("algo.policy_loss.name=reinforce", recipe=recipe)
+    assert "algo.policy_loss.clip_high: unknown key, not an option of reinforce; allowed keys here: name, tis_cap" in msg
+
+
+def test_bad_options_are_errors_naming_the_field():
+    assert "algo.policy_loss.clip_high: Input should be greater than or equal to 0 (got -1)" in _error(
+        "algo.policy_loss.clip_high=-1")
+    assert "algo.advantage.scale_by_std: Input should be a valid boolean" in _error(
+        "algo.advantage.scale_by_std=maybe")
+    msg = _error("algo.advantage.lam=0.9")
+    assert "algo.advantage.lam: unknown key, not an option of grpo; allowed keys here: name, gamma, adv_eps" in msg
+    assert "algo.loss_agg.max_len_norm: unknown key; token_mean takes no options" in _error(
+        "algo.loss_agg={name: token_mean, max_len_norm: 8}")
+    assert "algo.policy_loss: must be a part's name or {name: NAME" in _error("algo.policy_loss=[1, 2]")
+    assert "unknown policy loss 'nope'" in _error("algo.policy_loss={name: nope, clip_high: 0.3}")
+
+
+def test_dump_roundtrip_with_options(tmp_path):
+    cfg = load_config(None, ["preset=ppo", "algo.advantage.lam=0.9", "algo.policy_loss.dual_clip=3",
+                             "algo.loss_agg={name: seq_mean_token_sum_norm, max_len_norm: 64}"])
+    text = dump_config(cfg)
+    algo = yaml.safe_load(text)["algo"]
+    assert algo["advantage"] == {"name": "gae", "gamma": 1.0, "adv_eps": 1e-6, "scale_by_std": True, "lam": 0.9}
+    assert algo["policy_loss"]["dual_clip"] == 3.0 and algo["loss_agg"]["max_len_norm"] == 64.0
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    again = load_config(path)
+    assert again == cfg and again.algo.advantage.settings.lam == 0.9
+    assert load_config(path, ["algo.advantage.lam=0.8"]) != cfg
+    assert yaml.safe_load(dump_config(load_config(None, [])))["algo"]["loss_agg"] == "token_mean"
+
+
+def test_a_part_choice_pickles_with_its_settings():
+    part = AlgoConfig(policy_loss={"name": "gspo", "clip_high": 4e-4}).policy_loss
+    copy = pickle.loads(pickle.dumps(part))
+    assert copy == part and copy.settings.clip_high == 4e-4 and isinstance(copy, PartRef)
+
+
+def test_algos_lists_each_parts_options_with_defaults(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    out = CliRunner().invoke(app, ["algos"]).output
+    for shown in ("clip_low=0.2, clip_high=0.2, dual_clip=0", "gamma=1, adv_eps=1e-06, scale_by_std=True, lam=0.95",
+                  "tis_cap=0", "max_len_norm=0", "ppo_clip (clip_high=0.28)"):
+        assert shown in out, shown
+
+
+def test_compare_names_a_part_written_with_its_options():
+    run = Run(Path("r"), {"algo": {"advantage": GRPO, "policy_loss": "ppo_clip"}}, [])
+    assert group_key(run) == "grpo+ppo_clip" and group_key(run, "algo.advantage") == "grpo"
+    assert group_key(run, "algo.advantage.scale_by_std") == "True"
+
+
+def test_the_python_api_passes_a_part_with_its_options_as_one_value():
+    from reinforge.api import _overrides
+
+    overrides = _overrides(model=None, task=None, reward=None, preset="dapo", plugins=None,
+                           algo={"policy_loss": {"name": "gspo", "clip_high": 0.3}, "kl": {"coef": 0.1}})
+    assert overrides == ["preset=dapo", 'algo.policy_loss={"name": "gspo", "clip_high": 0.3}', "algo.kl.coef=0.1"]
+    algo = load_config(None, overrides).algo
+    assert algo.policy_loss.recipe_form() == {"name": "gspo", "clip_low": 0.2, "clip_high": 0.3} and algo.kl.coef == 0.1
