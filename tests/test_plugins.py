@@ -72,7 +72,8 @@ def _run(tmp_path, plugin: Path, *overrides: str, recipe: str | None = None):
 
 def test_the_page_has_every_kind_of_example_each_under_30_lines():
     found = examples()
-    assert set(found) == {"advantage", "policy_loss", "loss_term", "task_sampler", "group_sampler", "environment"}
+    assert set(found) == {"advantage", "policy_loss", "loss_term", "task_sampler", "group_sampler", "environment",
+                          "reward_shaper"}
     for name, code in found.items():
         lines = [line for line in code.splitlines() if line.strip()]
         assert len(lines) < 30, (name, len(lines))
@@ -110,6 +111,15 @@ def test_extra_loss_term(tmp_path, plugin_files):
     assert all("train/nll_on_correct" in m for m in steps)
     assert any(m["train/nll_on_correct"] > 0 for m in steps)  # some completions were right
     assert all(m["train/loss"] != m["train/pg_loss"] for m in steps if m["train/nll_on_correct"] > 0)
+
+
+def test_reward_shaper(tmp_path, plugin_files):
+    result, _ = _run(tmp_path, plugin_files["reward_shaper"], "algo.reward_shapers=[{name: brevity, params: {coef: 0.5}}]",
+                     "log.samples_per_step=100")
+    samples = read_jsonl(result.run_dir / "samples.jsonl")
+    # r in {0, 1} minus 0.5 * L / 8 with 1 <= L <= 8 generated tokens: a multiple of 1/16, never 0 or 1
+    assert samples and all(s["reward"] not in (0.0, 1.0) and -0.5 <= s["reward"] < 1.0 for s in samples)
+    assert all(abs(s["reward"] * 16 - round(s["reward"] * 16)) < 1e-9 for s in samples)
 
 
 @pytest.mark.slow
