@@ -46,7 +46,7 @@ def main() -> None:
     learners = {}
     for name, update in variants.items():
         run_cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update=update)})
-        learners[name] = Learner(copy.deepcopy(c.learner.model), run_cfg)
+        learners[name] = Learner.for_run(copy.deepcopy(c.learner.model), run_cfg)
         learners[name].update(batch)  # warm-up
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):

@@ -73,7 +73,7 @@ for g in range(B // 8):
                                 task_id=str(g), reward=float(j % 3)))
 cfg = load_config(None, ["algo.kl.coef=0", "train.micro_batch_tokens=4096", "rollout.group_size=8",
                          f"rollout.max_new_tokens={L}", *spec["overrides"]])
-learner = Learner(model, cfg)
+learner = Learner.for_run(model, cfg)
 batch = Batch.from_trajectories(trajs, 0)
 learner.update(batch.select(list(range(B))))  # warm-up: optimizer state allocated, kernels chosen
 rss_before = next(int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))

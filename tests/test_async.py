@@ -99,7 +99,7 @@ def test_decoupled_loss_equals_the_synchronous_loss_when_on_policy(tmp_path):
     for mode, behaviour in (("none", "engine"), ("token_tis", "engine"), ("token_tis", "learner")):
         run_cfg = cfg.model_copy(update={"algo": cfg.algo.model_copy(
             update={"mismatch": cfg.algo.mismatch.model_copy(update={"mode": mode})})})
-        learner = Learner(copy.deepcopy(c.learner.model), run_cfg)
+        learner = Learner.for_run(copy.deepcopy(c.learner.model), run_cfg)
         batch, _ = build_batch(trajs, run_cfg.algo, c.engine.pad_id)
         if behaviour == "learner":
             with torch.no_grad():

@@ -88,7 +88,7 @@ def _learner(cfg) -> Learner:
     critic = build_critic("tiny-base", cfg.algo.critic, "float64", "cpu") if cfg.algo.advantage == "gae" else None
     if critic is not None:
         float64_model(critic.model)
-    return Learner(float64_model(load_model("tiny-base")), cfg, ref, critic)
+    return Learner.for_run(float64_model(load_model("tiny-base")), cfg, ref, critic)
 
 
 def _full_state(learner: Learner) -> dict[str, torch.Tensor]:

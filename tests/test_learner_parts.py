@@ -237,4 +237,4 @@ def test_gae_without_critic_is_refused(tmp_path, tiny_model):
     from reinforge.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs a critic"):
-        Learner(tiny_model, _cfg(tmp_path, "preset=ppo"))
+        Learner.for_run(tiny_model, _cfg(tmp_path, "preset=ppo"))

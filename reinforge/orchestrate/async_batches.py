@@ -68,7 +68,7 @@ class WorkerBatches:
         self._admit()
         n = self.cfg.rollout.prompts_per_step
         t0 = time.perf_counter()
-        rounds, results = Rounds(self.cfg, n), []
+        rounds, results = Rounds(self.cfg.algo, self.cfg.rollout.max_new_tokens, n), []
         while True:
             result = self._wait((step, rounds.out.rounds + 1))
             results.append(result)

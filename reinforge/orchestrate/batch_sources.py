@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from reinforge.algo.objective import required_inputs
-from reinforge.config import RunConfig
+from reinforge.config import AlgoConfig, RolloutConfig
 from reinforge.data.base import Task
 from reinforge.orchestrate.collectors import Collector, greedy_baseline
 from reinforge.orchestrate.episodes import groups_with_spread, shape_rewards
@@ -69,14 +69,14 @@ class Rounds:
     (``algo.dynamic_sampling``) groups without reward spread are set aside and rounds go on until
     ``want`` groups with spread are in hand, or ``dynamic_sampling_max_rounds`` rounds were drawn."""
 
-    def __init__(self, cfg: RunConfig, want: int) -> None:
-        self.cfg, self.want, self.out = cfg, want, Rollout()
+    def __init__(self, algo: AlgoConfig, max_new_tokens: int, want: int) -> None:
+        self.algo, self.max_new_tokens, self.want, self.out = algo, max_new_tokens, want, Rollout()
         self.groups_kept: set[int] = set()
 
     def add(self, round_: Round, group_offset: int) -> None:
-        algo, out = self.cfg.algo, self.out
+        algo, out = self.algo, self.out
         trajs = round_.trajectories
-        shape_rewards(trajs, algo.reward_shapers, self.cfg.rollout.max_new_tokens)
+        shape_rewards(trajs, algo.reward_shapers, self.max_new_tokens)
         baseline = ([round_.baseline[t.group_id - group_offset] for t in trajs]
                     if round_.baseline is not None else None)
         out.rounds += 1
@@ -93,13 +93,13 @@ class Rounds:
         return self.want - len(self.groups_kept)
 
     def done(self) -> bool:
-        algo = self.cfg.algo
+        algo = self.algo
         return not algo.dynamic_sampling or self.room() <= 0 or self.out.rounds >= algo.dynamic_sampling_max_rounds
 
 
-def needs_baseline(cfg: RunConfig) -> bool:
+def needs_baseline(algo: AlgoConfig) -> bool:
     """Does the run's advantage estimator declare a greedy baseline (``Entry.needs``)?"""
-    return "baseline" in required_inputs(cfg.algo)
+    return "baseline" in required_inputs(algo)
 
 
 class BatchSource(Protocol):
@@ -122,15 +122,17 @@ class LocalBatches:
     """Rollout in this process with the loop's engine: rounds of ``prompts_per_step`` tasks. With
     several ranks every rank draws the same tasks and samples its share ``[lo, hi)`` of them."""
 
-    def __init__(self, cfg: RunConfig, sampler, collector: Collector, params: SamplingParams, generator) -> None:
-        self.cfg, self.sampler, self.collector, self.params, self.generator = cfg, sampler, collector, params, generator
-        self.with_baseline = needs_baseline(cfg)
+    def __init__(self, algo: AlgoConfig, rollout: RolloutConfig, seed: int, sampler, collector: Collector,
+                 params: SamplingParams, generator) -> None:
+        self.algo, self.rollout, self.seed = algo, rollout, seed
+        self.sampler, self.collector, self.params, self.generator = sampler, collector, params, generator
+        self.with_baseline = needs_baseline(algo)
 
     def collect(self, step: int) -> Rollout:
-        n_prompts = self.cfg.rollout.prompts_per_step
+        n_prompts = self.rollout.prompts_per_step
         lo, hi = distributed.shard(n_prompts)
-        distributed.seed_rollout(self.generator, self.cfg.seed, step)
-        rounds = Rounds(self.cfg, hi - lo)
+        distributed.seed_rollout(self.generator, self.seed, step)
+        rounds = Rounds(self.algo, self.rollout.max_new_tokens, hi - lo)
         while True:
             tasks = self.sampler.next_batch(n_prompts)[lo:hi]  # every rank draws the same tasks
             offset = rounds.out.rounds * n_prompts + lo

@@ -134,7 +134,7 @@ def build_components(cfg: RunConfig) -> Components:
     return Components(
         cfg=cfg,
         tokenizer=tokenizer,
-        learner=Learner(policy, cfg, ref, critic),
+        learner=Learner.for_run(policy, cfg, ref, critic),
         engine=engine,
         splits=splits,
         sampler=build_task_sampler(cfg.task.sampler.name, splits.train, cfg.seed, cfg.task.sampler.settings()),

@@ -58,7 +58,8 @@ class TrainResult:
 
 def local_batches(c: Components, collector: Collector) -> BatchSource:
     """Synchronous RL: each step samples its batch here, with the loop's engine."""
-    return LocalBatches(c.cfg, c.sampler, collector, c.sampling_params(), c.engine.generator)
+    cfg = c.cfg
+    return LocalBatches(cfg.algo, cfg.rollout, cfg.seed, c.sampler, collector, c.sampling_params(), c.engine.generator)
 
 
 class Loop:

@@ -86,7 +86,7 @@ class RolloutWorkerCore:
         self.collector = build_collector(cfg.env, cfg.rollout, self.engine, make_env, self.pool,
                                          getattr(model.config, "max_position_embeddings", None))
         self.params = sampling_params(cfg.rollout)
-        self.with_baseline = needs_baseline(cfg)
+        self.with_baseline = needs_baseline(cfg.algo)
 
     def run(self, request: RolloutRequest) -> RolloutResult:
         from reinforge.orchestrate.batch_sources import sample_round

@@ -27,7 +27,7 @@ from reinforge.algo import KL_ESTIMATORS, AggNorm
 from reinforge.algo.context import Context
 from reinforge.algo.kl_control import KLController
 from reinforge.algo.objective import Objective, loss_terms, required_inputs
-from reinforge.config import RunConfig
+from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, TrainConfig
 from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.models.precision import compute_dtype
 from reinforge.train import distributed
@@ -46,7 +46,7 @@ from reinforge.types import Batch
 class Learner(PreparesBatches):
     """Owns the trainable policy, the optional frozen reference policy, the optional critic and the optimizers.
 
-    With ``cfg.model.lora.enabled`` a plain ``model`` is wrapped with LoRA adapters here (in place;
+    With ``lora.enabled`` a plain ``model`` is wrapped with LoRA adapters here (in place;
     a model already wrapped by peft is taken as is); the reference policy is then the base with
     the adapters disabled, and ``ref_model`` must be None.
 
@@ -57,23 +57,40 @@ class Learner(PreparesBatches):
     """
 
     def __init__(
-        self, model: nn.Module, cfg: RunConfig, ref_model: nn.Module | None = None, critic: Critic | None = None
+        self, model: nn.Module, train: TrainConfig, algo: AlgoConfig, rollout: RolloutConfig, *,
+        lora: LoraConfig | None = None, base_path: str | None = None, seed: int = 0,
+        ref_model: nn.Module | None = None, critic: Critic | None = None,
     ) -> None:
-        if cfg.model.lora.enabled and not is_lora_model(model):
-            model = wrap_lora(model, cfg.model.lora, cfg.model.path, seed=cfg.seed)
+        """The learner of ``model`` from its own sections: ``train`` (optimizer, micro-batches, forward,
+        parallelism), ``algo`` (the objective) and from ``rollout`` the sampling temperature and
+        ``max_new_tokens``; ``lora`` (with the base's ``base_path``) wraps a plain model in adapters."""
+        self._setup(model, train, algo, rollout, lora, base_path, seed, ref_model, critic)
+
+    @classmethod
+    def for_run(cls, model: nn.Module, cfg: RunConfig, ref_model: nn.Module | None = None,
+                critic: Critic | None = None) -> Learner:
+        """A run's learner: its ``train``, ``algo``, ``rollout`` and ``model.lora`` sections."""
+        return cls(model, cfg.train, cfg.algo, cfg.rollout, lora=cfg.model.lora, base_path=cfg.model.path,
+                   seed=cfg.seed, ref_model=ref_model, critic=critic)
+
+    def _setup(self, model: nn.Module, train: TrainConfig, algo: AlgoConfig, rollout: RolloutConfig,
+               lora: LoraConfig | None, base_path: str | None, seed: int, ref_model: nn.Module | None,
+               critic: Critic | None) -> None:
+        if lora is not None and lora.enabled and not is_lora_model(model):
+            model = wrap_lora(model, lora, base_path, seed=seed)
         self.lora = is_lora_model(model)
         if self.lora and ref_model is not None:
             raise ValueError("a LoRA policy's reference is its base model with the adapters disabled: pass no ref_model")
-        if distributed.world() > 1 and cfg.train.parallel == "fsdp" and self.lora:
+        if distributed.world() > 1 and train.parallel == "fsdp" and self.lora:
             raise ConfigError("train.parallel=fsdp does not support model.lora.enabled=true (the adapters are small "
                               "and the base is frozen: use train.parallel=ddp)")
-        model = distributed.wrap_model(model, cfg.train.parallel)  # before the optimizer sees the parameters
+        model = distributed.wrap_model(model, train.parallel)  # before the optimizer sees the parameters
         if critic is not None:
             distributed.wrap_model(critic.model, "ddp")
         self.model = model.train()
-        self.parallel = DataParallel(model, cfg.train.parallel)
+        self.parallel = DataParallel(model, train.parallel)
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
-        t = cfg.train
+        t = self.train_cfg = train
         self.offload_reference = t.offload_reference and self.ref_model is not None
         if self.offload_reference:
             self.ref_model.to("cpu")
@@ -83,20 +100,19 @@ class Learner(PreparesBatches):
                 raise ConfigError(f"train.gradient_checkpointing: {type(hf_model).__name__} does not support it")
             hf_model.activation_checkpointing_enable({"use_reentrant": False})
         self.critic = critic
-        self.cfg = cfg
-        self.algo = cfg.algo
-        self.objective = Objective(cfg.algo.policy_loss, cfg.algo.loss_agg, cfg.algo.mismatch.mode,
-                                   cfg.algo.mismatch.cap, cfg.algo, cfg.algo.policy_loss.settings)
-        self.kl_estimator = KL_ESTIMATORS.get(cfg.algo.kl.estimator)
-        self.kl_ctl = KLController(cfg.algo.kl.coef, cfg.algo.kl.target, cfg.algo.kl.horizon)
-        self.needs = required_inputs(cfg.algo)
+        self.algo = algo
+        self.objective = Objective(algo.policy_loss, algo.loss_agg, algo.mismatch.mode, algo.mismatch.cap, algo,
+                                   algo.policy_loss.settings)
+        self.kl_estimator = KL_ESTIMATORS.get(algo.kl.estimator)
+        self.kl_ctl = KLController(algo.kl.coef, algo.kl.target, algo.kl.horizon)
+        self.needs = required_inputs(algo)
         if "values" in self.needs and critic is None:
-            raise ConfigError(f"algo.advantage={cfg.algo.advantage} needs a critic (a value model); it is built by "
+            raise ConfigError(f"algo.advantage={algo.advantage} needs a critic (a value model); it is built by "
                               "build_components")
-        self.max_len_norm = getattr(cfg.algo.loss_agg.settings, "max_len_norm", 0) or float(cfg.rollout.max_new_tokens)
-        self.temperature = cfg.rollout.temperature
+        self.max_len_norm = getattr(algo.loss_agg.settings, "max_len_norm", 0) or float(rollout.max_new_tokens)
+        self.temperature = rollout.temperature
         self.optimizer, self.scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], t)
-        self.shuffle = torch.Generator().manual_seed(cfg.seed + 17)
+        self.shuffle = torch.Generator().manual_seed(seed + 17)
         self.step = 0
         self._prepared: tuple[Batch | None, MetricSums, int] | None = None  # prepare() -> update()
         self.forward = FORWARDS.call(select_forward(t, hf_model, self.fsdp),
@@ -184,7 +200,7 @@ class Learner(PreparesBatches):
         _, stats, offset = self._prepared
         self._prepared = None
         self.step += 1
-        t = self.cfg.train
+        t = self.train_cfg
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
         n_updates = t.epochs * min(t.minibatches, total)
@@ -220,13 +236,13 @@ class Learner(PreparesBatches):
         """Row groups of one forward/backward within ``train.micro_batch_tokens``: padded (rows x
         longest row) or, with packing, packed rows of mostly real tokens."""
         lengths = batch.attention_mask.sum(-1)
-        budget = self.cfg.train.micro_batch_tokens
-        if self.cfg.train.packing:
+        budget = self.train_cfg.micro_batch_tokens
+        if self.train_cfg.packing:
             return packed_micro_batches(lengths.tolist(), budget)
         return list(micro_batches(lengths, budget))
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.cfg.train.autocast == "bf16":
+        if self.train_cfg.autocast == "bf16":
             return torch.autocast(self._device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -265,7 +281,7 @@ class Learner(PreparesBatches):
         if not train_policy:
             return
         self.parallel.reduce_grads([p for p in self.model.parameters() if p.requires_grad])
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.grad_clip)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor, the norm over all shards
             grad_norm = grad_norm.full_tensor()
         if not torch.isfinite(grad_norm):

@@ -31,7 +31,7 @@ class PreparesBatches:
         """The no-grad passes at the start of an update (pi_old when several optimizer steps or the KL
         in the reward need it, pi_ref, critic values) and the per-token rewards; with several ranks
         every rank calls it at once (None: no rows here, it still joins the collectives)."""
-        t = self.cfg.train
+        t = self.train_cfg
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
         recompute_old = t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
