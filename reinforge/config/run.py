@@ -50,18 +50,26 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 = off")
     stop: list[str] = Field(default_factory=list, description="stop strings (the stop string is kept)")
-    engine: Literal["torch", "openai"] = Field(
-        "torch", description="'torch': the in-process engine; 'openai': any OpenAI-compatible server at server_url"
+    engine: str = Field(
+        "torch", description="a registered rollout engine: 'torch' (in process), 'openai' (any OpenAI-compatible "
+        "server at server_url), or a plug-in's"
     )
     server_url: str | None = Field(None, description="base URL of the server for engine=openai, e.g. http://host:8000/v1")
     server_model: str | None = Field(None, description="model name the server expects (default: model.path)")
     sync_weights: bool = Field(True, description="engine=openai: push new weights to the server after each update")
     ignore_eos: bool = Field(False, description="generate exactly max_new_tokens (benchmarks, throughput tests)")
 
+    @field_validator("engine")
+    @classmethod
+    def _registered_engine(cls, v: str) -> str:
+        return _check_registered("engine", v)
+
     @model_validator(mode="after")
-    def _openai_needs_url(self) -> RolloutConfig:
-        if self.engine == "openai" and not self.server_url:
-            raise ValueError("rollout.engine=openai needs rollout.server_url (e.g. http://127.0.0.1:8000/v1)")
+    def _server_needs_url(self) -> RolloutConfig:
+        from reinforge.rollout.engines import engine_spec
+
+        if engine_spec(self.engine).needs_server and not self.server_url:
+            raise ValueError(f"rollout.engine={self.engine} needs rollout.server_url (e.g. http://127.0.0.1:8000/v1)")
         return self
 
 
@@ -222,10 +230,17 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _async_engine_has_copies(self) -> RunConfig:
-        if self.orchestrate.mode == "async" and self.rollout.engine == "openai":
-            raise ValueError("orchestrate.mode=async samples in rollout workers, each with its own copy of the "
-                             "policy; rollout.engine=openai drives one server whose weights the learner sets, so it "
-                             "runs with orchestrate.mode=sync (the server already generates apart from the learner)")
+        from reinforge.rollout.engines import engine_spec
+
+        if engine_spec(self.rollout.engine).replicable:
+            return self
+        why = (f"rollout.engine={self.rollout.engine} is not replicable (its declaration: e.g. one server whose "
+               "weights the learner sets)")
+        if self.orchestrate.mode == "async":
+            raise ValueError(f"orchestrate.mode=async samples in rollout workers, each with its own copy of the "
+                             f"policy; {why}, so it runs with orchestrate.mode=sync")
+        if self.train.world_size > 1:
+            raise ValueError(f"train.world_size > 1 runs one rollout engine per rank; {why}")
         return self
 
     @model_validator(mode="after")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import functools
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ from reinforge.plugins import load_plugins
 from reinforge.rewards.build import run_reward_pool
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
+from reinforge.rollout.engines import engine_spec
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
@@ -76,39 +77,35 @@ class _MergesLora:
         super().update_weights(merged_weights(state) if is_lora_model(state) else state, version)  # type: ignore[misc]
 
 
-class LoraTorchRolloutEngine(_MergesLora, TorchRolloutEngine):
-    pass
-
-
-class LoraOpenAIRolloutEngine(_MergesLora, OpenAIRolloutEngine):
-    pass
-
-
-class ShardedTorchRolloutEngine(TorchRolloutEngine):
+class _GathersShards:
     """The rollout engine of one rank of an FSDP2 run (``train.parallel=fsdp``): ``update_weights``
     receives the learner's sharded policy and copies its whole weights, gathered from all ranks
     (a collective: every rank updates its engine at the same time)."""
 
     def update_weights(self, state: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
-        super().update_weights(distributed.rollout_weights(state) if isinstance(state, torch.nn.Module) else state,
-                               version)
+        super().update_weights(distributed.rollout_weights(state) if isinstance(state, torch.nn.Module)  # type: ignore[misc]
+                               else state, version)
 
 
-def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer) -> TorchRolloutEngine | OpenAIRolloutEngine:
-    """The rollout engine: in process (a copy of the policy), or a server driven over HTTP whose
-    weights are set to the policy's before the first rollout. ``policy`` is the plain model (for
-    LoRA: before its adapters are added, which start at zero)."""
-    r = cfg.rollout
-    lora = cfg.model.lora.enabled
-    if r.engine == "openai":
-        assert r.server_url is not None
-        engine = (LoraOpenAIRolloutEngine if lora else OpenAIRolloutEngine)(
-            r.server_url, r.server_model or cfg.model.path, tokenizer, seed=cfg.seed, sync_weights=r.sync_weights)
-        engine.update_weights(policy, 0)
-        return engine
-    sharded = cfg.train.world_size > 1 and cfg.train.parallel == "fsdp"  # (LoRA with FSDP is refused)
-    engine_cls = LoraTorchRolloutEngine if lora else ShardedTorchRolloutEngine if sharded else TorchRolloutEngine
-    return engine_cls(copy.deepcopy(policy), tokenizer, cfg.model.device, seed=cfg.seed)
+@functools.cache
+def with_mixin(mixin: type, engine_class: type) -> type:
+    """``engine_class`` with ``mixin``'s ``update_weights`` in front (one class per pair)."""
+    return type(f"{mixin.__name__.strip('_')}{engine_class.__name__}", (mixin, engine_class), {})
+
+
+LoraTorchRolloutEngine = with_mixin(_MergesLora, TorchRolloutEngine)
+
+
+def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer):
+    """The run's rollout engine (``rollout.engine``, a registered ``EngineSpec``) over ``policy``, the
+    plain model (for LoRA: before its adapters are added, which start at zero). A LoRA run's engine
+    takes merged weights; an FSDP2 rank's gathers the shards."""
+    engine_class = engine_spec(cfg.rollout.engine).engine_class
+    if cfg.model.lora.enabled:
+        engine_class = with_mixin(_MergesLora, engine_class)
+    elif cfg.train.world_size > 1 and cfg.train.parallel == "fsdp":  # (LoRA with FSDP is refused)
+        engine_class = with_mixin(_GathersShards, engine_class)
+    return engine_class.from_config(cfg.rollout, policy, tokenizer, cfg.model.device, cfg.seed, cfg.model.path)
 
 
 def build_components(cfg: RunConfig) -> Components:

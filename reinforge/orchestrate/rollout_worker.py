@@ -71,7 +71,7 @@ class RolloutWorkerCore:
         from reinforge.orchestrate.collectors import build_collector, sampling_params
         from reinforge.plugins import load_plugins
         from reinforge.rewards.build import run_reward_pool
-        from reinforge.rollout.torch_engine import TorchRolloutEngine
+        from reinforge.rollout.engines import engine_spec
 
         load_plugins(cfg.plugins)  # this process starts with the built-in parts only
         torch.set_num_threads(cfg.orchestrate.rollout_threads)
@@ -79,7 +79,9 @@ class RolloutWorkerCore:
         self.worker_id, self.cfg = worker_id, cfg
         tokenizer = load_tokenizer(cfg.model.path)
         model = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
-        self.engine = TorchRolloutEngine(model, tokenizer, cfg.model.device, seed=cfg.seed + 1000 * (worker_id + 1))
+        engine_class = engine_spec(cfg.rollout.engine).engine_class  # replicable: the config checks it
+        self.engine = engine_class.from_config(cfg.rollout, model, tokenizer, cfg.model.device,
+                                               cfg.seed + 1000 * (worker_id + 1), cfg.model.path, copy_policy=False)
         self.engine.version = -1  # until the learner's weights arrive
         self.pool = run_reward_pool(cfg)
         make_env = build_environment(cfg.env.name, self.pool.as_verifier(), cfg.task.system_prompt, cfg.env.params)

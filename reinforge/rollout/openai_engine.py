@@ -17,15 +17,29 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
+from reinforge.rollout.engines import register_engine
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 
 
+@register_engine("openai", description="any OpenAI-compatible server at rollout.server_url, its weights set "
+                 "to the policy's over HTTP", replicable=False, needs_server=True)
 class OpenAIRolloutEngine:
+    @classmethod
+    def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
+                    copy_policy: bool = True) -> OpenAIRolloutEngine:
+        """An engine driving ``rollout.server_url``, whose weights are set to ``policy``'s now (it keeps
+        no copy: ``copy_policy`` does not apply)."""
+        engine = cls(rollout.server_url, rollout.server_model or model_path, tokenizer, seed=seed,
+                     sync_weights=rollout.sync_weights)
+        engine.update_weights(policy, 0)
+        return engine
+
     def __init__(
         self,
         base_url: str,

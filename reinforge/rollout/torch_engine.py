@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +19,7 @@ from reinforge.models.lean_llama import LeanLlama
 from reinforge.models.lean_llama import supports as lean_supports
 from reinforge.models.precision import at_least_float32, compute_dtype
 from reinforge.rollout.decoding import HFDecoder, LeanDecoder, SlotOutputs, Slots, left_pad, right_pad
+from reinforge.rollout.engines import own_copy, register_engine
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 
@@ -31,6 +33,8 @@ WeightPoll = Callable[[], "tuple[Mapping[str, Tensor] | nn.Module, int] | None"]
 None (it may also apply them itself with ``update_weights``, e.g. under a shared-memory lock)."""
 
 
+@register_engine("torch", description="the in-process engine: continuous batching over the policy's own copy",
+                 replicable=True)
 class TorchRolloutEngine:
     """Rollout engine over an HF causal LM that it owns (a copy of the learner's weights).
 
@@ -46,6 +50,12 @@ class TorchRolloutEngine:
     already cached were computed by the old weights (as in AReaL and PipelineRL; the learner's
     recomputed log-probs and the mismatch correction account for it).
     """
+
+    @classmethod
+    def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
+                    copy_policy: bool = True) -> TorchRolloutEngine:
+        """An engine over a copy of ``policy`` (``copy_policy=False``: over ``policy`` itself)."""
+        return cls(own_copy(policy) if copy_policy else policy, tokenizer, device, seed=seed)
 
     def __init__(
         self,

@@ -92,8 +92,6 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError("train.world_size > 1 needs torch.distributed, which this torch build lacks")
     if cfg.orchestrate.mode != "sync":
         raise ConfigError("train.world_size > 1 runs with orchestrate.mode=sync only (each rank rolls out its share)")
-    if cfg.rollout.engine != "torch":
-        raise ConfigError("train.world_size > 1 needs rollout.engine=torch (every rank runs its own engine)")
     if cfg.rollout.prompts_per_step < w:
         raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} < train.world_size={w}: every "
                           "rank needs at least one prompt (whole groups are split across ranks)")

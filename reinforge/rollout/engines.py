@@ -1,0 +1,61 @@
+"""Rollout engines as registered parts (``rollout.engine``): what produces a run's completions.
+
+An entry is an ``EngineSpec``: ``make(rollout, policy, tokenizer, device, seed, model_path, copy_policy)`` builds
+the engine from the recipe's ``rollout`` section and the learner's policy (the engine owns a copy,
+or sets a server's weights to it), and two declarations the loop and the config checks read
+instead of the engine's name:
+
+* ``replicable``: every process can hold its own engine with its own copy of the weights, so
+  asynchronous rollout workers and data-parallel ranks can each run one;
+* ``needs_server``: the engine drives a server at ``rollout.server_url``.
+
+An engine object has ``generate(requests, params)``, ``update_weights(model_or_state, version)``,
+``tokenizer``, ``pad_id``, ``generator`` (a ``torch.Generator``, saved in checkpoints) and
+``version`` (``rollout/types.py`` describes requests and generations).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from reinforge.registry import Registry, kind
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    make: Callable[..., Any]
+    replicable: bool
+    needs_server: bool
+    description: str
+    engine_class: type
+
+
+ROLLOUT_ENGINES: Registry[EngineSpec] = kind("engine", Registry("rollout engine"))
+
+
+def register_engine(name: str, *, description: str, replicable: bool, needs_server: bool = False,
+                    paper: str = "-") -> Callable[[type], type]:
+    """Register an engine class as ``rollout.engine: name``; the class provides
+    ``from_config(rollout, policy, tokenizer, device, seed, model_path, copy_policy=True)``
+    (``policy`` is the plain model, before any LoRA adapters; an engine that keeps weights in
+    process copies it unless ``copy_policy`` is false, as in a rollout worker that loaded its own)."""
+
+    def deco(cls: type) -> type:
+        spec = EngineSpec(name, cls.from_config, replicable, needs_server, description, cls)
+        ROLLOUT_ENGINES.register(name, formula=description, paper=paper)(spec)
+        return cls
+
+    return deco
+
+
+def engine_spec(name: str) -> EngineSpec:
+    return ROLLOUT_ENGINES.get(name)
+
+
+def own_copy(policy: Any) -> Any:
+    """The engine's own copy of the learner's weights."""
+    return copy.deepcopy(policy)
