@@ -20,6 +20,7 @@ from reinforge.envs.registry import build_environment
 from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.orchestrate.collectors import Collector, build_collector, episode_limits, sampling_params
 from reinforge.orchestrate.multi_turn import EpisodeLimits
+from reinforge.parts import all_kinds
 from reinforge.plugins import load_plugins
 from reinforge.rewards.build import run_reward_pool
 from reinforge.rewards.pool import VerifierPool
@@ -112,7 +113,8 @@ def build_components(cfg: RunConfig) -> Components:
     """Every component of a run. With several ranks (train/distributed.py) each rank builds its own,
     all from the same seed: the learner shares or shards the policy, each engine samples its rank's
     share of the prompts (``distributed.seed_rollout`` gives each rank its own random stream)."""
-    load_plugins(cfg.plugins)  # a spawned process (a rank) starts with the built-in parts only
+    all_kinds()  # a spawned process (a rank) starts with no part registered (its config is unpickled)
+    load_plugins(cfg.plugins)
     distributed.check(cfg)
     seed_everything(cfg.seed)
     splits = build_task_splits(cfg.task)  # fail on bad data before loading any model
