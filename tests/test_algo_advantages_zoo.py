@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from part_calls import advantage
+from torch import Tensor
 from torch.testing import assert_close
 
 from reinforge.algo import ADVANTAGES
@@ -154,22 +155,40 @@ PP_MASK = torch.tensor(
 )
 
 
+def _pp_expected(hi: float, lo: float) -> Tensor:
+    """PP_MASK's layout with ``hi`` on the reward-3 rows' tokens and ``lo`` on the reward-1 rows'."""
+    r = PP_REWARDS[:, None].expand_as(PP_MASK)
+    return torch.where(PP_MASK != 0, torch.where(r == 3.0, hi, lo), 0.0)
+
+
 @pytest.mark.parametrize("scale", [True, False])
-def test_reinforce_pp_population_std_and_eps(scale):
-    # (r - 2) / (1 + 0.25) = +-0.8; groups are ignored (the all-equal group and the singleton
-    # are nonzero)
+def test_reinforce_pp_token_whitening_population_std_and_eps(scale):
+    # whiten: token (the paper): 11 masked tokens, 7 of return 3 and 4 of return 1 (row 2 has no
+    # token and does not count; groups are ignored). mean 25/11; deviations +8/11, -14/11;
+    # population var (7 * 64 + 4 * 196) / 121 / 11 = 1232 / 1331
     adv = advantage(reinforce_pp_advantage, PP_REWARDS, PP_GROUPS, PP_MASK, None, _cfg(adv_eps=0.25, scale_by_std=scale))
-    expected = torch.tensor(
-        [
-            [0.8, 0.8, 0.8],
-            [-0.8, 0.0, 0.0],
-            [0.0, 0.0, 0.0],
-            [0.8, 0.8, 0.0],
-            [0.0, 0.8, 0.8],
-            [-0.8, -0.8, -0.8],
-        ]
-    )
-    assert_close(adv, expected, atol=1e-7, rtol=0)
+    s = (1232 / 1331) ** 0.5 + 0.25
+    assert_close(adv, _pp_expected(8 / 11 / s, -14 / 11 / s), atol=1e-6, rtol=0)
+
+
+def test_reinforce_pp_sequence_whitening():
+    # whiten: sequence: every non-empty response weighs 1 (its tokens 1/|y_i|): returns 3, 1, 3, 3, 1;
+    # mean 2.2, deviations +0.8, -1.2, population var (3 * 0.64 + 2 * 1.44) / 5 = 0.96
+    adv = advantage(reinforce_pp_advantage, PP_REWARDS, PP_GROUPS, PP_MASK, None,
+                    _cfg(adv_eps=0.25, whiten="sequence"))
+    s = 0.96 ** 0.5 + 0.25
+    assert_close(adv, _pp_expected(0.8 / s, -1.2 / s), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("whiten", ["token", "sequence"])
+def test_reinforce_pp_same_weighting_with_and_without_token_rewards(whiten):
+    # Turning the KL off (no token rewards) must not change how tokens are weighted: zero token
+    # rewards and no token rewards give the same advantages, on ragged lengths.
+    cfg = _cfg(adv_eps=1e-6, whiten=whiten)
+    none = advantage(reinforce_pp_advantage, PP_REWARDS, PP_GROUPS, PP_MASK, None, cfg)
+    zeros = advantage(reinforce_pp_advantage, PP_REWARDS, PP_GROUPS, PP_MASK, None, cfg,
+                      token_rewards=torch.zeros_like(PP_MASK))
+    assert_close(none, zeros, atol=0, rtol=0)
 
 
 def test_reinforce_pp_default_eps_non_symmetric():

@@ -126,3 +126,17 @@ def test_kl_controller_validation():
         KLController(0.1, -1.0, 10)
     with pytest.raises(ValueError):
         KLController(0.1, 1.0, 0)
+
+
+def test_value_clip_frac_ignores_rounding_inside_the_range():
+    # float32, every |V - V_old| < clip: V_old + (V - V_old) differs from V in the last bit for some
+    # tokens, which made the clipped term "larger" by rounding alone. No token is clipped here.
+    gen = torch.Generator().manual_seed(0)
+    old = torch.rand(4096, generator=gen) * 0.15
+    values = torch.rand(4096, generator=gen) * 0.15  # drawn independently: |V - V_old| < 0.15 < 0.2
+    returns = torch.randn(4096, generator=gen)
+    v_clipped = old + torch.clamp(values - old, -0.2, 0.2)
+    naive = ((v_clipped - returns) ** 2 > (values - returns) ** 2).sum().item()
+    assert naive > 0  # the artefact is present in this sample
+    _, metrics = clipped_value_loss(values, old, returns, 0.2)
+    assert metrics["value_clip_frac"].sum().item() == 0.0

@@ -21,7 +21,7 @@ LEARNING_RATE = {"remax": 5e-5}
 def run_preset(tmp_path, preset: str, *overrides: str):
     cfg = load_config(None, [
         f"preset={preset}", f"output_dir={tmp_path}", f"name={preset}", "train.steps=40",
-        f"train.lr={LEARNING_RATE.get(preset, 1e-4)}",
+        *([f"train.lr={LEARNING_RATE[preset]}"] if preset in LEARNING_RATE else []),  # else the preset's, or 1e-4
         "train.lr_schedule=constant", "train.time_limit_s=0", "rollout.prompts_per_step=16", "rollout.group_size=8",
         "task.heldout_size=300", "eval.every=0", "checkpoint.every=0", "log.samples_per_step=0",
         "eval.final_samples=0", "log.report=false",
@@ -46,7 +46,10 @@ def test_preset_improves_reward(tmp_path, preset):
     if cfg.algo.kl.coef > 0:
         assert all("train/kl_ref" in m for m in metrics if "train/loss" in m)
     if preset == "ppo":
-        assert metrics[-1]["train/critic/explained_variance"] > metrics[0]["train/critic/explained_variance"]
+        # the critic learns: mean explained variance of the last 10 steps above the first 10's (the
+        # per-step value is noisy around 0 this early; the first step's critic predicts a constant)
+        ev = [m["train/critic/explained_variance"] for m in metrics]
+        assert sum(ev[-10:]) / 10 > sum(ev[:10]) / 10, ev
     if preset == "dapo":
         assert max(m["rollout/rounds"] for m in metrics) >= 1
         assert all(m["groups/kept_frac"] > 0 for m in metrics)

@@ -4,6 +4,8 @@ Parameters and conventions: algo/advantages.py."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -32,41 +34,53 @@ class GAESettings(GroupNormSettings):
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
 
 
+class ReinforcePPSettings(NormSettings):
+    """REINFORCE++: how the batch whitening weighs tokens."""
+
+    whiten: Literal["token", "sequence"] = Field(
+        "token", description="token: every masked token weighs the same in the batch mean/std (the paper); "
+        "sequence: every sequence weighs the same (token weight 1/|y_i|)")
+
+
 @ADVANTAGES.register(
     "reinforce_pp",
     formula=(
-        "A_i = (r_i - mean_batch(r)) / (std_batch(r) + eps)  [population std over all N sequences]; "
-        "with token rewards: G_t = sum_{s>=t} gamma^(s-t) (tr_s + r_i [s = last]), "
-        "A_t = (G_t - mean_tokens(G)) / (std_tokens(G) + eps)"
+        "G_t = sum_{s>=t} gamma^(s-t) (tr_s + r_i [s = last])  [tr = 0 without token rewards]; "
+        "A_t = (G_t - mean_w(G)) / (std_w(G) + eps) over the batch's masked tokens, "
+        "w_t = 1 (whiten: token) or 1/|y_i| (whiten: sequence)"
     ),
     paper="Hu 2025, REINFORCE++ (arXiv:2501.03262)",
-    settings=NormSettings,
+    settings=ReinforcePPSettings,
 )
 def reinforce_pp_advantage(
-    rewards: Tensor, mask: Tensor, cfg: NormSettings, token_rewards: Tensor | None = None
+    rewards: Tensor, mask: Tensor, cfg: ReinforcePPSettings, token_rewards: Tensor | None = None
 ) -> Tensor:
-    """REINFORCE++ advantage: global batch normalisation of the outcome reward.
+    """REINFORCE++ advantage: the per-token return, whitened over the whole batch (groups ignored).
 
-    A_i = (r_i - mu) / (sigma + eps), mu and sigma the mean and std of r over all N sequences of
-    the batch (groups are ignored). sigma is the *population* std (divide by N, not N - 1): this
-    standardises the batch itself, like batch normalisation, so the advantages have exactly zero
-    mean and unit variance, and a batch of one is well defined (sigma = 0 -> A = 0), where the
-    unbiased estimator would divide by zero. Every sequence counts once, including zero-length
-    ones (the paper's implementation normalises over tokens; we weight by sequence, as the
-    per-sequence reward is what is normalised). Normalisation is the estimator's definition, so
-    it has no ``scale_by_std`` option; ``eps = cfg.adv_eps``. Every token of sequence i gets A_i.
+    The outcome reward r_i sits on the last masked token of sequence i, plus the per-token rewards
+    ``tr`` when there are any (e.g. -beta * KL with the KL in the reward); G_t is the discounted
+    return-to-go over the masked tokens. G is whitened over every masked token of the batch:
+    A_t = (G_t - mu) / (sigma + eps), mu and sigma the weighted mean and *population* std
+    (divide by the total weight, so a batch of one or an all-equal batch gives A = 0).
 
-    With ``token_rewards`` (e.g. the per-token KL penalty), the paper's token-level form is used:
-    the outcome reward r_i is placed on the last masked token of sequence i, the per-token return
-    G_t = returns_to_go(tr + r_i [t = last], mask, cfg.gamma) is computed, and A_t = (G_t - mu) /
-    (sigma + eps) with mu, sigma the mean and population std of G over all masked tokens of the batch.
+    The weights are the same with and without token rewards, so turning the KL off does not change
+    how long responses count: ``whiten: token`` (default, the paper's per-token normalisation:
+    w_t = 1, a long response weighs more) or ``whiten: sequence`` (w_t = 1/|y_i|: every response
+    weighs the same; with gamma = 1 and no token rewards this is the per-sequence normalisation of
+    r_i). Zero-length responses have no tokens and do not count. ``eps = cfg.adv_eps``.
     """
-    if token_rewards is not None:
-        g = returns_to_go(outcome_token_rewards(rewards, mask, token_rewards), mask, _gamma(cfg))
-        return _masked_whiten(g, mask, cfg.adv_eps).to(mask.dtype)
-    r = rewards.to(torch.float64)
-    mu, sigma = _batch_mean_std(r)
-    return _per_token((r - mu) / (sigma + cfg.adv_eps), mask)
+    tr = token_rewards if token_rewards is not None else torch.zeros_like(mask)
+    g = returns_to_go(outcome_token_rewards(rewards, mask, tr), mask, _gamma(cfg)).to(torch.float64)
+    live = mask != 0
+    weight = live.to(torch.float64)
+    if getattr(cfg, "whiten", "token") == "sequence":
+        weight = weight / weight.sum(-1, keepdim=True).clamp(min=1)
+    total = weight.sum()
+    if total == 0:
+        return torch.zeros_like(mask)
+    mu = (weight * g).sum() / total
+    sigma = ((weight * (g - mu) ** 2).sum() / total).sqrt()
+    return torch.where(live, (g - mu) / (sigma + cfg.adv_eps), 0.0).to(mask.dtype)
 
 
 @ADVANTAGES.register(

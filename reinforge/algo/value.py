@@ -24,7 +24,9 @@ def clipped_value_loss(
     in the direction that already reduced the error, the clipped (constant) term dominates and the
     token stops contributing a gradient. ``returns`` and ``old_values`` are targets (no gradient
     should flow through them; the caller detaches). Aggregate ``loss`` with a mask, like the
-    policy loss. Metric ``value_clip_frac``: 1 where the clipped term is strictly the larger one.
+    policy loss. Metric ``value_clip_frac``: 1 where the clip acts, i.e. |V - V_old| > clip and the
+    clipped term is strictly the larger one (inside the range V_clip equals V up to rounding, which
+    must not count as clipped).
     """
     if clip < 0:
         raise ValueError(f"value clip must be >= 0, got {clip}")
@@ -35,7 +37,8 @@ def clipped_value_loss(
     clipped = (v_clipped - returns) ** 2
     loss = 0.5 * torch.maximum(unclipped, clipped)
     with torch.no_grad():
-        metrics = {"value_clip_frac": (clipped > unclipped).to(loss.dtype)}
+        active = ((values - old_values).abs() > clip) & (clipped > unclipped)
+        metrics = {"value_clip_frac": active.to(loss.dtype)}
     return loss, metrics
 
 
