@@ -41,7 +41,7 @@ PRESET_OPTIONS = {
     "opo": ({"name": "opo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
     "ppo": ({"name": "gae", "gamma": 1.0, "adv_eps": 1e-6, "scale_by_std": True, "lam": 0.95}, PPO_CLIP,
             "token_mean"),
-    "reinforce_pp": ({"name": "reinforce_pp", "gamma": 1.0, "adv_eps": 1e-6}, PPO_CLIP, "token_mean"),
+    "reinforce_pp": ({"name": "reinforce_pp", "gamma": 1.0, "adv_eps": 1e-6, "whiten": "token"}, PPO_CLIP, "token_mean"),
     "remax": ({"name": "remax", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
     "rloo": ({"name": "rloo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
 }
