@@ -11,6 +11,7 @@ from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
 from reinforge.orchestrate.loop import Loop
 from reinforge.orchestrate.run import train
 from reinforge.orchestrate.step_metrics import CollapseDetector
+from reinforge.track import provenance
 from reinforge.track.jsonl import read_jsonl
 
 TIMING = ("time/", "perf/", "memory/")  # wall-clock and resident memory vary between runs
@@ -54,6 +55,8 @@ def test_resume_is_exact(tmp_path, monkeypatch, algo):
     monkeypatch.undo()
     resumed = train(resume=tmp_path / "split")
     assert resumed.steps == 6 and resumed.heldout_before is None
+    sessions = provenance.read(resumed.run_dir)  # the start and the resume, each with its provenance
+    assert len(sessions) == 2 and sessions[1]["resumed_from_step"] == 3
     a = _untimed(read_jsonl(straight.run_dir / "metrics.jsonl"))
     b = _untimed(read_jsonl(resumed.run_dir / "metrics.jsonl"))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5, 6]

@@ -18,6 +18,7 @@ from reinforge.rewards.pool import VerifierPool
 from reinforge.rollout.group_samplers import sample_groups
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.train.faults import check_rewards
 from reinforge.types import Batch, Trajectory
 
 
@@ -118,6 +119,7 @@ def build_batch(
     With ``algo.skip_equal_reward_groups`` the groups whose rewards are all equal (zero
     advantage under group baselines) are dropped; ``None`` when nothing is left to train on.
     """
+    check_rewards(trajs)  # a NaN/inf reward stops the step here, naming its tasks
     n_groups = len({t.group_id for t in trajs})
     keep = [True] * len(trajs)
     if algo.skip_equal_reward_groups:

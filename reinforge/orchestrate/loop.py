@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
+from reinforge.errors import TrainingDiverged
 from reinforge.eval.heldout import evaluate
 from reinforge.orchestrate.batch_sources import BatchSource, LocalBatches, Rollout
 from reinforge.orchestrate.collectors import Collector, play
@@ -31,7 +32,7 @@ from reinforge.track.plots import plot_run
 from reinforge.track.report import write_report
 from reinforge.track.sinks import build_sinks, close_sinks
 from reinforge.train import distributed
-from reinforge.train.checkpoint import save_checkpoint
+from reinforge.train.checkpoint import latest_checkpoint, save_checkpoint
 from reinforge.train.memory import peak_mb, reset_peak
 from reinforge.types import Trajectory
 
@@ -107,7 +108,7 @@ class Loop:
         with ConsoleProgress(cfg.train.steps, self.start, self.progress_every, console) as progress:
             progress.print(f"run directory: {self.run_dir}")
             for step in range(self.start + 1, cfg.train.steps + 1):
-                metrics = self.train_step(step)
+                metrics = self.diverged_step(step)
                 if step == self.start + 1 and cfg.reward.on_error == "auto":
                     self.c.reward_pool.on_error = "zero"  # the reward function survived a whole step
                 out_of_time = cfg.train.time_limit_s > 0 and distributed.any_rank(
@@ -136,6 +137,17 @@ class Loop:
         return TrainResult(self.run_dir, step, before, after)
 
     # ------------------------------------------------------------------ one step
+    def diverged_step(self, step: int) -> dict[str, Any]:
+        """``train_step``; a numerical fault (``TrainingDiverged``) is re-raised naming the step and the
+        last good checkpoint to resume from."""
+        try:
+            return self.train_step(step)
+        except TrainingDiverged as e:
+            last = latest_checkpoint(self.run_dir)
+            where = (f"the last good checkpoint is {last} (resume with `reinforge train --resume {self.run_dir}`, "
+                     "e.g. with a lower train.lr)" if last is not None else "no checkpoint was written before it")
+            raise TrainingDiverged(f"run stopped at step {step}: {e} {where[0].upper()}{where[1:]}.") from e
+
     def train_step(self, step: int) -> dict[str, Any]:
         c, t_start, train = self.c, time.perf_counter(), {}
         reset_peak(self.cfg.model.device)

@@ -16,6 +16,7 @@ from reinforge.orchestrate.collectors import Collector
 from reinforge.orchestrate.components import Components, build_components
 from reinforge.orchestrate.loop import Loop, TrainResult, local_batches
 from reinforge.orchestrate.run_dir import create_run_dir
+from reinforge.track import provenance
 from reinforge.track.jsonl import JsonlSink
 from reinforge.train import distributed
 from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint
@@ -37,9 +38,10 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
     distributed.init(cfg)  # joins torchrun's process group; a no-op with one process
     c = build_components(cfg)
     run_dir = run_dir or distributed.from_main(lambda: create_run_dir(cfg))
+    start = _restore(c, run_dir) if resume is not None else 0
     if distributed.is_main():
         (run_dir / "config.yaml").write_text(dump_config(cfg))
-    start = _restore(c, run_dir) if resume is not None else 0
+        provenance.record(run_dir, cfg.seed, resumed_from=start if resume is not None else None)
     source = partial(worker_batches, run_dir=run_dir, start=start) if cfg.orchestrate.mode == "async" else local_batches
     return Loop(c, run_dir, start, progress_every or cfg.log.console_every, source).run()
 

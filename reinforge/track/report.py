@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.errors import ReinforgeError
+from reinforge.track import provenance
 from reinforge.track.report_sections import (
     SAMPLES_PER_STEP,
     _config_section,
@@ -288,7 +289,20 @@ def _summary_section(run_dir: Path, records: list[dict[str, Any]], config_text: 
         rows.append(("total time", f"{_duration(times['step'])} in training steps ({split}; "
                                    "evaluation and checkpoints not included)"))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
-    return f'<section id="summary"><h2>Summary</h2><table>{body}</table></section>'
+    return f'<section id="summary"><h2>Summary</h2><table>{body}</table>{_provenance_table(run_dir)}</section>'
+
+
+def _provenance_table(run_dir: Path) -> str:
+    """Where the run came from (provenance.json): every session, the first start and each resume."""
+    sessions = provenance.read(run_dir)
+    if not sessions:
+        return "<p>No provenance.json: a run directory from before reinforge recorded provenance.</p>"
+    tables = []
+    for i, entry in enumerate(sessions):
+        title = "started" if i == 0 else f"resume {i}"
+        body = "".join(f"<tr><th>{k}</th><td>{_e(v)}</td></tr>" for k, v in provenance.summary(entry))
+        tables.append(f"<h3>Provenance: {title}</h3><table>{body}</table>")
+    return "".join(tables)
 
 
 def _duration(seconds: float) -> str:

@@ -32,6 +32,7 @@ from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.models.precision import compute_dtype
 from reinforge.train import distributed
 from reinforge.train.critic import Critic
+from reinforge.train.faults import nonfinite_inputs
 from reinforge.train.forwards import FORWARDS, select_forward
 from reinforge.train.lora import is_lora_model, wrap_lora
 from reinforge.train.metric_sums import MetricSums, add_mismatch, batch_summary
@@ -268,7 +269,8 @@ class Learner(PreparesBatches):
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"step {self.step}: the loss is {loss.item()} (non-finite). Batch statistics: "
-                    f"{batch_summary(micro)}. Hint: lower train.lr and check the rewards for NaN/inf."
+                    f"{batch_summary(micro)}; {nonfinite_inputs(micro)} Hint: lower train.lr and check the "
+                    "rewards for NaN/inf."
                 )
             loss.backward()
         if train_policy:
