@@ -25,7 +25,13 @@ from reinforge.orchestrate.batch_sources import BatchSource, LocalBatches, Rollo
 from reinforge.orchestrate.collectors import Collector, play
 from reinforge.orchestrate.components import Components
 from reinforge.orchestrate.episodes import build_batch
-from reinforge.orchestrate.step_metrics import CollapseDetector, gather_step, step_record
+from reinforge.orchestrate.step_metrics import (
+    CollapseDetector,
+    gather_step,
+    step_record,
+    time_limit_message,
+    time_limit_metrics,
+)
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
@@ -111,10 +117,12 @@ class Loop:
                 metrics = self.diverged_step(step)
                 if step == self.start + 1 and cfg.reward.on_error == "auto":
                     self.c.reward_pool.on_error = "zero"  # the reward function survived a whole step
-                out_of_time = cfg.train.time_limit_s > 0 and distributed.any_rank(
+                out_of_time = cfg.train.time_limit_s > 0 and step < cfg.train.steps and distributed.any_rank(
                     time.perf_counter() - t0 > cfg.train.time_limit_s)
                 last = step == cfg.train.steps or out_of_time
                 if main:
+                    if out_of_time:
+                        metrics.update(time_limit_metrics(cfg.train.steps))
                     if (cfg.eval.every and step % cfg.eval.every == 0) or last:
                         last_eval = self._evaluate(step)
                         metrics.update(last_eval)
@@ -124,7 +132,7 @@ class Loop:
                 if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or last:
                     self.save(step)
                 if out_of_time:
-                    progress.print(f"time limit of {cfg.train.time_limit_s:.0f} s reached at step {step}")
+                    progress.print(time_limit_message(cfg.train.time_limit_s, step, cfg.train.steps))
                     break
         if not main:
             return TrainResult(self.run_dir, step, None, float("nan"))

@@ -129,3 +129,15 @@ def step_record(step: int, version: int, rollout, bstats: BatchStats, adv: Any, 
                         "adv/abs_mean": adv.abs().mean().item()})
     metrics.update(rollout.metrics)
     return metrics
+
+
+def time_limit_metrics(steps_planned: int) -> dict[str, float]:
+    """The record of the step at which ``train.time_limit_s`` stopped the run before its last step."""
+    return {"run/stopped_by_time_limit": 1.0, "run/steps_planned": float(steps_planned)}
+
+
+def time_limit_message(limit_s: float, step: int, steps_planned: int) -> str:
+    """What the console says when the time limit cuts a run short."""
+    return (f"time limit of {limit_s:.0f} s reached at step {step} of {steps_planned}: the run stopped early and "
+            "its learning-rate schedule was cut, so the result depends on this machine's speed. Raise "
+            "train.time_limit_s (0 = no limit) to run every step.")

@@ -283,6 +283,11 @@ def _summary_section(run_dir: Path, records: list[dict[str, Any]], config_text: 
     if acc:
         before = f"{acc[0]:.4f} (step {xs[0]:.0f})" if xs[0] == 0 else "n/a (no step-0 evaluation)"
         rows.append(("held-out greedy accuracy", f"before {before} → after {acc[-1]:.4f} (step {xs[-1]:.0f})"))
+    cut = [r for r in records if r.get("run/stopped_by_time_limit")]
+    if cut:
+        rows.append(("stopped by the time limit", f"at step {_fmt(cut[-1]['step'])} of "
+                     f"{_fmt(cut[-1].get('run/steps_planned', float('nan')))} planned: the learning-rate schedule "
+                     "was cut, so this result depends on the machine's speed (train.time_limit_s)"))
     times = {k: sum(series(records, f"time/{k}_s")[1]) for k in ("step", "generate", "reward", "train")}
     if times["step"] > 0:
         split = ", ".join(f"{k} {100 * times[k] / times['step']:.0f}%" for k in ("generate", "reward", "train"))
