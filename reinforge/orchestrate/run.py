@@ -19,7 +19,12 @@ from reinforge.orchestrate.run_dir import create_run_dir
 from reinforge.track import provenance
 from reinforge.track.jsonl import JsonlSink
 from reinforge.train import distributed
-from reinforge.train.checkpoint import latest_checkpoint, load_checkpoint
+from reinforge.train.checkpoint import (
+    latest_checkpoint,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
 
 
 def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: list[str] | None = None,
@@ -63,9 +68,12 @@ def _resumed_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, Pat
 
 
 def _restore(c: Components, run_dir: Path) -> int:
-    ckpt = latest_checkpoint(run_dir)
+    ckpt = latest_valid_checkpoint(run_dir, warn=_warn)
     if ckpt is None:
-        raise ReinforgeError(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
+        found = "no checkpoint" if not list_checkpoints(run_dir) else "no undamaged checkpoint"
+        raise ReinforgeError(f"--resume {run_dir}: {found} in {run_dir / 'checkpoints'}")
+    if ckpt != latest_checkpoint(run_dir):
+        _warn(f"resuming from {ckpt}, the newest undamaged checkpoint")
     c.learner.restore_policy(ckpt, c.cfg.model.dtype, c.cfg.model.device)
     trainer_state, state = load_checkpoint(ckpt, c.engine.generator)
     c.learner.load_state_dict(trainer_state)
@@ -95,3 +103,9 @@ def _train_rank(cfg: RunConfig, resume: Path | None, overrides: list[str] | None
     if distributed.is_main():
         results.put(result)
 
+
+
+def _warn(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[yellow]warning:[/yellow] {message}", highlight=False)

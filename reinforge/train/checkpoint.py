@@ -3,9 +3,12 @@
 ``checkpoints/step_N/`` holds the model and tokenizer (``save_pretrained``; for a LoRA policy
 the adapter alone, ``adapter_config.json`` + ``adapter_model.safetensors``), ``trainer.pt``
 (optimizer, scheduler, learner state), ``rng.pt`` (python, numpy, torch and rollout generator
-states) and ``state.json`` (step, data position, policy version). It is written to a hidden
-temporary directory and renamed into place, so a crash never leaves a half-written checkpoint;
-only the last ``keep`` are kept.
+states), ``state.json`` (step, data position, policy version) and, written last, ``manifest.json``
+(every file's size and SHA-256). It is written to a hidden temporary directory and renamed into
+place, so a crash never leaves a half-written checkpoint; only the last ``keep`` are kept. On
+resume, ``latest_valid_checkpoint`` checks the manifest and falls back to the previous checkpoint
+when the newest is truncated or corrupt; a full disk (ENOSPC) while writing stops the run with a
+clear message and leaves the previous checkpoints intact.
 
 ``restore_policy`` loads a checkpoint's weights into the training policy (full or LoRA) and
 ``export_model`` writes a checkpoint as a plain HF model directory (LoRA merged).
@@ -13,6 +16,8 @@ only the last ``keep`` are kept.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import random
@@ -60,6 +65,29 @@ def save_checkpoint(
     final = root / f"step_{step}"
     tmp = root / f".tmp_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_files(tmp, step, model, tokenizer, trainer_state, rollout_generator, state)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno != errno.ENOSPC:
+            raise
+        previous = latest_checkpoint(run_dir)
+        raise ReinforgeError(
+            f"no space left on the device while writing the step-{step} checkpoint to {root}: the run stops here. "
+            + (f"The previous checkpoint {previous} is intact; free some space and resume with "
+               f"`reinforge train --resume {run_dir}`." if previous else "No earlier checkpoint exists.")) from e
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_files(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, trainer_state: dict[str, Any],
+                 rollout_generator: torch.Generator, state: dict[str, Any]) -> None:
+    """Every file of a checkpoint into ``tmp``, the manifest last, each fsynced."""
     tmp.mkdir()
     if is_lora_model(model):
         save_adapter(model, tmp)
@@ -77,14 +105,51 @@ def save_checkpoint(
         tmp / "rng.pt",
     )
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+    files = {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(tmp.iterdir()) if f.is_file()}
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=2))
     _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+MANIFEST = "manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if every file listed in the checkpoint's manifest is there with its size and SHA-256; else
+    what is wrong. A checkpoint written before manifests existed is accepted as it is."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return None if (path / "state.json").is_file() else "no manifest.json and no state.json"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        return f"manifest.json is unreadable ({e})"
+    for name, meta in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != meta["size"]:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {meta['size']} (truncated?)"
+        if _sha256(f) != meta["sha256"]:
+            return f"{name} does not match its SHA-256 in the manifest (corrupt)"
+    return None
+
+
+def latest_valid_checkpoint(run_dir: Path, warn: Any = print) -> Path | None:
+    """The newest checkpoint that passes ``verify_checkpoint``; each one skipped is reported through ``warn``."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        problem = verify_checkpoint(ckpt)
+        if problem is None:
+            return ckpt
+        warn(f"checkpoint {ckpt} is damaged ({problem}); trying the one before it")
+    return None
 
 
 def load_checkpoint(path: Path, rollout_generator: torch.Generator) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -129,7 +194,7 @@ def resolve_checkpoint(path: Path) -> Path:
     return path
 
 
-TRAINER_FILES = ("trainer.pt", "rng.pt", "state.json")
+TRAINER_FILES = ("trainer.pt", "rng.pt", "state.json", "manifest.json")
 
 
 def export_model(source: Path, out: Path, dtype: str | None = None) -> Path:
