@@ -11,13 +11,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# bubblewrap (the strongest code sandbox) where we may install it: `make demo` gets it too.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
+	@if [ "$$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "bubblewrap not installed: the sandbox falls back to unshare (private temp dirs, read-only root as root); see reinforge doctor"; fi
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	@if [ "$$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "bubblewrap not installed: the sandbox falls back to unshare + rlimits"; fi
 	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "chromium not installed: the report's browser test will be skipped"; fi
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@

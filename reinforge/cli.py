@@ -1,4 +1,4 @@
-"""`reinforge train | eval | compare | report | serve | export | algos`: one entry point. Heavy modules are imported inside commands."""
+"""`reinforge train | eval | compare | report | serve | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
 
 from __future__ import annotations
 
@@ -200,6 +200,14 @@ def export(
         typer.echo(f"exported: {export_model(source, out, dtype)} (AutoModelForCausalLM.from_pretrained loads it)")
 
     _run_guarded(go)
+
+
+@app.command()
+def doctor() -> None:
+    """What this machine gives reinforge: versions, CPU/GPU, and the code sandbox in use with its guarantee."""
+    from reinforge.doctor import report
+
+    typer.echo(report())
 
 
 @app.command()

@@ -181,12 +181,59 @@ attempt('parent', lambda: open('../' + os.path.basename(targets['parent']), 'w')
 raise SystemExit('blocked: ' + '; '.join(errors))
 """
     result = _run(world, backend, code)
-    world["tmp_writable"] = backend != "bubblewrap"  # documented: world-writable dirs stay writable
+    world["tmp_writable"] = backend == "rlimits-only"  # documented: world-writable dirs stay writable
     assert result.status == "error", result
     assert "blocked: canary:" in result.reason
     assert "wrote canary" not in result.stdout and "wrote root" not in result.stdout
     assert "wrote repo" not in result.stdout
-    # under bubblewrap /tmp is a private tmpfs: "wrote tmp" lands there; the fixture checks the real /tmp
+    # under bubblewrap and unshare /tmp is a private tmpfs: "wrote tmp" lands there; the fixture checks
+    # the real /tmp
+
+
+@pytest.mark.parametrize("namespaced", ["bubblewrap", "unshare"])
+def test_temp_dirs_are_private_and_bounded_and_the_rest_read_only(world, namespaced, tmp_path):
+    """Writes to the system temp dirs land in the run's own size-limited tmpfs, never on the host;
+    a world-writable directory elsewhere is read-only; the work dir stays writable."""
+    if namespaced not in available_backends():
+        pytest.skip(f"{namespaced} does not work here")
+    if not ROOT and namespaced == "unshare":
+        pytest.skip("without root, a user namespace may not remount the root read-only")
+    token = uuid.uuid4().hex
+    open_dir = Path(tempfile.mkdtemp(prefix="reinforge-ww-", dir=REPO))  # world-writable, outside any temp dir
+    open_dir.chmod(0o777)
+    paths = [f"{d}/reinforge-pwned-{token}" for d in ("/tmp", "/var/tmp", "/dev/shm")]
+    code = f"""
+import os
+paths = {paths!r}
+for p in paths:
+    open(p, 'w').write('pwned')
+    print('private', p, open(p).read(), flush=True)
+try:
+    open({str(open_dir / "x")!r}, 'w').write('pwned')
+    print('wrote outside', flush=True)
+except OSError as e:
+    print('outside blocked:', e.strerror, flush=True)
+try:
+    with open('/tmp/fill', 'wb') as f:
+        for _ in range(64):
+            f.write(b'x' * (1 << 20))
+    print('filled 64 MiB of /tmp', flush=True)
+except OSError as e:
+    print('tmp full:', e.strerror, flush=True)
+open('result.txt', 'w').write('ok')
+print('work dir writable', flush=True)
+"""
+    limits = SandboxLimits(timeout_s=10, cpu_s=5, memory_mb=256, file_mb=8, processes=16)
+    try:
+        result = _run(world, namespaced, code, limits=limits)
+        assert result.status == "ok", result
+        for p in paths:
+            assert f"private {p} pwned" in result.stdout and not os.path.exists(p)
+        assert "outside blocked: Read-only file system" in result.stdout and not (open_dir / "x").exists()
+        assert "tmp full: " in result.stdout and "filled 64 MiB" not in result.stdout  # bounded by file_mb
+        assert "work dir writable" in result.stdout
+    finally:
+        shutil.rmtree(open_dir, ignore_errors=True)
 
 
 def test_environment_secrets(world, backend, monkeypatch):

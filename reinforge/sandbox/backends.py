@@ -1,11 +1,15 @@
 """Isolation backends: how to start the launcher for each, and what each guarantees.
 
 - ``bubblewrap``: ``bwrap`` with new user, PID, network, IPC, UTS (and cgroup) namespaces, the
-  root filesystem read-only, a private ``/tmp`` and ``/dev``, and only the work directory
+  root filesystem read-only, a private ``/tmp``, ``/var/tmp`` and ``/dev``, and only the work directory
   writable; the sandbox dies with its parent and with its PID 1.
 - ``unshare``: util-linux ``unshare`` with new PID, network, IPC, UTS and mount namespaces (plus a
   user namespace when not root); the launcher is PID 1 of the new PID namespace, so every
-  process of the run dies with it. The filesystem is protected by permissions only.
+  process of the run dies with it. In its mount namespace the launcher mounts private,
+  size-limited tmpfs over the system temp dir, ``/var/tmp`` and ``/dev/shm``, binds the work dir
+  back, and remounts the root filesystem read-only (where the kernel allows it: always as root)
+  before it drops to the private uid; so nothing outside the work dir and the private temp dirs
+  is writable.
 - ``rlimits-only``: no namespaces; resource limits, a private uid when root, and a Python audit
   hook that refuses network sockets, exec and ctypes (native code can bypass it).
 
@@ -33,9 +37,9 @@ PATH = "/usr/local/bin:/usr/bin:/bin"
 
 _NOTES: dict[Isolation, str] = {
     "bubblewrap": "bubblewrap namespaces (user, pid, net, ipc, uts): no network, read-only filesystem "
-    "except the work dir and a private /tmp, all processes die with the run",
-    "unshare": "unshare namespaces (pid, net, ipc, uts): no network, all processes die with the run; "
-    "the filesystem is protected only by file permissions (world-writable dirs such as /tmp stay writable)",
+    "except the work dir and a private /tmp, /var/tmp and /dev/shm, all processes die with the run",
+    "unshare": "unshare namespaces (pid, net, ipc, uts, mount): no network, all processes die with the run, "
+    "private size-limited /tmp, /var/tmp and /dev/shm, root filesystem read-only except the work dir",
     "rlimits-only": "WEAKER: no namespaces; network, exec and ctypes are refused by a Python audit hook "
     "that native code can bypass; the filesystem is protected only by file permissions",
 }
@@ -61,6 +65,20 @@ class Plan:
     no_new_privs: bool = True  # bwrap sets it itself
     die_with_trainer: bool = False  # the launcher is the trainer's child: PR_SET_PDEATHSIG
     helper_processes: int = 0  # processes of the run's uid besides the program (for RLIMIT_NPROC)
+    mounts: dict[str, Any] | None = None  # the launcher's private mounts and the uid it then drops to
+
+
+def private_tmp_dirs() -> list[str]:
+    """The shared temporary directories a program could write outside its work dir: the system temp
+    dir, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (those that exist, real paths, each once)."""
+    import tempfile
+
+    found: list[str] = []
+    for d in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+        real = os.path.realpath(d)
+        if os.path.isdir(real) and real not in found:
+            found.append(real)
+    return found
 
 
 def _world_executable(path: str) -> bool:
@@ -125,19 +143,24 @@ def plan(backend: Isolation, workdir: str, env: dict[str, str], uid: int | None,
         # Order matters: --dev and --proc after the root bind (or they would be hidden), the
         # work dir after the /tmp tmpfs it lives under.
         argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        for tmpfs in ("/tmp", "/dev/shm"):  # private, and bounded in size where bwrap can
+        for tmpfs in ("/tmp", "/var/tmp", "/dev/shm"):  # private, and bounded in size where bwrap can
+            if not os.path.isdir(tmpfs):
+                continue
             argv += (["--size", str(tmp_mb << 20)] if "--size" in features else []) + ["--tmpfs", tmpfs]
         argv += ["--remount-ro", "/dev", "--bind", workdir, workdir, "--chdir", workdir, "--clearenv"]
         for key, value in env.items():
             argv += ["--setenv", key, value]
         return Plan(argv + ["--"], _as_uid(uid), no_new_privs=False, helper_processes=1)
     if backend == "unshare":
-        namespaces = ["--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
+        namespaces = ["--net", "--pid", "--ipc", "--uts", "--mount", "--propagation", "private", "--fork",
+                      "--kill-child", "--mount-proc"]
+        mounts = {"tmp_dirs": private_tmp_dirs(), "size_mb": tmp_mb, "workdir": workdir, "uid": uid}
         if uid is None:  # unshare itself joins the new user namespace, where RLIMIT_NPROC counts
             argv = ["unshare", "--user", "--map-root-user", *namespaces]
-            return Plan(argv + ["--"], init=True, helper_processes=2)
-        argv = ["unshare", *namespaces, f"--setuid={uid}", f"--setgid={uid}"]
-        return Plan(argv + ["--"], init=True, helper_processes=1)
+            return Plan(argv + ["--"], init=True, helper_processes=2, mounts=mounts)
+        # The launcher mounts as root inside the namespace, then drops to ``uid``: its PID-1 init
+        # stays root, so no helper process counts against the program's uid.
+        return Plan(["unshare", *namespaces, "--"], init=True, helper_processes=0, mounts=mounts)
     if backend == "rlimits-only":
         return Plan([], _as_uid(uid), guard=True, die_with_trainer=True)
     raise SandboxError(f"unknown sandbox backend {backend!r}; allowed: {', '.join(BACKENDS)}")

@@ -3,7 +3,8 @@
 Run as ``python -I -S -B -c <this source> <json config>`` with the work directory as cwd, so it
 must use the standard library only and never import reinforge. In order it: optionally becomes
 a tiny init that reaps and reports the program's status (when it is PID 1 of a new PID
-namespace); sets no_new_privs and, when its parent is the trainer, dies with it; sets the resource limits; optionally installs an audit hook that
+namespace); in a mount namespace, mounts private size-limited temp dirs, binds the work dir
+back, remounts the root read-only and drops to the run's uid; sets no_new_privs and, when its parent is the trainer, dies with it; sets the resource limits; optionally installs an audit hook that
 blocks network sockets, exec and ctypes (the weak fallback when there is no network
 namespace); writes one byte to the status descriptor so the parent knows the sandbox started;
 and runs the program as ``__main__``.
@@ -18,6 +19,7 @@ import sys
 AF_UNIX = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 # Audit events refused by the guard hook: anything that starts a new program (which would
 # run without the hook) or calls C directly (which could open a socket behind its back).
 BLOCKED_EVENTS = frozenset(
@@ -73,6 +75,49 @@ def set_prctl(no_new_privs: bool, parent_pid: int | None) -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
         if os.getppid() != parent_pid:  # the trainer died before the line above
             os._exit(1)
+
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+
+
+def _mount(libc, source, target: str, fstype, flags: int, data) -> int:
+    enc = (lambda v: v.encode() if isinstance(v, str) else v)
+    if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+        import ctypes
+
+        return ctypes.get_errno()
+    return 0
+
+
+def private_mounts(spec: dict) -> None:
+    """In our own mount namespace (as root there): a fresh tmpfs of ``size_mb`` over each of
+    ``tmp_dirs``, the work dir bound back over whatever now hides it, the root filesystem remounted
+    read-only (skipped where a user namespace may not), then the process drops to ``uid``."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    workdir = spec["workdir"]
+    keep = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)  # reachable after /tmp is covered
+    for d in spec["tmp_dirs"]:
+        err = _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['size_mb']}m,mode=1777")
+        if err:
+            raise OSError(err, f"mount tmpfs on {d}: {os.strerror(err)}")
+    os.makedirs(workdir, exist_ok=True)
+    err = _mount(libc, f"/proc/self/fd/{keep}", workdir, None, MS_BIND | MS_REC, None)
+    if err:
+        raise OSError(err, f"bind the work dir {workdir}: {os.strerror(err)}")
+    os.close(keep)
+    _mount(libc, None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)  # EPERM in a user namespace: skipped
+    os.chdir(workdir)
+    uid = spec["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        # A uid change makes the process non-dumpable (its /proc files become root's); an exec as
+        # that uid, as ``unshare --setuid`` did, would reset it: do the same (RLIMIT_CORE stays 0).
+        if libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
 
 
 def set_limits(rlimits: dict[str, list[int]]) -> None:
@@ -138,6 +183,8 @@ def main() -> None:
     cfg = json.loads(sys.argv[1])
     if cfg["init"]:
         become_init(cfg["status_fd"], cfg["lifeline_fd"])
+    if cfg.get("mounts"):
+        private_mounts(cfg["mounts"])
     if cfg["no_new_privs"] or cfg["parent_pid"] is not None:
         set_prctl(cfg["no_new_privs"], cfg["parent_pid"])
     set_limits(cfg["rlimits"])

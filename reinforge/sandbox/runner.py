@@ -137,7 +137,7 @@ def _run(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str], ba
         config = {
             "init": plan.init, "guard": plan.guard, "no_new_privs": plan.no_new_privs,
             "parent_pid": os.getpid() if plan.die_with_trainer else None, "rlimits": rlimits,
-            "status_fd": status_w, "lifeline_fd": lifeline_r, "main": MAIN,
+            "status_fd": status_w, "lifeline_fd": lifeline_r, "main": MAIN, "mounts": plan.mounts,
         }
         argv = plan.prefix + backends.launcher_argv(interpreter, json.dumps(config))
         child_fds = (status_w, lifeline_r) if plan.init else (status_w,)
