@@ -81,7 +81,9 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096,
 
 
 def _mount(libc, source, target: str, fstype, flags: int, data) -> int:
-    enc = (lambda v: v.encode() if isinstance(v, str) else v)
+    def enc(v):
+        return v.encode() if isinstance(v, str) else v
+
     if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
         import ctypes
 
