@@ -21,8 +21,11 @@ importance ratio behaviour -> proximal, ``min(pi_prox / pi_behav, C)``: that is
 ``algo.mismatch.mode: token_tis`` (or the other TIS/masking variants) with ``cap`` C, which async
 mode turns on by default (``algo.mismatch.mode: none`` keeps it off explicitly).
 
-Checkpoints record the requests in flight (their tasks), so a resumed run re-issues exactly the
-batches the interrupted one had already drawn from the sampler.
+Checkpoints record the requests in flight (their tasks) and, to resume exactly, their results:
+writing a checkpoint first waits for every request in flight to finish (they were sampled by
+weights older than the checkpoint's, which a resumed run no longer has), so a resumed run trains
+on exactly the batches the interrupted one would have. A checkpoint without results (an older
+one) re-issues the requests instead: the same tasks, sampled by the restored weights.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from reinforge.data.base import Task
 from reinforge.orchestrate.batch_sources import Rollout, Round, Rounds
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkers
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
-from reinforge.train.checkpoint import latest_checkpoint
+from reinforge.train.checkpoint import latest_valid_checkpoint
+from reinforge.types import Trajectory
 
 
 class WorkerBatches:
@@ -54,7 +58,13 @@ class WorkerBatches:
         self.in_flight: dict[tuple[int, int], RolloutRequest] = {}
         self.results: dict[tuple[int, int], RolloutResult] = {}
         self.dropped_groups = 0
-        self._resubmit = pending_from_checkpoint(run_dir) if start > 0 else []
+        requests, finished = pending_from_checkpoint(run_dir) if start > 0 else ([], [])
+        self.results.update({r.key: r for r in finished})
+        self._resubmit = [r for r in requests if r.key not in self.results]
+        for request in requests:
+            if request.key in self.results:  # finished before the checkpoint: consumed as it is
+                self.in_flight[request.key] = request
+                self.next_submit = max(self.next_submit, request.update + 1)
         self.published_version = version
         if cfg.orchestrate.backend == "ray":
             from reinforge.orchestrate.ray_backend import RayRolloutWorkers
@@ -89,9 +99,13 @@ class WorkerBatches:
         self._admit()  # the next batches may start now, while the loop logs and evaluates
 
     def state(self) -> dict[str, Any]:
+        """The requests in flight and, once each has finished (waited for here), their results."""
         pending = sorted(self.in_flight.values(), key=lambda r: r.key)
+        for request in pending:
+            self._receive(request.key)
         return {"async": [{"update": r.update, "seed": r.seed, "round": r.round, "group_offset": r.group_offset,
-                           "tasks": [dataclasses.asdict(t) for t in r.tasks]} for r in pending]}
+                           "tasks": [dataclasses.asdict(t) for t in r.tasks]} for r in pending],
+                "async_results": [result_to_json(self.results[r.key]) for r in pending]}
 
     def close(self) -> None:
         self.workers.close()
@@ -114,10 +128,14 @@ class WorkerBatches:
         self.workers.submit(request)
         self.next_submit = max(self.next_submit, request.update + 1)
 
-    def _wait(self, key: tuple[int, int]) -> RolloutResult:
+    def _receive(self, key: tuple[int, int]) -> None:
+        """Gather results until the one for ``key`` has arrived."""
         while key not in self.results:
             result = self.workers.next_result(self.cfg.orchestrate.timeout_s)
             self.results[result.key] = result
+
+    def _wait(self, key: tuple[int, int]) -> RolloutResult:
+        self._receive(key)
         self.in_flight.pop(key, None)
         return self.results.pop(key)
 
@@ -132,9 +150,22 @@ class WorkerBatches:
         }
 
 
-def pending_from_checkpoint(run_dir: Path) -> list[RolloutRequest]:
-    """The requests that were in flight when the latest checkpoint was written."""
-    ckpt = latest_checkpoint(run_dir)
+def result_to_json(result: RolloutResult) -> dict[str, Any]:
+    """A finished request's result as JSON (floats round-trip exactly)."""
+    return dataclasses.asdict(result)
+
+
+def result_from_json(data: dict[str, Any]) -> RolloutResult:
+    trajs = [Trajectory(**{**t, "turn_spans": [tuple(span) for span in t["turn_spans"]]}) for t in data["trajectories"]]
+    return RolloutResult(**{**data, "trajectories": trajs})
+
+
+def pending_from_checkpoint(run_dir: Path) -> tuple[list[RolloutRequest], list[RolloutResult]]:
+    """What was in flight when the checkpoint the run resumes from was written: its requests, and
+    the results it holds for them (none in a checkpoint from before results were saved)."""
+    ckpt = latest_valid_checkpoint(run_dir, warn=lambda _: None)
     state = json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}
-    return [RolloutRequest(p["update"], [Task(**t) for t in p["tasks"]], p["seed"], round=p.get("round", 1),
-                           group_offset=p.get("group_offset", 0)) for p in state.get("async", [])]
+    finished = [result_from_json(r) for r in state.get("async_results", [])]
+    requests = [RolloutRequest(p["update"], [Task(**t) for t in p["tasks"]], p["seed"], round=p.get("round", 1),
+                               group_offset=p.get("group_offset", 0)) for p in state.get("async", [])]
+    return requests, finished

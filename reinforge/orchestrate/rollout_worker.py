@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -59,6 +60,11 @@ class RolloutResult:
         return self.update, self.round
 
 
+def request_seed(run_seed: int, update: int, round_: int) -> int:
+    """The sampling seed of the request for ``update`` (its ``round_``-th round) of the run seeded ``run_seed``."""
+    return (run_seed * 1_000_003 + update * 1_009 + round_) % (2**63)
+
+
 class RolloutWorkerCore:
     """What a rollout worker runs, whatever hosts it (a process here, a Ray actor): the engine (its
     own model copy), the environment, the reward pool and the run's collector, one round per ``run``
@@ -97,6 +103,9 @@ class RolloutWorkerCore:
 
         try:
             self.pool.on_error = request.on_error  # type: ignore[assignment]
+            # Each request samples from its own stream, whichever worker runs it and whatever it ran
+            # before: a resumed run (fresh workers) samples exactly what the interrupted one would have.
+            self.engine.generator.manual_seed(request_seed(self.cfg.seed, request.update, request.round))
             r = sample_round(self.collector, request.tasks, self.params, request.seed, request.group_offset,
                              self.with_baseline)
             return RolloutResult(request.update, self.worker_id, r.trajectories, r.generate_s, r.reward_s,
@@ -109,8 +118,24 @@ class RolloutWorkerCore:
         self.pool.close()
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the learner process dies, even by SIGKILL (a worker
+    blocked on its request queue would otherwise outlive a crashed run)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import os
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the learner died before the line above
+        os._exit(1)
+
+
 def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests: mp.Queue, results: mp.Queue) -> None:
-    """The worker process: build the core, then serve requests until None."""
+    """The worker process: build the core, then serve requests until None (or until the learner dies)."""
+    _die_with_parent()
     try:
         core = RolloutWorkerCore(worker_id, cfg)
         shared.sync_engine(core.engine)
