@@ -41,7 +41,8 @@ def test_preset_table_matches_the_preset_files():
 def test_measured_table_lists_every_preset():
     measured = DOC.split("### What each preset reaches here", 1)[1].split("\n## ", 1)[0]
     for name in preset_names():
-        assert re.search(rf"^\| {name} \| 0\.\d+ -> 0\.\d+ \|", measured, re.M), name
+        assert re.search(rf"^\| {name} \| 0\.\d+ \[0\.\d+, 0\.\d+\] \| (0\.\d+, ){{2}}0\.\d+ \|", measured, re.M), name
+    assert "scripts/run_presets.py" in measured and "| X | Y | P(X > Y)" in measured
 
 
 @pytest.mark.parametrize("kind", ["mismatch", "loss_term"])
