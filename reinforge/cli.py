@@ -161,6 +161,10 @@ def serve(
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
     max_batch_sequences: Annotated[int, typer.Option(help="rows of one engine batch")] = 256,
     seed: Annotated[int, typer.Option()] = 0,
+    max_body_bytes: Annotated[int, typer.Option(help="largest request body; 413 above")] = 8 << 20,
+    max_prompts: Annotated[int, typer.Option(help="prompts in one completions request; 400 above")] = 64,
+    max_sequences: Annotated[int, typer.Option(help="n x prompts of one request; 400 above")] = 512,
+    max_pending: Annotated[int, typer.Option(help="requests served at once; 503 above")] = 256,
 ) -> None:
     """An OpenAI-compatible HTTP server over the rollout engine (/v1/models, /v1/completions, /v1/chat/completions)."""
 
@@ -174,7 +178,11 @@ def serve(
             import uvicorn
         except ImportError:
             raise ReinforgeError("reinforge serve needs the serve extra: pip install 'reinforge[serve]'") from None
-        app_ = build_server_app(model, served_name, device, dtype, max_batch_sequences, seed)
+        from reinforge.serve.schema import ServeLimits
+
+        limits = ServeLimits(max_body_bytes=max_body_bytes, max_prompts=max_prompts, max_sequences=max_sequences,
+                             max_pending=max_pending)
+        app_ = build_server_app(model, served_name, device, dtype, max_batch_sequences, seed, limits)
         name = app_.state.server.model_name
         Console().print(f"serving [bold]{name}[/] at http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
         uvicorn.run(app_, host=host, port=port, log_level="warning")

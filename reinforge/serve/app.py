@@ -23,11 +23,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import Generation, SamplingParams
-from reinforge.serve.schema import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
+from reinforge.serve.schema import APIError, ChatCompletionRequest, CompletionRequest, ServeLimits, _Sampling
 from reinforge.serve.worker import EngineWorker, Job, TokenEvent
 
 DEFAULT_COMPLETION_TOKENS = 16
@@ -57,8 +58,41 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(APIError(500, f"{type(e).__name__}: {e}", type_="server_error").body(), 500)
 
 
-def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int = 256) -> FastAPI:
-    server = _Server(engine, model_name, max_batch_sequences)
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is refused with 413 before it is read (by its
+    Content-Length), or cut off while it is read (chunked bodies: FastAPI then answers 400). The
+    trainer's weight upload (``/reinforge/weights``, a whole model) is exempt."""
+
+    EXEMPT = ("/reinforge/weights",)
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") in self.EXEMPT:
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            error = APIError(413, f"body: {length.decode(errors='replace')} bytes; this server takes at most "
+                                  f"{self.max_bytes} (max_body_bytes)", param="body", code="request_too_large")
+            return await JSONResponse(error.body(), 413)(scope, receive, send)
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise APIError(413, f"body: over {self.max_bytes} bytes (max_body_bytes)", param="body")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int = 256,
+               limits: ServeLimits | None = None) -> FastAPI:
+    limits = limits or ServeLimits()
+    server = _Server(engine, model_name, max_batch_sequences, limits)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -67,6 +101,7 @@ def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences:
 
     app = FastAPI(title="reinforge OpenAI-compatible server", lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
 
     install_error_handlers(app)
 
@@ -78,16 +113,17 @@ def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:
-        return await server.completions(req)
+        return await server.admitted(server.completions, req)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest) -> Any:
-        return await server.chat(req)
+        return await server.admitted(server.chat, req)
 
     @app.get("/reinforge/info")
     async def info() -> dict[str, Any]:
         return {"model": model_name, "policy_version": engine.version, "batches_run": server.worker.batches_run,
-                "max_position_embeddings": server.max_positions}
+                "max_position_embeddings": server.max_positions, "pending_requests": server.pending,
+                "limits": limits.model_dump()}
 
     @app.post("/reinforge/weights")
     async def weights(request: Request, version: int) -> dict[str, Any]:
@@ -107,17 +143,46 @@ def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences:
 
 
 class _Server:
-    def __init__(self, engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int) -> None:
+    def __init__(self, engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int,
+                 limits: ServeLimits) -> None:
         self.engine, self.model_name, self.tokenizer = engine, model_name, engine.tokenizer
         self.worker = EngineWorker(engine, max_batch_sequences)
         self.created = int(time.time())
         self.max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
+        self.limits, self.pending = limits, 0
+
+    async def admitted(self, handler: Any, req: _Sampling) -> Any:
+        """``handler(req)`` unless ``limits.max_pending`` requests are already being served (503); a
+        streamed reply counts until its stream ends (or its client goes away)."""
+        if self.pending >= self.limits.max_pending:
+            raise APIError(503, f"server busy: {self.pending} requests in progress (max_pending); retry later",
+                           code="server_busy", type_="server_busy")
+        self.pending += 1
+        try:
+            reply = await handler(req)
+        except BaseException:
+            self.pending -= 1
+            raise
+        if isinstance(reply, StreamingResponse):
+            reply.background = BackgroundTask(self._release)  # runs once the stream ended or broke off
+        else:
+            self.pending -= 1
+        return reply
+
+    def _release(self) -> None:
+        self.pending -= 1
 
     # ------------------------------------------------------------------ requests -> jobs
     def _params(self, req: _Sampling, prompts: list[list[int]], default_tokens: int | None) -> SamplingParams:
         if req.model != self.model_name:
             raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
+        if len(prompts) > self.limits.max_prompts:
+            raise APIError(400, f"prompt: {len(prompts)} prompts; at most {self.limits.max_prompts} per request "
+                                "(max_prompts)", param="prompt")
+        if len(prompts) * req.n > self.limits.max_sequences:
+            raise APIError(400, f"n: {req.n} x {len(prompts)} prompts = {req.n * len(prompts)} sequences; at most "
+                                f"{self.limits.max_sequences} per request (max_sequences)", param="n")
         longest = max(len(p) for p in prompts)
         room = self.max_positions - longest
         max_tokens = req.max_completion_tokens or req.max_tokens or default_tokens or room
@@ -136,6 +201,9 @@ class _Server:
         p = req.prompt
         if isinstance(p, str):
             p = [p]
+        if not all(isinstance(x, int) for x in p) and len(p) > self.limits.max_prompts:  # before tokenising them
+            raise APIError(400, f"prompt: {len(p)} prompts; at most {self.limits.max_prompts} per request "
+                                "(max_prompts)", param="prompt")
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # one prompt given as token ids
         prompts = []

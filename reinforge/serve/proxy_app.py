@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reinforge.errors import ReinforgeError
 from reinforge.rollout.chat_splice import Message
-from reinforge.serve.app import install_error_handlers
-from reinforge.serve.schema import APIError, ChatCompletionRequest, ChatMessage
+from reinforge.serve.app import BodyLimit, install_error_handlers
+from reinforge.serve.schema import APIError, ChatCompletionRequest, ChatMessage, ServeLimits
 
 Scalar = int | float | str | bool
 
@@ -43,9 +43,7 @@ def _check_request(req: ChatCompletionRequest) -> None:
 def _message(m: ChatMessage) -> Message:
     """A request message as a plain dict; text content parts are joined into one string."""
     out = m.model_dump(exclude_none=True)
-    if isinstance(m.content, list):
-        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in m.content):
-            raise APIError(400, "messages: only text content parts are supported", param="messages")
+    if isinstance(m.content, list):  # text parts only: ChatMessage refuses the others (400 naming the part)
         out["content"] = "".join(part["text"] for part in m.content)
     return out
 
@@ -62,6 +60,7 @@ def _build_app(proxy: Any) -> FastAPI:
     """The routes of an ``AgentProxy`` (reinforge/serve/proxy.py): models, chat completions, reward."""
     app = FastAPI(title="reinforge agent proxy")
     app.state.proxy = proxy
+    app.add_middleware(BodyLimit, max_bytes=ServeLimits().max_body_bytes)
 
     install_error_handlers(app)
 

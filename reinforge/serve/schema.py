@@ -29,6 +29,19 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+class ServeLimits(BaseModel):
+    """Per-request and load limits of ``reinforge serve`` (and the agent proxy's server): a request
+    over one is refused with a status and a message naming the limit, never queued without bound."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body (413 above)")
+    max_prompts: int = Field(64, ge=1, description="prompts in one /v1/completions request (400 above)")
+    max_sequences: int = Field(512, ge=1, description="n x prompts of one request: the sequences it asks to "
+                               "generate (400 above)")
+    max_pending: int = Field(256, ge=1, description="requests being served at once; more get 503 (retry later)")
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -40,7 +53,7 @@ class _Sampling(BaseModel):
     top_k: int = Field(0, ge=0, description="extension (vLLM, SGLang): 0 = off")
     n: int = Field(1, ge=1, le=128)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     presence_penalty: float = 0.0
@@ -97,6 +110,14 @@ class ChatMessage(BaseModel):
 
     role: str
     content: str | list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _text_parts_only(self) -> ChatMessage:
+        for i, part in enumerate(self.content if isinstance(self.content, list) else []):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"content.{i}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
+                                 f"supported, got type {part.get('type')!r}")
+        return self
 
 
 class ChatCompletionRequest(_Sampling):
