@@ -19,6 +19,7 @@ SMOKE = {
     "bench_sandbox.py": ["--runs", "2"],
     "bench_verifier_pool.py": ["--calls", "4", "--code-calls", "2", "--repeats", "1"],
     "bench_server.py": ["--requests", "4", "--concurrency", "2"],
+    "bench_soak.py": ["--steps", "4", "--every", "2"],
 }
 
 
