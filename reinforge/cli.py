@@ -1,4 +1,4 @@
-"""`reinforge train | eval | compare | report | serve | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
+"""`reinforge train | sft | eval | compare | report | serve | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
 
 from __future__ import annotations
 
@@ -73,6 +73,20 @@ def train(
         )
 
     _run_guarded(go)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def sft(
+    data: Annotated[str, typer.Option(help="demonstrations: a JSONL/CSV/Parquet file or datasets directory "
+                                           "(chat 'messages', or 'prompt' + 'completion'), or 'task' for the "
+                                           "recipe task's reference answers")],
+    args: Annotated[list[str] | None, typer.Argument(help="[RECIPE] [key.path=value ...] as for train")] = None,
+) -> None:
+    """Supervised fine-tuning on demonstrations (assistant-only loss): `reinforge train` with the sft
+    preset and demonstrations.path=DATA, so checkpoints, metrics, evaluation and report are a run's (docs/sft.md)."""
+    args = args or []
+    recipe = [a for a in args if "=" not in a]
+    train([*recipe, "preset=sft", f"demonstrations.path={data}", *[a for a in args if "=" in a]], resume=None)
 
 
 @app.command("eval")

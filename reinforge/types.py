@@ -26,6 +26,9 @@ class Trajectory:
     sampled token t (-1 for prompt and environment tokens; empty when not recorded).
     Multi-turn episodes also keep each model turn's reward (``turn_rewards``) and its token span
     ``[start, end)`` in ``token_ids`` (``turn_spans``); ``reward`` is the sum of the turn rewards.
+    ``demonstration`` marks a row that was not sampled by the policy but given (an expert's or a
+    dataset's answer): its ``loss_mask`` covers the answer's tokens, its ``logprobs`` are 0 (unknown),
+    and it is trained on by the loss terms that declare they need demonstrations (e.g. ``nll``).
     """
 
     token_ids: list[int]
@@ -42,6 +45,7 @@ class Trajectory:
     trainable: bool = True
     token_versions: list[int] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    demonstration: bool = False
 
     @property
     def truncated(self) -> bool:
@@ -63,7 +67,8 @@ class Batch:
     reward and ``baseline`` [N] an optional per-sequence baseline reward (ReMax's greedy reward).
     The learner fills the optional [N, L] tensors: ``advantages``, ``old_logprobs`` (the policy
     at the start of the update), ``ref_logprobs``, ``values`` (critic at the start), ``token_rewards``
-    (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``.
+    (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``. ``demo`` [N]
+    (bool) marks demonstration rows (None: the batch has none).
     """
 
     input_ids: Tensor
@@ -81,6 +86,7 @@ class Batch:
     returns: Tensor | None = None
     turn_returns: Tensor | None = None
     token_rewards: Tensor | None = None
+    demo: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -119,4 +125,5 @@ class Batch:
         prefix = torch.tensor([t.loss_mask.index(1) if 1 in t.loss_mask else len(t.loss_mask) for t in trajs])
         groups = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
-        return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline)
+        demo = torch.tensor([t.demonstration for t in trajs]) if any(t.demonstration for t in trajs) else None
+        return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo)

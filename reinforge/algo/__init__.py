@@ -6,6 +6,7 @@ are exported here too.
 """
 
 import reinforge.algo.advantages_batch  # noqa: F401  (registers reinforce_pp, reinforce_pp_baseline, remax, gae)
+import reinforge.algo.supervised  # noqa: F401  (registers the nll loss term)
 from reinforge.algo.advantages import (
     ADVANTAGES,
     gae_advantages_and_returns,

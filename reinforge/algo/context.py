@@ -29,7 +29,10 @@ class Context:
     policy; with gradient when a part reads it).
 
     Critic and credit [N, T]: ``values`` (V(s_t) at rollout time), ``returns`` (value targets),
-    ``advantages``. ``metadata``: per-batch extras a plug-in may pass along.
+    ``advantages``. ``demo`` [N] (bool): demonstration rows (given answers, not sampled; None when
+    the batch has none); the policy loss and the other terms are aggregated over the other rows,
+    the terms that need ``demonstrations`` over these. ``metadata``: per-batch extras a plug-in may
+    pass along.
     """
 
     mask: Tensor
@@ -47,6 +50,7 @@ class Context:
     values: Tensor | None = None
     returns: Tensor | None = None
     advantages: Tensor | None = None
+    demo: Tensor | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def tensors(self) -> dict[str, Tensor | None]:

@@ -2,6 +2,10 @@
 
     L = agg(w_t * l_t^policy) + sum_k c_k * agg(l_t^k)
 
+A batch may hold demonstration rows (given answers, ``Context.demo``): the policy loss and the
+terms are aggregated over the sampled rows, and a term that declares it needs ``demonstrations``
+(``nll``) over the demonstration rows, each with its own global denominators.
+
 ``l^policy`` is a ``POLICY_LOSSES`` entry, ``w_t`` the mismatch-correction weight
 (``MISMATCH_CORRECTIONS``), ``agg`` a ``LOSS_AGG`` entry with the mini-batch's global denominators,
 and each ``l^k`` an extra loss term (``LOSS_TERMS``: the KL penalty, the entropy bonus, or a
@@ -74,21 +78,39 @@ class Objective:
         return field in POLICY_LOSSES.entry(self.policy_loss).params or any(
             field in LOSS_TERMS.entry(t.name).params for t in terms)
 
-    def loss(self, ctx: Context, norm: AggNorm, terms: Iterable[Term]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(loss, policy-loss part, per-token metrics) of the micro-batch ``ctx`` (global denominators in ``norm``)."""
+    def loss(self, ctx: Context, norm: AggNorm, terms: Iterable[Term], demo_norm: AggNorm | None = None
+             ) -> tuple[Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        """(loss, policy-loss part, per-token metrics, the mask each metric averages over) of the
+        micro-batch ``ctx``; ``norm`` holds the global denominators of the mini-batch's sampled rows,
+        ``demo_norm`` those of its demonstration rows."""
         aggregate = LOSS_AGG.get(self.loss_agg)
-        is_weight, metrics = mismatch_correction(ctx.old_logp, ctx.sampling_logp, ctx.mask, self.mismatch,
+        sampled, demos = split_rows(ctx.mask, ctx.demo)
+        is_weight, metrics = mismatch_correction(ctx.old_logp, ctx.sampling_logp, sampled, self.mismatch,
                                                  self.mismatch_cap)
         metrics = {f"mismatch/{k}": v for k, v in metrics.items()}
         pg, pg_metrics = POLICY_LOSSES.call(self.policy_loss, ctx, self.policy_cfg)
         metrics.update(pg_metrics)
-        pg_loss = aggregate(pg * is_weight, ctx.mask, norm)
+        masks = dict.fromkeys(metrics, sampled)
+        pg_loss = aggregate(pg * is_weight, sampled, norm)
         loss = pg_loss
         for term in terms:
+            on_demos = "demonstrations" in LOSS_TERMS.needs(term.name)
+            mask, term_norm = (demos, demo_norm) if on_demos else (sampled, norm)
+            if mask is None or term_norm is None:  # a demonstration term, no demonstration here
+                continue
             values, term_metrics = LOSS_TERMS.call(term.name, ctx, term.cfg if term.cfg is not None else self.cfg)
-            loss = loss + term.coef * aggregate(values, ctx.mask, norm)
+            loss = loss + term.coef * aggregate(values, mask, term_norm)
             metrics.update(term_metrics)
-        return loss, pg_loss, metrics
+            masks.update(dict.fromkeys(term_metrics, mask))
+        return loss, pg_loss, metrics, masks
+
+
+def split_rows(mask: Tensor, demo: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """(the loss mask of the sampled rows, that of the demonstration rows or None when there are none)."""
+    if demo is None:
+        return mask, None
+    is_demo = demo.to(mask.dtype)[:, None]
+    return mask * (1 - is_demo), mask * is_demo
 
 
 def loss_terms(cfg: Any, kl_coef: float | None = None) -> list[Term]:

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from reinforge.config.algo import AlgoConfig
 from reinforge.config.base import GroupSamplerConfig, _check_registered, _Strict
+from reinforge.config.demonstrations import DemonstrationsConfig
 from reinforge.config.task import AgentTaskConfig, ArithmeticTaskConfig, RewardConfig, TaskConfig
 
 
@@ -211,6 +212,7 @@ class RunConfig(_Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     orchestrate: OrchestrateConfig = Field(default_factory=OrchestrateConfig)
+    demonstrations: DemonstrationsConfig = Field(default_factory=DemonstrationsConfig)
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -241,6 +243,26 @@ class RunConfig(_Strict):
                              f"policy; {why}, so it runs with orchestrate.mode=sync")
         if self.train.world_size > 1:
             raise ValueError(f"train.world_size > 1 runs one rollout engine per rank; {why}")
+        return self
+
+    @model_validator(mode="after")
+    def _demonstrations_are_used(self) -> RunConfig:
+        """A part that trains on demonstrations needs them, and demonstrations need such a part."""
+        from reinforge.algo.objective import required_inputs
+
+        needs, d = required_inputs(self.algo), self.demonstrations
+        if "demonstrations" in needs and d.path is None:
+            raise ValueError("algo: a loss term trains on demonstrations (e.g. nll); set demonstrations.path "
+                             "(a file, or 'task' for the task's reference answers)")
+        if d.path is not None and "demonstrations" not in needs:
+            raise ValueError("demonstrations.path: no part of algo trains on demonstrations; add algo.loss_terms: "
+                             "[{name: nll, coef: 1.0}] (or use preset=sft)")
+        if d.path is not None and not d.mix and self.orchestrate.mode == "async":
+            raise ValueError("demonstrations.mix=false trains on demonstrations only: there is no rollout to run "
+                             "asynchronously; use orchestrate.mode=sync")
+        if d.path is not None and "values" in needs:
+            raise ValueError("demonstrations: not supported with a critic (algo.advantage=gae): the value model "
+                             "would fit the demonstrations' rewards")
         return self
 
     @model_validator(mode="after")

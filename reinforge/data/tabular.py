@@ -143,6 +143,13 @@ def _rows(path: Path, fmt: str, split: str | None, cache_dir: str | Path | None)
     return {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[fmt](path)
 
 
+def table_rows(path: str | Path, split: str | None = None,
+               cache_dir: str | Path | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, row) for every row of a local table in any of ``FORMATS``; ``where`` names the file and
+    the line or row index, for errors."""
+    return _rows(Path(path), detect_format(path), split, cache_dir)
+
+
 def read_table_tasks(
     path: str | Path,
     columns: ColumnsConfig | None = None,

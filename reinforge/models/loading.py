@@ -47,10 +47,18 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.
 
 
 def _existing_model_dir(path: str) -> str:
-    directory = resolve_model_path(path)
+    directory = _latest_checkpoint_of_run(resolve_model_path(path))
     if not directory.is_dir():
         raise ConfigError(f"model.path: {path!r} is not a directory with an HF model (or a shipped alias: tiny-base, tiny-agent)")
     if not (directory / "config.json").is_file() and not (directory / "adapter_config.json").is_file():
         raise ConfigError(f"model.path: {directory} has no config.json (nor a LoRA adapter_config.json); is it a Hugging "
                           "Face model directory?")
     return str(directory)
+
+
+def _latest_checkpoint_of_run(directory: Path) -> Path:
+    """A run directory (``runs/<name>``, with ``checkpoints/step_N``) means its latest checkpoint, so a
+    run can start from another's result (``model.path=runs/<sft run>``); any other path is itself."""
+    steps = [p for p in (directory / "checkpoints").glob("step_*") if p.name[5:].isdigit()] \
+        if (directory / "checkpoints").is_dir() else []
+    return max(steps, key=lambda p: int(p.name[5:])) if steps else directory

@@ -120,13 +120,14 @@ def build_batch(
     advantage under group baselines) are dropped; ``None`` when nothing is left to train on.
     """
     check_rewards(trajs)  # a NaN/inf reward stops the step here, naming its tasks
-    n_groups = len({t.group_id for t in trajs})
+    n_groups = len({t.group_id for t in trajs if not t.demonstration})
     keep = [True] * len(trajs)
-    if algo.skip_equal_reward_groups:
+    if algo.skip_equal_reward_groups:  # demonstrations are kept: they are trained on by their own terms
         spread = groups_with_spread(trajs)
-        keep = [t.group_id in spread for t in trajs]
+        keep = [t.group_id in spread or t.demonstration for t in trajs]
     kept = [t for t, k in zip(trajs, keep, strict=True) if k]
-    stats = BatchStats(groups=n_groups, groups_kept=len({t.group_id for t in kept}), sequences_kept=len(kept))
+    stats = BatchStats(groups=n_groups, groups_kept=len({t.group_id for t in kept if not t.demonstration}),
+                       sequences_kept=len(kept))
     if not kept:
         return None, stats
     base = None

@@ -14,6 +14,7 @@ from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
 from reinforge.orchestrate.collectors import Collector
 from reinforge.orchestrate.components import Components, build_components
+from reinforge.orchestrate.demo_batches import demonstration_batches
 from reinforge.orchestrate.loop import Loop, TrainResult, local_batches
 from reinforge.orchestrate.run_dir import create_run_dir
 from reinforge.track import provenance
@@ -48,6 +49,8 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
         (run_dir / "config.yaml").write_text(dump_config(cfg))
         provenance.record(run_dir, cfg.seed, resumed_from=start if resume is not None else None)
     source = partial(worker_batches, run_dir=run_dir, start=start) if cfg.orchestrate.mode == "async" else local_batches
+    if cfg.demonstrations.path is not None:  # SFT, or demonstrations mixed into every rollout batch
+        source = partial(demonstration_batches, inner=source if cfg.demonstrations.mix else None)
     return Loop(c, run_dir, start, progress_every or cfg.log.console_every, source).run()
 
 

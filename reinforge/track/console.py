@@ -13,8 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 def _fmt(metrics: dict[str, Any], heldout: float | None) -> str:
     acc = f"{heldout:.3f}" if heldout is not None else "  -  "
+    if "reward/mean" not in metrics and "train/nll" in metrics:  # SFT: no rollout, the demonstrations' NLL
+        return f"nll {metrics['train/nll']:.3f} | held-out {acc} | {metrics.get('time/step_s', 0.0):.2f} s/step"
+    nll = f" | nll {metrics['train/nll']:.3f}" if "train/nll" in metrics else ""
     return (
-        f"reward {metrics.get('reward/mean', 0.0):.3f} | held-out {acc} | "
+        f"reward {metrics.get('reward/mean', 0.0):.3f}{nll} | held-out {acc} | "
         f"{metrics.get('perf/tokens_per_s', 0.0):7.0f} tok/s | {metrics.get('time/step_s', 0.0):.2f} s/step"
     )
 

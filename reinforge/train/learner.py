@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from reinforge.algo import KL_ESTIMATORS, AggNorm
 from reinforge.algo.context import Context
 from reinforge.algo.kl_control import KLController
-from reinforge.algo.objective import Objective, loss_terms, required_inputs
+from reinforge.algo.objective import Objective, loss_terms, required_inputs, split_rows
 from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, TrainConfig
 from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.models.precision import compute_dtype
@@ -107,6 +107,7 @@ class Learner(PreparesBatches):
         self.kl_estimator = KL_ESTIMATORS.get(algo.kl.estimator)
         self.kl_ctl = KLController(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         self.needs = required_inputs(algo)
+        self.uses_demonstrations = "demonstrations" in self.needs
         if "values" in self.needs and critic is None:
             raise ConfigError(f"algo.advantage={algo.advantage} needs a critic (a value model); it is built by "
                               "build_components")
@@ -249,8 +250,12 @@ class Learner(PreparesBatches):
 
     def _optimizer_step(self, minibatch: Batch | None, stats: MetricSums, train_policy: bool) -> None:
         """One optimizer step on this rank's rows of a global mini-batch (None: no rows here)."""
-        norm = self.parallel.norm(minibatch.loss_mask if minibatch is not None else None, self.max_len_norm)
+        sampled, demos = split_rows(minibatch.loss_mask, minibatch.demo) if minibatch is not None else (None, None)
+        norm = self.parallel.norm(sampled, self.max_len_norm)
         value_norm = AggNorm(num_tokens=norm.num_tokens, num_seqs=norm.num_seqs)
+        demo_norm = None  # every rank joins the collective when the run trains on demonstrations
+        if self.uses_demonstrations:
+            demo_norm = self.parallel.norm(demos if demos is not None else torch.zeros(0, 0), self.max_len_norm)
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.optimizer.zero_grad(set_to_none=True)
@@ -264,7 +269,7 @@ class Learner(PreparesBatches):
             if not train_policy:
                 continue
             self.parallel.sync_gradients(i == most - 1)
-            loss, pg_loss = self._micro_loss(micro, norm, stats)
+            loss, pg_loss = self._micro_loss(micro, norm, stats, demo_norm)
             total_loss, total_pg = total_loss + float(loss.detach()), total_pg + pg_loss
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
@@ -303,7 +308,8 @@ class Learner(PreparesBatches):
         with self._autocast():
             return self.forward.logprobs(model, mb, self.temperature, entropy)
 
-    def _micro_loss(self, mb: Batch, norm: AggNorm, stats: MetricSums) -> tuple[Tensor, float]:
+    def _micro_loss(self, mb: Batch, norm: AggNorm, stats: MetricSums, demo_norm: AggNorm | None = None
+                    ) -> tuple[Tensor, float]:
         """This micro-batch's share of the mini-batch loss (global denominators in ``norm``)."""
         terms = loss_terms(self.algo, self.kl_ctl.value)
         logp, entropy = self._logprobs(self.model, mb, entropy=True)
@@ -319,10 +325,10 @@ class Learner(PreparesBatches):
             mask=mask, rewards=mb.rewards, group_index=mb.group_index, lengths=mask.sum(-1), baseline=mb.baseline,
             turn_returns=mb.turn_returns, logp=logp, old_logp=old_logp, sampling_logp=mb.sampling_logprobs,
             ref_logp=mb.ref_logprobs, entropy=entropy, values=mb.values, returns=mb.returns,
-            advantages=mb.advantages,
+            advantages=mb.advantages, demo=mb.demo,
         )
-        loss, pg_loss, metrics = self.objective.loss(ctx, norm, terms)
+        loss, pg_loss, metrics, masks = self.objective.loss(ctx, norm, terms, demo_norm)
         stats.add_tokens("entropy", entropy, mask)
         for name, values in metrics.items():
-            stats.add_tokens(name, values, mask)
+            stats.add_tokens(name, values, masks[name])
         return loss, float(pg_loss.detach())

@@ -100,13 +100,30 @@ class PreparesBatches:
         inputs = None if batch is None else {
             "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
             "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
+            "demo": batch.demo,
         }
         inputs = self.parallel.gather_rows(inputs)
         if batch is None:
             return None
         assert inputs is not None
-        adv = ADVANTAGES.call(self.algo.advantage, Context(**inputs), self.algo.advantage.settings).to(self._loss_dtype)
-        return self.parallel.my_rows(adv, offset, batch)
+        return self.parallel.my_rows(self._estimate(inputs), offset, batch)
+
+    def _estimate(self, inputs: dict[str, Tensor | None]) -> Tensor:
+        """The run's estimator over the rows it applies to: every sampled row and every demonstration
+        that is a member of a sampled group; a demonstration in a group of its own (group id < 0: SFT,
+        mixed-in supervision) is left out, so batch statistics are the rollouts', and gets 0."""
+        demo = inputs.pop("demo")
+        settings = self.algo.advantage.settings
+        if demo is None:
+            return ADVANTAGES.call(self.algo.advantage, Context(**inputs), settings).to(self._loss_dtype)
+        mask = inputs["mask"]
+        assert mask is not None
+        keep = ~(demo & (inputs["group_index"] < 0))
+        adv = torch.zeros(mask.shape, dtype=self._loss_dtype)
+        if keep.any():
+            sub = {k: v[keep] if v is not None else None for k, v in inputs.items()}
+            adv[keep] = ADVANTAGES.call(self.algo.advantage, Context(**sub), settings).to(self._loss_dtype)
+        return adv
 
     @contextlib.contextmanager
     def _reference_on_device(self, needed: bool) -> Iterator[None]:

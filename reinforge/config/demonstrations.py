@@ -1,0 +1,27 @@
+"""``demonstrations``: given answers to train on with a supervised term (SFT, or mixed into RL)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from reinforge.config.base import _Strict
+
+
+class DemonstrationColumns(_Strict):
+    """Column names of a demonstrations table: chat rows, or prompt/completion rows."""
+
+    messages: str = Field("messages", description="a list of {role, content}; every assistant message is trained on")
+    prompt: str = Field("prompt", description="text or chat messages, encoded as rollout prompts are")
+    completion: str = Field("completion", description="the answer (trained on, with the end-of-sequence token)")
+
+
+class DemonstrationsConfig(_Strict):
+    """Where demonstrations come from and how each step's batch uses them (docs/sft.md)."""
+
+    path: str | None = Field(None, description="JSONL, CSV or Parquet file, or a datasets directory, of "
+                             "demonstrations; 'task': the run's training tasks with their reference answers")
+    split: str | None = Field(None, description="split of a datasets directory")
+    per_step: int = Field(16, ge=1, description="demonstration rows in each step's batch")
+    mix: bool = Field(False, description="false: each step trains on demonstrations only (SFT); true: "
+                      "per_step demonstrations join every RL batch (their own term, e.g. nll, trains on them)")
+    columns: DemonstrationColumns = Field(default_factory=DemonstrationColumns)
