@@ -82,11 +82,17 @@ def sft(
                                            "recipe task's reference answers")],
     args: Annotated[list[str] | None, typer.Argument(help="[RECIPE] [key.path=value ...] as for train")] = None,
 ) -> None:
-    """Supervised fine-tuning on demonstrations (assistant-only loss): `reinforge train` with the sft
-    preset and demonstrations.path=DATA, so checkpoints, metrics, evaluation and report are a run's (docs/sft.md)."""
+    """Supervised fine-tuning on demonstrations (assistant-only loss): `reinforge train` with the nll term
+    alone and demonstrations.path=DATA, so checkpoints, metrics, evaluation and report are a run's (docs/sft.md)."""
     args = args or []
     recipe = [a for a in args if "=" not in a]
-    train([*recipe, "preset=sft", f"demonstrations.path={data}", *[a for a in args if "=" in a]], resume=None)
+    train([*recipe, *SFT_OVERRIDES, f"demonstrations.path={data}", *[a for a in args if "=" in a]], resume=None)
+
+
+# What makes a run SFT: the nll term on demonstrations only (no KL, no reference model); the policy
+# loss has no sampled rows to act on.
+SFT_OVERRIDES = ["algo.loss_terms=[{name: nll, coef: 1.0}]", "algo.kl.coef=0", "algo.skip_equal_reward_groups=false",
+                 "demonstrations.mix=false"]
 
 
 @app.command("eval")

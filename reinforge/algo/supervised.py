@@ -17,7 +17,7 @@ from reinforge.algo.objective import LOSS_TERMS
     needs=("demonstrations",),
 )
 def nll_term(logp: Tensor, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
-    """Negative log-likelihood per token, -log pi(y_t): SFT alone (``preset: sft``) or, with a
+    """Negative log-likelihood per token, -log pi(y_t): SFT alone (``reinforge sft``) or, with a
     coefficient, mixed into an RL objective (``demonstrations.mix: true``). Metric ``nll``: its mean
     over the demonstration tokens (exp of it is the demonstrations' perplexity)."""
     return -logp, {"nll": -logp.detach()}

@@ -256,7 +256,7 @@ class RunConfig(_Strict):
                              "(a file, or 'task' for the task's reference answers)")
         if d.path is not None and "demonstrations" not in needs:
             raise ValueError("demonstrations.path: no part of algo trains on demonstrations; add algo.loss_terms: "
-                             "[{name: nll, coef: 1.0}] (or use preset=sft)")
+                             "[{name: nll, coef: 1.0}] (or run reinforge sft)")
         if d.path is not None and not d.mix and self.orchestrate.mode == "async":
             raise ValueError("demonstrations.mix=false trains on demonstrations only: there is no rollout to run "
                              "asynchronously; use orchestrate.mode=sync")
