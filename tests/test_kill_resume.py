@@ -96,9 +96,10 @@ def _deterministic(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
-def test_sigkill_at_random_and_while_writing_then_resume_is_bit_exact(tmp_path, mode):
-    rng = random.Random(f"{mode}-kills")
-    args = [*COMMON, *MODES[mode], f"output_dir={tmp_path}"]
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.learning)])  # seed 1: make test-learning
+def test_sigkill_at_random_and_while_writing_then_resume_is_bit_exact(tmp_path, mode, seed):
+    rng = random.Random(f"{mode}-kills-{seed}")
+    args = [*COMMON, *MODES[mode], f"output_dir={tmp_path}", f"seed={seed}"]
     _finish(_start([*args, "name=straight"]))
     run_dir = tmp_path / "crashed"
     proc = _start([*args, "name=crashed"])
