@@ -5,8 +5,6 @@ from __future__ import annotations
 import pickle
 import re
 import socket
-import threading
-import time
 
 import pytest
 
@@ -84,21 +82,13 @@ def test_server_down_is_a_judge_error():
 @pytest.fixture(scope="module")
 def server_url():
     pytest.importorskip("openai", reason="the serve extra (openai) is not installed")
-    uvicorn = pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
+    pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
+    from reinforge.orchestrate.agent_episodes import BackgroundServer
     from reinforge.serve.launch import build_server_app
 
     app = build_server_app(MODEL, seed=0)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started:
-        assert time.time() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with BackgroundServer(app, log_level="error") as url:
+        yield f"{url}/v1"
 
 
 def _judge(url: str, **kwargs) -> LLMJudge:

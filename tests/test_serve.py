@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -15,6 +12,7 @@ import torch
 openai = pytest.importorskip("openai", reason="the serve extra (openai) is not installed")
 uvicorn = pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
 
+from reinforge.orchestrate.agent_episodes import BackgroundServer  # noqa: E402
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine  # noqa: E402
 from reinforge.rollout.prompts import encode_prompt  # noqa: E402
 from reinforge.rollout.types import GenerationRequest, SamplingParams  # noqa: E402
@@ -23,26 +21,11 @@ from reinforge.serve.launch import build_server_app  # noqa: E402
 MODEL = "tiny-base"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
     app = build_server_app(MODEL, seed=0)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started:
-        assert time.time() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield app, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with BackgroundServer(app, log_level="error") as url:
+        yield app, url
 
 
 @pytest.fixture()

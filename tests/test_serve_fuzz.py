@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import resource
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ import pytest
 from chat_fixtures import ascii_chat_tokenizer, tiny_random_llama
 
 pytest.importorskip("openai", reason="the serve extra (openai) is not installed")
-uvicorn = pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
+pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
 
 from reinforge.data.base import Task  # noqa: E402
 from reinforge.orchestrate.agent_episodes import BackgroundServer, run_agent_episodes  # noqa: E402
@@ -65,26 +64,11 @@ BAD = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
     app = build_server_app(MODEL, seed=0, limits=LIMITS)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started:
-        assert time.time() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield app, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with BackgroundServer(app, log_level="error") as url:
+        yield app, url
 
 
 def _post(client: httpx.Client, path: str, body) -> httpx.Response:
