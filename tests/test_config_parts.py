@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from reinforge.algo.advantages import GroupNormSettings
-from reinforge.algo.losses import PPOClipSettings
+from reinforge.algo.losses import POLICY_LOSSES, PPOClipSettings
 from reinforge.cli import app
 from reinforge.config import (
     AlgoConfig,
@@ -97,8 +97,10 @@ def test_moved_key_message_names_the_part_and_the_recipes_own_part(tmp_path):
     assert "use algo.advantage: {name: gae, lam: 0.9} (an option of gae)" in _error("algo.lam=0.9")
     assert "use algo.loss_agg: {name: seq_mean_token_sum_norm, max_len_norm: 512}" in _error("algo.max_len_norm=512")
     recipe = _recipe(tmp_path, {"policy_loss": "gspo", "clip_high": 4e-4})
-    assert "use algo.policy_loss: {name: gspo, clip_high: 0.0004} (an option of cispo, gspo, ppo_clip)" in _error(
-        recipe=recipe)
+    with_clip_high = sorted(n for n in POLICY_LOSSES.names() if "clip_high" in POLICY_LOSSES.entry(n).options())
+    assert {"cispo", "gspo", "ppo_clip"} <= set(with_clip_high)  # every loss with the option is named
+    assert (f"use algo.policy_loss: {{name: gspo, clip_high: 0.0004}} (an option of {', '.join(with_clip_high)})"
+            in _error(recipe=recipe))
 
 
 def test_an_option_override_applies_to_a_part_named_by_a_string(tmp_path):

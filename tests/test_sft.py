@@ -11,7 +11,7 @@ from torch.testing import assert_close
 
 from reinforge.algo.context import Context
 from reinforge.algo.losses import AggNorm
-from reinforge.algo.objective import LOSS_TERMS, Objective, Term, split_rows
+from reinforge.algo.objective import LOSS_TERMS, Objective, Rows, Term, row_sets
 from reinforge.cli import SFT_OVERRIDES
 from reinforge.config import load_config
 from reinforge.config.demonstrations import DemonstrationColumns
@@ -35,9 +35,10 @@ def test_nll_is_minus_log_prob_averaged_over_demonstration_tokens_only():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
     demo = torch.tensor([False, False, True])
     ctx = Context(mask=mask, logp=logp, old_logp=logp, sampling_logp=logp, advantages=torch.ones(3, 2), demo=demo)
-    sampled, demos = split_rows(mask, demo)
-    norm, demo_norm = AggNorm.of(sampled), AggNorm.of(demos)
-    assert (norm.num_tokens, demo_norm.num_tokens) == (3.0, 2.0)
+    rows = row_sets(3, demo)
+    sampled, demos = Rows.mask(rows.sampled, mask), Rows.mask(rows.demos, mask)
+    norm, demo_norm = AggNorm.of(sampled, rows=rows.sampled), AggNorm.of(demos, rows=rows.demos)
+    assert (norm.num_tokens, demo_norm.num_tokens, norm.num_seqs, demo_norm.num_seqs) == (3.0, 2.0, 2.0, 1.0)
     loss, pg, metrics, masks = _objective().loss(ctx, norm, [Term("nll", 0.5)], demo_norm)
     # ppo_clip with ratio 1 and A = 1: -1 per sampled token, token mean -1; nll: (ln 2 + ln 4) / 2
     expected_nll = (math.log(2) + math.log(4)) / 2
@@ -55,8 +56,9 @@ def test_nll_gradient_reaches_demonstration_tokens_only():
     demo = torch.tensor([True, False])
     ctx = Context(mask=mask, logp=logp, old_logp=logp.detach(), sampling_logp=logp.detach(),
                   advantages=torch.zeros(2, 3), demo=demo)
-    sampled, demos = split_rows(mask, demo)
-    loss, *_ = _objective().loss(ctx, AggNorm.of(sampled), [Term("nll", 1.0)], AggNorm.of(demos))
+    rows = row_sets(2, demo)
+    loss, *_ = _objective().loss(ctx, AggNorm.of(Rows.mask(rows.sampled, mask)), [Term("nll", 1.0)],
+                                 AggNorm.of(Rows.mask(rows.demos, mask)))
     loss.backward()
     grad = logits.grad.abs().sum(-1)
     assert grad[0, 0] == 0 and (grad[0, 1:] > 0).all()  # the prompt token of the demonstration: no gradient

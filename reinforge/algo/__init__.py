@@ -6,6 +6,7 @@ are exported here too.
 """
 
 import reinforge.algo.advantages_batch  # noqa: F401  (registers reinforce_pp, reinforce_pp_baseline, remax, gae)
+import reinforge.algo.guidance  # noqa: F401  (registers the luffy policy loss and the nll_phi term)
 import reinforge.algo.supervised  # noqa: F401  (registers the nll loss term)
 from reinforge.algo.advantages import (
     ADVANTAGES,
@@ -17,6 +18,7 @@ from reinforge.algo.kl import KL_ESTIMATORS
 from reinforge.algo.kl_control import KLController
 from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm, entropy_from_logits
 from reinforge.algo.mismatch import MISMATCH_MODES, mismatch_correction
+from reinforge.algo.mixing import MIXING
 from reinforge.algo.shaping import REWARD_SHAPERS, soft_overlong_penalty
 from reinforge.algo.value import clipped_value_loss, explained_variance
 
@@ -25,12 +27,14 @@ REGISTRIES = {
     "policy_loss": POLICY_LOSSES,
     "loss_agg": LOSS_AGG,
     "kl_estimator": KL_ESTIMATORS,
+    "mixing": MIXING,
 }
 
 __all__ = [
     "ADVANTAGES",
     "KL_ESTIMATORS",
     "LOSS_AGG",
+    "MIXING",
     "MISMATCH_MODES",
     "POLICY_LOSSES",
     "REWARD_SHAPERS",

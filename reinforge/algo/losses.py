@@ -220,8 +220,10 @@ class AggNorm:
     max_len: float = 1.0
 
     @classmethod
-    def of(cls, mask: Tensor, max_len: float = 1.0) -> AggNorm:
-        return cls(num_tokens=max(float(mask.sum()), 1.0), num_seqs=max(float(mask.shape[0]), 1.0), max_len=max_len)
+    def of(cls, mask: Tensor, max_len: float = 1.0, rows: Tensor | None = None) -> AggNorm:
+        """The denominators of ``mask``'s tokens and of its sequences (every row, or the ``rows`` [N] bool)."""
+        seqs = float(rows.sum()) if rows is not None else float(mask.shape[0])
+        return cls(num_tokens=max(float(mask.sum()), 1.0), num_seqs=max(seqs, 1.0), max_len=max_len)
 
 
 AggFn = Callable[[Tensor, Tensor, AggNorm], Tensor]

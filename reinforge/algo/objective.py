@@ -4,7 +4,10 @@
 
 A batch may hold demonstration rows (given answers, ``Context.demo``): the policy loss and the
 terms are aggregated over the sampled rows, and a term that declares it needs ``demonstrations``
-(``nll``) over the demonstration rows, each with its own global denominators.
+(``nll``) over the demonstration rows, each with its own global denominators. A policy loss that
+declares it needs ``demonstrations`` (LUFFY's) also trains on the demonstrations placed in a sampled
+group (``Rows.guided``), in one aggregate with the sampled rows. ``algo.mixing`` weighs the two
+sides: L = w_rl * (policy loss + sampled terms) + w_demo * (demonstration terms).
 
 ``l^policy`` is a ``POLICY_LOSSES`` entry, ``w_t`` the mismatch-correction weight
 (``MISMATCH_CORRECTIONS``), ``agg`` a ``LOSS_AGG`` entry with the mini-batch's global denominators,
@@ -18,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from reinforge.algo.context import Context
@@ -78,39 +82,77 @@ class Objective:
         return field in POLICY_LOSSES.entry(self.policy_loss).params or any(
             field in LOSS_TERMS.entry(t.name).params for t in terms)
 
-    def loss(self, ctx: Context, norm: AggNorm, terms: Iterable[Term], demo_norm: AggNorm | None = None
-             ) -> tuple[Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]]:
+    @property
+    def trains_on_guidance(self) -> bool:
+        """Does the policy loss train on the demonstrations placed in sampled groups (it declares it
+        needs ``demonstrations``, e.g. LUFFY's mixed-policy loss)?"""
+        return "demonstrations" in POLICY_LOSSES.needs(self.policy_loss)
+
+    def rows(self, n: int, demo: Tensor | None, group_index: Tensor | None) -> Rows:
+        """Which of ``n`` rows each part of this objective is aggregated over."""
+        return row_sets(n, demo, group_index if self.trains_on_guidance else None)
+
+    def loss(self, ctx: Context, norm: AggNorm, terms: Iterable[Term], demo_norm: AggNorm | None = None,
+             weights: tuple[float, float] = (1.0, 1.0)) -> tuple[Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """(loss, policy-loss part, per-token metrics, the mask each metric averages over) of the
-        micro-batch ``ctx``; ``norm`` holds the global denominators of the mini-batch's sampled rows,
-        ``demo_norm`` those of its demonstration rows."""
+        micro-batch ``ctx``: w_rl * (policy loss + the sampled rows' terms) + w_demo * (demonstration
+        terms), ``weights`` = (w_rl, w_demo) from ``algo.mixing``. ``norm`` holds the global
+        denominators of the rows the policy loss trains on, ``demo_norm`` those of the demonstrations."""
         aggregate = LOSS_AGG.get(self.loss_agg)
-        sampled, demos = split_rows(ctx.mask, ctx.demo)
+        rows = self.rows(ctx.mask.shape[0], ctx.demo, ctx.group_index)
+        sampled, guided, demos = (rows.mask(r, ctx.mask) for r in (rows.sampled, rows.guided, rows.demos))
         is_weight, metrics = mismatch_correction(ctx.old_logp, ctx.sampling_logp, sampled, self.mismatch,
                                                  self.mismatch_cap)
         metrics = {f"mismatch/{k}": v for k, v in metrics.items()}
         pg, pg_metrics = POLICY_LOSSES.call(self.policy_loss, ctx, self.policy_cfg)
         metrics.update(pg_metrics)
-        masks = dict.fromkeys(metrics, sampled)
-        pg_loss = aggregate(pg * is_weight, sampled, norm)
-        loss = pg_loss
+        masks = {k: guided if k.startswith("guided/") else sampled for k in metrics}
+        is_weight = torch.where(rows.guided[:, None], torch.ones_like(is_weight), is_weight)  # no sampler to correct
+        pg_loss = aggregate(pg * is_weight, sampled + guided, norm)
+        rl_loss, demo_loss = pg_loss, pg_loss.new_zeros(())
         for term in terms:
             on_demos = "demonstrations" in LOSS_TERMS.needs(term.name)
+            if on_demos and (demo_norm is None or not rows.demos.any()):
+                continue  # a demonstration term, no demonstration in this micro-batch
             mask, term_norm = (demos, demo_norm) if on_demos else (sampled, norm)
-            if mask is None or term_norm is None:  # a demonstration term, no demonstration here
-                continue
             values, term_metrics = LOSS_TERMS.call(term.name, ctx, term.cfg if term.cfg is not None else self.cfg)
-            loss = loss + term.coef * aggregate(values, mask, term_norm)
+            part = term.coef * aggregate(values, mask, term_norm)
+            demo_loss, rl_loss = (demo_loss + part, rl_loss) if on_demos else (demo_loss, rl_loss + part)
             metrics.update(term_metrics)
             masks.update(dict.fromkeys(term_metrics, mask))
-        return loss, pg_loss, metrics, masks
+        return weights[0] * rl_loss + weights[1] * demo_loss, pg_loss, metrics, masks
 
 
-def split_rows(mask: Tensor, demo: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """(the loss mask of the sampled rows, that of the demonstration rows or None when there are none)."""
+@dataclass(frozen=True)
+class Rows:
+    """Which rows ([N] bool) each part of an objective is aggregated over: ``sampled`` (the policy
+    loss and the ordinary terms), ``guided`` (demonstrations in a sampled group, group id >= 0, when
+    the policy loss trains on them; none otherwise) and ``demos`` (every demonstration: the terms that
+    need ``demonstrations``)."""
+
+    sampled: Tensor
+    guided: Tensor
+    demos: Tensor
+
+    @property
+    def policy(self) -> Tensor:
+        """The rows the policy loss is aggregated over."""
+        return self.sampled | self.guided
+
+    @staticmethod
+    def mask(rows: Tensor, mask: Tensor) -> Tensor:
+        """``mask`` [N, T] on ``rows`` only."""
+        return mask * rows[:, None].to(mask.dtype)
+
+
+def row_sets(n: int, demo: Tensor | None, group_index: Tensor | None = None) -> Rows:
+    """The ``Rows`` of a batch of ``n`` rows with demonstration flags ``demo`` (None: none); with
+    ``group_index``, the demonstrations in a sampled group (id >= 0) are ``guided``."""
     if demo is None:
-        return mask, None
-    is_demo = demo.to(mask.dtype)[:, None]
-    return mask * (1 - is_demo), mask * is_demo
+        demo = torch.zeros(n, dtype=torch.bool)
+    demo = demo.bool()
+    guided = demo & (group_index >= 0) if group_index is not None else torch.zeros_like(demo)
+    return Rows(sampled=~demo, guided=guided, demos=demo)
 
 
 def loss_terms(cfg: Any, kl_coef: float | None = None) -> list[Term]:

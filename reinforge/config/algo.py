@@ -87,6 +87,10 @@ class AlgoConfig(_Strict):
     loss_agg: Annotated[PartRef, Part("loss_agg")] = Field(
         "token_mean", validate_default=True,
         description="loss aggregation: a name or {name: ..., <option>: ...} (reinforge algos lists the options)")
+    mixing: Annotated[PartRef, Part("mixing")] = Field(
+        "sum", validate_default=True,
+        description="how the RL loss and the demonstration terms are weighed: sum, convex (a fixed mu), "
+        "chord (CHORD's mu schedule); only runs with demonstrations are affected")
     kl: KLConfig = Field(default_factory=KLConfig)
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient (loss -= coef * entropy)")
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig)

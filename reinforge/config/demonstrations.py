@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from reinforge.config.base import _Strict
@@ -24,4 +26,8 @@ class DemonstrationsConfig(_Strict):
     per_step: int = Field(16, ge=1, description="demonstration rows in each step's batch")
     mix: bool = Field(False, description="false: each step trains on demonstrations only (SFT); true: "
                       "per_step demonstrations join every RL batch (their own term, e.g. nll, trains on them)")
+    placement: Literal["own_group", "in_group"] = Field(
+        "own_group", description="own_group: each demonstration a group of its own, trained on by its terms (SFT, "
+        "CHORD); in_group (LUFFY, needs mix: true): each rollout group gains its prompt's demonstration as a "
+        "member, scored by the verifier, and per_step is not used")
     columns: DemonstrationColumns = Field(default_factory=DemonstrationColumns)

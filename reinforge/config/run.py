@@ -248,11 +248,12 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _demonstrations_are_used(self) -> RunConfig:
         """A part that trains on demonstrations needs them, and demonstrations need such a part."""
+        from reinforge.algo.losses import POLICY_LOSSES
         from reinforge.algo.objective import required_inputs
 
         needs, d = required_inputs(self.algo), self.demonstrations
         if "demonstrations" in needs and d.path is None:
-            raise ValueError("algo: a loss term trains on demonstrations (e.g. nll); set demonstrations.path "
+            raise ValueError("algo: a part trains on demonstrations (e.g. nll, luffy); set demonstrations.path "
                              "(a file, or 'task' for the task's reference answers)")
         if d.path is not None and "demonstrations" not in needs:
             raise ValueError("demonstrations.path: no part of algo trains on demonstrations; add algo.loss_terms: "
@@ -260,6 +261,15 @@ class RunConfig(_Strict):
         if d.path is not None and not d.mix and self.orchestrate.mode == "async":
             raise ValueError("demonstrations.mix=false trains on demonstrations only: there is no rollout to run "
                              "asynchronously; use orchestrate.mode=sync")
+        guided = "demonstrations" in POLICY_LOSSES.needs(self.algo.policy_loss)
+        if d.path is not None and guided != (d.placement == "in_group"):
+            raise ValueError(f"demonstrations.placement={d.placement}: algo.policy_loss={self.algo.policy_loss} "
+                             + ("trains on demonstrations in the rollout groups; set demonstrations.placement=in_group"
+                                if guided else "does not train on demonstrations in a group; use placement=own_group "
+                                "or a policy loss that does (luffy)"))
+        if d.placement == "in_group" and not d.mix:
+            raise ValueError("demonstrations.placement=in_group adds demonstrations to rollout groups; set "
+                             "demonstrations.mix=true")
         if d.path is not None and "values" in needs:
             raise ValueError("demonstrations: not supported with a critic (algo.advantage=gae): the value model "
                              "would fit the demonstrations' rewards")

@@ -78,13 +78,14 @@ def rows_to_demonstrations(rows: Iterable[Row], tokenizer, columns: Any) -> list
             messages = row[columns.messages]
             if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
                 raise DataError(f"{where}: {columns.messages} must be a list of {{role, content}} messages")
-            ids, mask = chat_demonstration(tokenizer, messages, where)
+            (ids, mask), answer = chat_demonstration(tokenizer, messages, where), ""
         elif columns.prompt in row and columns.completion in row:
-            ids, mask = completion_demonstration(tokenizer, row[columns.prompt], row[columns.completion], where)
+            answer = row[columns.completion]
+            ids, mask = completion_demonstration(tokenizer, row[columns.prompt], answer, where)
         else:
             raise DataError(f"{where}: a demonstration needs a {columns.messages!r} column or {columns.prompt!r} "
                             f"and {columns.completion!r}; the row has {sorted(row)}")
-        out.append(demonstration(ids, mask, where))
+        out.append(demonstration(ids, mask, where, answer))
     if not out:
         raise DataError("demonstrations.path: no rows")
     return out
@@ -98,11 +99,12 @@ def task_demonstrations(tasks: Sequence[Task], tokenizer, prompt_of: Callable[[T
         if not task.answer:
             raise DataError(f"task {task.id}: no reference answer to demonstrate")
         ids, mask = completion_demonstration(tokenizer, prompt_of(task), str(task.answer), f"task {task.id}")
-        out.append(demonstration(ids, mask, task.id))
+        out.append(demonstration(ids, mask, task.id, str(task.answer)))
     return out
 
 
-def demonstration(ids: list[int], mask: list[int], task_id: str) -> Trajectory:
-    """A demonstration row: trained on where ``mask`` is 1, no sampling log-probs, its own group."""
+def demonstration(ids: list[int], mask: list[int], task_id: str, answer: str = "") -> Trajectory:
+    """A demonstration row: trained on where ``mask`` is 1, no sampling log-probs, its own group;
+    ``answer``: the completion's text (what a verifier scores; empty for a chat row)."""
     return Trajectory(token_ids=ids, loss_mask=mask, logprobs=[0.0] * len(ids), version=-1, group_id=-1,
-                      task_id=task_id, demonstration=True)
+                      task_id=task_id, completion_text=answer, demonstration=True)

@@ -6,6 +6,11 @@ with ``mix: true`` they join the batch of the run's rollout source (synchronous 
 Each demonstration row is a group of its own (group id < 0): advantage estimators leave it out,
 only the terms that need demonstrations (``nll``) train on it. The order depends only on the seed
 and the step, so a resumed run draws exactly what the interrupted one would have.
+
+With ``demonstrations.placement: in_group`` (LUFFY's off-policy guidance) the demonstrations are not
+drawn by ``per_step``: every rollout group whose prompt has a demonstration (the same prompt tokens)
+gains it as one more member, with that group's id and the reward the run's verifier gives its
+completion, so the group's advantages are computed over the sampled completions and the expert's.
 """
 
 from __future__ import annotations
@@ -17,19 +22,56 @@ from typing import Any
 import torch
 
 from reinforge.config import RunConfig
+from reinforge.data.base import Task
 from reinforge.data.demonstrations import rows_to_demonstrations, task_demonstrations
 from reinforge.data.tabular import table_rows
+from reinforge.errors import ConfigError, DataError
 from reinforge.orchestrate.batch_sources import BatchSource, Rollout
 from reinforge.types import Trajectory
 
 SEED_OFFSET = 4_243  # the demonstrations' shuffle is apart from the run's other random streams
 
 
+def prompt_key(trajectory: Trajectory) -> tuple[int, ...]:
+    """The prompt's tokens: everything before the first trained token."""
+    mask = trajectory.loss_mask
+    return tuple(trajectory.token_ids[: mask.index(1) if 1 in mask else len(mask)])
+
+
+class GroupGuidance:
+    """Each rollout group's demonstration as a member of the group (``placement: in_group``).
+    ``score(tasks, completions)`` is the run's verifier: the rewards of the demonstrations' answers."""
+
+    def __init__(self, demos: list[Trajectory], tasks: list[Task],
+                 score: Callable[[list[Task], list[str]], list[float]]) -> None:
+        unscorable = next((d.task_id for d in demos if not d.completion_text), None)
+        if unscorable is not None:
+            raise DataError(f"{unscorable}: demonstrations.placement=in_group scores each demonstration's answer; "
+                            "give prompt/completion rows (a chat row has no single answer)")
+        self.by_prompt = {prompt_key(d): d for d in demos}
+        self.tasks, self.score = {t.id: t for t in tasks}, score
+
+    def rows(self, kept: list[Trajectory]) -> list[Trajectory]:
+        """The demonstrations of ``kept``'s groups (one per group whose prompt has one), scored."""
+        first: dict[int, Trajectory] = {}
+        for t in kept:
+            if not t.demonstration and t.group_id >= 0:
+                first.setdefault(t.group_id, t)
+        found = [(g, self.by_prompt.get(prompt_key(t)), t.task_id) for g, t in first.items()]
+        found = [(g, d, task_id) for g, d, task_id in found if d is not None]
+        if not found:
+            return []
+        rewards = self.score([self.tasks[task_id] for _, _, task_id in found], [d.completion_text for _, d, _ in found])
+        return [dataclasses.replace(d, group_id=g, task_id=task_id, reward=float(r))
+                for (g, d, task_id), r in zip(found, rewards, strict=True)]
+
+
 class DemonstrationBatches:
     """Demonstrations alone, or added to ``inner``'s rollout batches (see the module docstring)."""
 
-    def __init__(self, demos: list[Trajectory], per_step: int, seed: int, inner: BatchSource | None = None) -> None:
-        self.demos, self.per_step, self.seed, self.inner = demos, per_step, seed, inner
+    def __init__(self, demos: list[Trajectory], per_step: int, seed: int, inner: BatchSource | None = None,
+                 guidance: GroupGuidance | None = None) -> None:
+        self.demos, self.per_step, self.seed, self.inner, self.guidance = demos, per_step, seed, inner, guidance
 
     def rows(self, step: int) -> list[Trajectory]:
         """Step ``step``'s demonstrations (1-based), each a group of its own (ids -1, -2, ...)."""
@@ -42,11 +84,13 @@ class DemonstrationBatches:
 
     def collect(self, step: int) -> Rollout:
         rollout = self.inner.collect(step) if self.inner is not None else Rollout()
-        demos = self.rows(step)
+        demos = self.guidance.rows(rollout.kept) if self.guidance is not None else self.rows(step)
         rollout.kept = [*rollout.kept, *demos]
         if rollout.baseline is not None:
             rollout.baseline = [*rollout.baseline, *([0.0] * len(demos))]
         rollout.metrics = {**rollout.metrics, "demonstrations/rows": float(len(demos))}
+        if self.guidance is not None and demos:
+            rollout.metrics["demonstrations/reward"] = sum(d.reward for d in demos) / len(demos)
         return rollout
 
     def published(self, model: torch.nn.Module, version: int) -> None:
@@ -76,6 +120,14 @@ def demonstration_batches(c: Any, collector: Any, inner: Callable[[Any, Any], Ba
     factory when ``demonstrations.mix`` (else None: demonstrations only)."""
     cfg = c.cfg
     env = c.make_env()
-    demos = load_demonstrations(cfg, c.tokenizer, list(c.splits.train), lambda task: env.reset(task, cfg.seed))
+    train = list(c.splits.train)
+    demos = load_demonstrations(cfg, c.tokenizer, train, lambda task: env.reset(task, cfg.seed))
+    guidance = None
+    if cfg.demonstrations.placement == "in_group":
+        pool = getattr(collector, "pool", None)
+        if pool is None:
+            raise ConfigError("demonstrations.placement=in_group: the demonstrations are scored by the run's "
+                              "verifier, which needs a single-turn environment")
+        guidance = GroupGuidance(demos, train, lambda tasks, texts: [o.reward for o in pool.score(tasks, texts)])
     return DemonstrationBatches(demos, cfg.demonstrations.per_step, cfg.seed,
-                                inner(c, collector) if inner is not None else None)
+                                inner(c, collector) if inner is not None else None, guidance)

@@ -26,7 +26,8 @@ from torch import Tensor, nn
 from reinforge.algo import KL_ESTIMATORS, AggNorm
 from reinforge.algo.context import Context
 from reinforge.algo.kl_control import KLController
-from reinforge.algo.objective import Objective, loss_terms, required_inputs, split_rows
+from reinforge.algo.mixing import MIXING
+from reinforge.algo.objective import Objective, Rows, loss_terms, required_inputs
 from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, TrainConfig
 from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.models.precision import compute_dtype
@@ -35,7 +36,7 @@ from reinforge.train.critic import Critic
 from reinforge.train.faults import nonfinite_inputs
 from reinforge.train.forwards import FORWARDS, select_forward
 from reinforge.train.lora import is_lora_model, wrap_lora
-from reinforge.train.metric_sums import MetricSums, add_mismatch, batch_summary
+from reinforge.train.metric_sums import MetricSums, add_mismatch, batch_summary, sampled_mask
 from reinforge.train.optim import build_optimizer
 from reinforge.train.packing import micro_batches, packed_micro_batches
 from reinforge.train.parallel import DataParallel
@@ -116,6 +117,7 @@ class Learner(PreparesBatches):
         self.optimizer, self.scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], t)
         self.shuffle = torch.Generator().manual_seed(seed + 17)
         self.step = 0
+        self._mix: tuple[float, float] = (1.0, 1.0)  # (w_rl, w_demo) of this update, algo.mixing
         self._prepared: tuple[Batch | None, MetricSums, int] | None = None  # prepare() -> update()
         self.forward = FORWARDS.call(select_forward(t, hf_model, self.fsdp),
                                      SimpleNamespace(policy=model, hf_model=hf_model), t)
@@ -202,6 +204,7 @@ class Learner(PreparesBatches):
         _, stats, offset = self._prepared
         self._prepared = None
         self.step += 1
+        self._mix = MIXING.get(self.algo.mixing)(self.step, self.algo.mixing.settings)
         t = self.train_cfg
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
@@ -221,6 +224,8 @@ class Learner(PreparesBatches):
             out["kl_coef"] = self.kl_ctl.value
         if self.critic is not None:
             out["critic/explained_variance"] = self.parallel.explained_variance(batch)
+        if self.uses_demonstrations:
+            out["mixing/w_rl"], out["mixing/w_demo"] = self._mix
         out["lr"] = self.scheduler.get_last_lr()[0]
         out["updates"] = float(n_updates if train_policy else 0)
         return out
@@ -250,12 +255,7 @@ class Learner(PreparesBatches):
 
     def _optimizer_step(self, minibatch: Batch | None, stats: MetricSums, train_policy: bool) -> None:
         """One optimizer step on this rank's rows of a global mini-batch (None: no rows here)."""
-        sampled, demos = split_rows(minibatch.loss_mask, minibatch.demo) if minibatch is not None else (None, None)
-        norm = self.parallel.norm(sampled, self.max_len_norm)
-        value_norm = AggNorm(num_tokens=norm.num_tokens, num_seqs=norm.num_seqs)
-        demo_norm = None  # every rank joins the collective when the run trains on demonstrations
-        if self.uses_demonstrations:
-            demo_norm = self.parallel.norm(demos if demos is not None else torch.zeros(0, 0), self.max_len_norm)
+        norm, value_norm, demo_norm = self._norms(minibatch)
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.optimizer.zero_grad(set_to_none=True)
@@ -302,6 +302,21 @@ class Learner(PreparesBatches):
         stats.add_share("pg_loss", total_pg)
         self.optimizer.step()
 
+    def _norms(self, minibatch: Batch | None) -> tuple[AggNorm, AggNorm, AggNorm | None]:
+        """Global denominators of a mini-batch (every rank joins the collectives): the rows the policy
+        loss trains on, the sampled rows (the critic's) and, when the run trains on demonstrations,
+        the demonstration rows."""
+        empty = (None, None)
+        policy = sampled = demos = empty
+        if minibatch is not None:
+            mask = minibatch.loss_mask
+            rows = self.objective.rows(len(minibatch), minibatch.demo, minibatch.group_index)
+            policy, sampled, demos = ((Rows.mask(r, mask), r) for r in (rows.policy, rows.sampled, rows.demos))
+        norm = self.parallel.norm(policy[0], self.max_len_norm, rows=policy[1])
+        value = self.parallel.norm(sampled[0], 1.0, rows=sampled[1])
+        demo = self.parallel.norm(demos[0], self.max_len_norm, rows=demos[1]) if self.uses_demonstrations else None
+        return norm, AggNorm(num_tokens=value.num_tokens, num_seqs=value.num_seqs), demo
+
     def _logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (and entropies) of ``mb`` under ``model`` by the training forward
         (train/forwards.py: plain, shared-prefix or packed), under autocast when configured."""
@@ -327,8 +342,8 @@ class Learner(PreparesBatches):
             ref_logp=mb.ref_logprobs, entropy=entropy, values=mb.values, returns=mb.returns,
             advantages=mb.advantages, demo=mb.demo,
         )
-        loss, pg_loss, metrics, masks = self.objective.loss(ctx, norm, terms, demo_norm)
-        stats.add_tokens("entropy", entropy, mask)
+        loss, pg_loss, metrics, masks = self.objective.loss(ctx, norm, terms, demo_norm, self._mix)
+        stats.add_tokens("entropy", entropy, sampled_mask(mb))
         for name, values in metrics.items():
             stats.add_tokens(name, values, masks[name])
         return loss, float(pg_loss.detach())

@@ -50,11 +50,17 @@ class MetricSums:
         return {k: self.sums[k] / max(self.counts[k], 1.0) for k in self.sums}
 
 
+def sampled_mask(mb: Batch) -> Tensor:
+    """The loss mask of the sampled rows (demonstrations have no sampler and no rollout statistics)."""
+    return mb.loss_mask if mb.demo is None else mb.loss_mask * (~mb.demo.bool())[:, None].to(mb.loss_mask.dtype)
+
+
 def add_mismatch(stats: MetricSums, logp: Tensor, mb: Batch) -> None:
-    """|log pi_learner - log pi_sampler| on generated tokens: the rollout/training mismatch."""
+    """|log pi_learner - log pi_sampler| on sampled tokens: the rollout/training mismatch."""
     diff = (logp - mb.sampling_logprobs).abs()
-    stats.add_tokens("logprob_mismatch", diff, mb.loss_mask)
-    masked = diff * mb.loss_mask
+    mask = sampled_mask(mb)
+    stats.add_tokens("logprob_mismatch", diff, mask)
+    masked = diff * mask
     stats.sums["logprob_mismatch_max"] = max(stats.sums.get("logprob_mismatch_max", 0.0), float(masked.max()))
     stats.counts["logprob_mismatch_max"] = 1.0
 

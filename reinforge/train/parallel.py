@@ -33,10 +33,10 @@ class DataParallel:
         sizes = distributed.all_reduce([rows if r == me else 0 for r in range(self.world)])
         return int(sum(sizes[:me])), int(sum(sizes))
 
-    def norm(self, mask: Tensor | None, max_len: float) -> AggNorm:
-        """``AggNorm.of(mask)`` over every rank's rows of the mini-batch (None: no rows on this rank)."""
-        tokens, seqs = distributed.all_reduce([float(mask.sum()), float(mask.shape[0])] if mask is not None
-                                              else [0.0, 0.0])
+    def norm(self, mask: Tensor | None, max_len: float, rows: Tensor | None = None) -> AggNorm:
+        """``AggNorm.of(mask, rows=rows)`` over every rank's rows of the mini-batch (None: no rows on this rank)."""
+        seqs = float(rows.sum()) if rows is not None else float(mask.shape[0]) if mask is not None else 0.0
+        tokens, seqs = distributed.all_reduce([float(mask.sum()) if mask is not None else 0.0, seqs])
         return AggNorm(num_tokens=max(tokens, 1.0), num_seqs=max(seqs, 1.0), max_len=max_len)
 
     def gather_rows(self, inputs: dict[str, Tensor | None] | None) -> dict[str, Tensor | None] | None:
