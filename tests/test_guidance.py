@@ -38,12 +38,14 @@ def test_luffy_shapes_the_demonstration_tokens_and_clips_the_sampled_ones():
     # sampled: -min(2 * 1, 1.2 * 1) = -1.2 (clipped), -1 (ratio 1); demonstration: -A p / (p + 0.1)
     expected = torch.tensor([[-1.2, -1.0], [-2 * 0.8 / 0.9, -2 * 0.4 / 0.5]])
     assert_close(loss, expected)
-    assert_close(metrics["clip_frac"], torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
-    assert_close(metrics["guided/prob"], torch.tensor([[0.0, 0.0], [0.8, 0.4]]))
+    assert_close(metrics["clip_frac"][0], torch.tensor([1.0, 0.0]))  # the objective averages it over sampled rows
+    prob, rows = metrics["guided/prob"]  # averaged over the demonstration's tokens only
+    assert_close(prob[1], torch.tensor([0.8, 0.4]))
+    assert_close(rows, torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
     loss.sum().backward()
     # d/dlogp of -A f(p) = -A * gamma * p / (p + gamma)^2; the clipped token gets none
     assert_close(logp.grad, torch.tensor([[0.0, -1.0], [-2 * 0.1 * 0.8 / 0.81, -2 * 0.1 * 0.4 / 0.25]]))
-    assert_close(metrics["guided/shaping_weight"][1], torch.tensor([0.1 * 0.8 / 0.81, 0.1 * 0.4 / 0.25]))
+    assert_close(metrics["guided/shaping_weight"][0][1], torch.tensor([0.1 * 0.8 / 0.81, 0.1 * 0.4 / 0.25]))
 
 
 def test_luffy_without_demonstrations_is_ppo_clip():

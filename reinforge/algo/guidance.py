@@ -7,6 +7,8 @@ CHORD's are groups of their own, weighed against the RL loss by ``algo.mixing`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -30,7 +32,7 @@ class LuffySettings(ClipSettings):
     needs=("demonstrations",),
 )
 def luffy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, demo: Tensor | None, cfg: LuffySettings
-               ) -> tuple[Tensor, dict[str, Tensor]]:
+               ) -> tuple[Tensor, dict[str, Any]]:
     """Mixed-policy GRPO with policy shaping (LUFFY, Eq. 6-7).
 
     The sampled tokens take the PPO clipped surrogate. A demonstration token's importance ratio
@@ -51,10 +53,9 @@ def luffy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, demo: Tensor 
     prob = torch.exp(logp)
     shaped = -advantages * prob / (prob + cfg.gamma)
     with torch.no_grad():
-        zero = torch.zeros_like(logp)
-        metrics["clip_frac"] = torch.where(off, zero, metrics["clip_frac"])
-        metrics["guided/prob"] = torch.where(off, prob.detach(), zero)
-        metrics["guided/shaping_weight"] = torch.where(off, prob * cfg.gamma / (prob + cfg.gamma) ** 2, zero).detach()
+        rows = off.to(logp.dtype)
+        metrics["guided/prob"] = (prob.detach(), rows)
+        metrics["guided/shaping_weight"] = (prob * cfg.gamma / (prob + cfg.gamma) ** 2, rows)
     return torch.where(off, shaped, loss), metrics
 
 

@@ -84,9 +84,10 @@ class Objective:
 
     @property
     def trains_on_guidance(self) -> bool:
-        """Does the policy loss train on the demonstrations placed in sampled groups (it declares it
-        needs ``demonstrations``, e.g. LUFFY's mixed-policy loss)?"""
-        return "demonstrations" in POLICY_LOSSES.needs(self.policy_loss)
+        """Does the policy loss train on the demonstrations in groups (id >= 0)? When it declares it
+        needs ``demonstrations`` (LUFFY's mixed-policy loss) or ``whole_groups`` (a loss computed per
+        group, e.g. DPO's per pair, sees every member of a group, given or sampled)."""
+        return bool({"demonstrations", "whole_groups"} & POLICY_LOSSES.needs(self.policy_loss))
 
     def rows(self, n: int, demo: Tensor | None, group_index: Tensor | None) -> Rows:
         """Which of ``n`` rows each part of this objective is aggregated over."""
@@ -105,8 +106,10 @@ class Objective:
                                                  self.mismatch_cap)
         metrics = {f"mismatch/{k}": v for k, v in metrics.items()}
         pg, pg_metrics = POLICY_LOSSES.call(self.policy_loss, ctx, self.policy_cfg)
-        metrics.update(pg_metrics)
-        masks = {k: guided if k.startswith("guided/") else sampled for k in metrics}
+        masks = dict.fromkeys(metrics, sampled)
+        for name, value in pg_metrics.items():  # a (values, rows) pair averages over those rows only
+            metrics[name], masks[name] = (value[0], value[1] * (sampled + guided)) if isinstance(value, tuple) \
+                else (value, sampled)
         is_weight = torch.where(rows.guided[:, None], torch.ones_like(is_weight), is_weight)  # no sampler to correct
         pg_loss = aggregate(pg * is_weight, sampled + guided, norm)
         rl_loss, demo_loss = pg_loss, pg_loss.new_zeros(())

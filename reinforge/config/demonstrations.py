@@ -31,3 +31,23 @@ class DemonstrationsConfig(_Strict):
         "CHORD); in_group (LUFFY, needs mix: true): each rollout group gains its prompt's demonstration as a "
         "member, scored by the verifier, and per_step is not used")
     columns: DemonstrationColumns = Field(default_factory=DemonstrationColumns)
+
+
+class PreferenceColumns(_Strict):
+    """Column names of a preference table."""
+
+    prompt: str = Field("prompt", description="text or chat messages, encoded as rollout prompts are")
+    chosen: str = Field("chosen", description="the preferred answer")
+    rejected: str = Field("rejected", description="the other answer")
+
+
+class PreferencesConfig(_Strict):
+    """Preference pairs for offline preference learning (DPO, IPO; docs/sft.md): each step trains on
+    ``per_step`` pairs, a group of two given rows each (chosen reward 1, rejected 0)."""
+
+    path: str | None = Field(None, description="JSONL, CSV or Parquet file, or a datasets directory, of "
+                             "{prompt, chosen, rejected}; 'task': the training tasks, the reference answer over a "
+                             "wrong number next to it")
+    split: str | None = Field(None, description="split of a datasets directory")
+    per_step: int = Field(16, ge=1, description="pairs in each step's batch")
+    columns: PreferenceColumns = Field(default_factory=PreferenceColumns)

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from reinforge.config.algo import AlgoConfig
 from reinforge.config.base import GroupSamplerConfig, _check_registered, _Strict
-from reinforge.config.demonstrations import DemonstrationsConfig
+from reinforge.config.demonstrations import DemonstrationsConfig, PreferencesConfig
 from reinforge.config.task import AgentTaskConfig, ArithmeticTaskConfig, RewardConfig, TaskConfig
 
 
@@ -213,6 +213,7 @@ class RunConfig(_Strict):
     log: LogConfig = Field(default_factory=LogConfig)
     orchestrate: OrchestrateConfig = Field(default_factory=OrchestrateConfig)
     demonstrations: DemonstrationsConfig = Field(default_factory=DemonstrationsConfig)
+    preferences: PreferencesConfig = Field(default_factory=PreferencesConfig)
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -273,6 +274,23 @@ class RunConfig(_Strict):
         if d.path is not None and "values" in needs:
             raise ValueError("demonstrations: not supported with a critic (algo.advantage=gae): the value model "
                              "would fit the demonstrations' rewards")
+        return self
+
+    @model_validator(mode="after")
+    def _preferences_are_used(self) -> RunConfig:
+        """Preference pairs are trained on by a loss computed per group (dpo, ipo), offline only."""
+        from reinforge.algo.losses import POLICY_LOSSES
+
+        if self.preferences.path is None:
+            return self
+        if "whole_groups" not in POLICY_LOSSES.needs(self.algo.policy_loss):
+            raise ValueError(f"preferences.path: algo.policy_loss={self.algo.policy_loss} does not learn from pairs; "
+                             "use policy_loss: dpo (or ipo)")
+        if self.demonstrations.path is not None:
+            raise ValueError("preferences.path and demonstrations.path: give one source of given rows per run")
+        if self.orchestrate.mode == "async":
+            raise ValueError("preferences.path trains on pairs only: there is no rollout to run asynchronously; "
+                             "use orchestrate.mode=sync")
         return self
 
     @model_validator(mode="after")

@@ -24,6 +24,7 @@ import torch
 from reinforge.config import RunConfig
 from reinforge.data.base import Task
 from reinforge.data.demonstrations import rows_to_demonstrations, task_demonstrations
+from reinforge.data.preferences import rows_to_pairs, task_pairs
 from reinforge.data.tabular import table_rows
 from reinforge.errors import ConfigError, DataError
 from reinforge.orchestrate.batch_sources import BatchSource, Rollout
@@ -67,19 +68,31 @@ class GroupGuidance:
 
 
 class DemonstrationBatches:
-    """Demonstrations alone, or added to ``inner``'s rollout batches (see the module docstring)."""
+    """Demonstrations alone, or added to ``inner``'s rollout batches (see the module docstring).
+    ``of_groups``: items of several rows that form a group (preference pairs), drawn alike."""
 
     def __init__(self, demos: list[Trajectory], per_step: int, seed: int, inner: BatchSource | None = None,
                  guidance: GroupGuidance | None = None) -> None:
-        self.demos, self.per_step, self.seed, self.inner, self.guidance = demos, per_step, seed, inner, guidance
+        self.items, self.per_step, self.seed, self.inner, self.guidance = [[d] for d in demos], per_step, seed, inner, guidance
+        self.grouped = False
+
+    @classmethod
+    def of_groups(cls, items: list[list[Trajectory]], per_step: int, seed: int) -> DemonstrationBatches:
+        """Items of given rows that each form one group (ids 0, 1, ... within a step): e.g. the chosen
+        and rejected rows of a preference pair."""
+        source = cls([], per_step, seed)
+        source.items, source.grouped = items, True
+        return source
 
     def rows(self, step: int) -> list[Trajectory]:
-        """Step ``step``'s demonstrations (1-based), each a group of its own (ids -1, -2, ...)."""
-        n, out = len(self.demos), []
-        for k in range((step - 1) * self.per_step, step * self.per_step):
+        """Step ``step``'s rows (1-based): ``per_step`` items of a seeded shuffle (a new one every
+        epoch), each demonstration a group of its own (ids -1, -2, ...) or each item one group."""
+        n, out = len(self.items), []
+        for j, k in enumerate(range((step - 1) * self.per_step, step * self.per_step)):
             epoch, i = divmod(k, n)
             order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + SEED_OFFSET + epoch))
-            out.append(dataclasses.replace(self.demos[int(order[i])], group_id=-(len(out) + 1)))
+            item = self.items[int(order[i])]
+            out += [dataclasses.replace(t, group_id=j if self.grouped else -(j + 1)) for t in item]
         return out
 
     def collect(self, step: int) -> Rollout:
@@ -103,6 +116,17 @@ class DemonstrationBatches:
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
+
+
+def preference_batches(c: Any, collector: Any) -> DemonstrationBatches:
+    """The loop's source factory for a run with ``preferences.path``: pairs only (offline DPO)."""
+    cfg, p = c.cfg, c.cfg.preferences
+    if p.path == "task":
+        env = c.make_env()
+        pairs = task_pairs(list(c.splits.train), c.tokenizer, lambda task: env.reset(task, cfg.seed))
+    else:
+        pairs = rows_to_pairs(table_rows(p.path, p.split), c.tokenizer, p.columns)
+    return DemonstrationBatches.of_groups(pairs, p.per_step, cfg.seed)
 
 
 def load_demonstrations(cfg: RunConfig, tokenizer: Any, train_tasks: list, prompt_of: Callable[[Any], Any]

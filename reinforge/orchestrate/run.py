@@ -14,7 +14,7 @@ from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
 from reinforge.orchestrate.collectors import Collector
 from reinforge.orchestrate.components import Components, build_components
-from reinforge.orchestrate.demo_batches import demonstration_batches
+from reinforge.orchestrate.demo_batches import demonstration_batches, preference_batches
 from reinforge.orchestrate.loop import Loop, TrainResult, local_batches
 from reinforge.orchestrate.run_dir import create_run_dir
 from reinforge.track import provenance
@@ -51,6 +51,8 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
     source = partial(worker_batches, run_dir=run_dir, start=start) if cfg.orchestrate.mode == "async" else local_batches
     if cfg.demonstrations.path is not None:  # SFT, or demonstrations mixed into every rollout batch
         source = partial(demonstration_batches, inner=source if cfg.demonstrations.mix else None)
+    if cfg.preferences.path is not None:  # offline preference pairs (DPO)
+        source = preference_batches
     return Loop(c, run_dir, start, progress_every or cfg.log.console_every, source).run()
 
 

@@ -10,11 +10,16 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+GIVEN_ROW_SIGNALS = (("train/nll", "nll"), ("train/preference/accuracy", "pairs ranked right"),
+                     ("train/preference/margin", "margin"))
+"""What a run without rollouts (SFT, offline DPO) shows in place of the reward."""
+
 
 def _fmt(metrics: dict[str, Any], heldout: float | None) -> str:
     acc = f"{heldout:.3f}" if heldout is not None else "  -  "
-    if "reward/mean" not in metrics and "train/nll" in metrics:  # SFT: no rollout, the demonstrations' NLL
-        return f"nll {metrics['train/nll']:.3f} | held-out {acc} | {metrics.get('time/step_s', 0.0):.2f} s/step"
+    signal = " | ".join(f"{label} {metrics[k]:.3f}" for k, label in GIVEN_ROW_SIGNALS if k in metrics)
+    if "reward/mean" not in metrics and signal:  # no rollout: the given rows' own training signal
+        return f"{signal} | held-out {acc} | {metrics.get('time/step_s', 0.0):.2f} s/step"
     nll = f" | nll {metrics['train/nll']:.3f}" if "train/nll" in metrics else ""
     return (
         f"reward {metrics.get('reward/mean', 0.0):.3f}{nll} | held-out {acc} | "

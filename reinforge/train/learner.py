@@ -38,7 +38,7 @@ from reinforge.train.forwards import FORWARDS, select_forward
 from reinforge.train.lora import is_lora_model, wrap_lora
 from reinforge.train.metric_sums import MetricSums, add_mismatch, batch_summary, sampled_mask
 from reinforge.train.optim import build_optimizer
-from reinforge.train.packing import micro_batches, packed_micro_batches
+from reinforge.train.packing import group_micro_batches, group_order, micro_batches, packed_micro_batches
 from reinforge.train.parallel import DataParallel
 from reinforge.train.prepare import PreparesBatches
 from reinforge.train.shared_prefix import SharedPrefixForward
@@ -109,6 +109,10 @@ class Learner(PreparesBatches):
         self.kl_ctl = KLController(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         self.needs = required_inputs(algo)
         self.uses_demonstrations = "demonstrations" in self.needs
+        self.whole_groups = "whole_groups" in self.needs
+        if self.whole_groups and self.parallel.world > 1:
+            raise ConfigError(f"algo.policy_loss={algo.policy_loss} computes its loss per group, which needs every "
+                              "group on one rank; train.world_size > 1 does not keep them together yet")
         if "values" in self.needs and critic is None:
             raise ConfigError(f"algo.advantage={algo.advantage} needs a critic (a value model); it is built by "
                               "build_components")
@@ -211,8 +215,7 @@ class Learner(PreparesBatches):
         n_updates = t.epochs * min(t.minibatches, total)
         train_policy = self.critic is None or self.step > self.algo.critic.warmup_steps
         for _ in range(t.epochs):
-            order = torch.randperm(total, generator=self.shuffle) if n_updates > 1 else torch.arange(total)
-            for mb_index in torch.tensor_split(order, min(t.minibatches, total)):
+            for mb_index in self._minibatch_rows(batch, total, n_updates):
                 mine = mb_index[(mb_index >= offset) & (mb_index < offset + n)] - offset  # all of it, one process
                 self._optimizer_step(batch.select(mine) if len(mine) else None, stats, train_policy)
         if train_policy:
@@ -239,11 +242,28 @@ class Learner(PreparesBatches):
         """Log-probs, advantages and losses: float32, or float64 for a float64 model (exact checks)."""
         return compute_dtype(next(self.model.parameters()).dtype)
 
+    def _minibatch_rows(self, batch: Batch | None, total: int, n_updates: int) -> list[Tensor]:
+        """One epoch's mini-batches (global row indices): a random order when there are several
+        updates; with a part that needs whole groups, groups are shuffled and never split."""
+        t = self.train_cfg
+        if not self.whole_groups:
+            order = torch.randperm(total, generator=self.shuffle) if n_updates > 1 else torch.arange(total)
+            return list(torch.tensor_split(order, min(t.minibatches, total)))
+        assert batch is not None  # one process (checked at construction)
+        groups = batch.group_index
+        order = group_order(groups, self.shuffle if n_updates > 1 else None)
+        ordered = groups[order]
+        starts = torch.nonzero(torch.cat([torch.tensor([True]), ordered[1:] != ordered[:-1]])).flatten()
+        cuts = [int(starts[int(k[0])]) for k in torch.tensor_split(torch.arange(len(starts)), t.minibatches) if len(k)]
+        return list(torch.tensor_split(order, cuts[1:]))
+
     def _micro_batches(self, batch: Batch) -> list[list[int]]:
         """Row groups of one forward/backward within ``train.micro_batch_tokens``: padded (rows x
         longest row) or, with packing, packed rows of mostly real tokens."""
         lengths = batch.attention_mask.sum(-1)
         budget = self.train_cfg.micro_batch_tokens
+        if self.whole_groups:  # a loss computed per group sees all of it (the forward may still pack)
+            return group_micro_batches(lengths, batch.group_index, budget)
         if self.train_cfg.packing:
             return packed_micro_batches(lengths.tolist(), budget)
         return list(micro_batches(lengths, budget))

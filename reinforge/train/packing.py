@@ -41,6 +41,38 @@ def micro_batches(lengths: Tensor, budget_tokens: int) -> Iterator[list[int]]:
         yield current
 
 
+def group_micro_batches(lengths: Tensor, group_index: Tensor, budget_tokens: int) -> list[list[int]]:
+    """Like ``micro_batches``, but every group's rows stay in one micro-batch (for a loss computed per
+    group, e.g. DPO's per pair): groups in order of their first row, added while rows x longest row
+    stays within ``budget_tokens``; a group over the budget forms a micro-batch of its own."""
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group_index.tolist()):
+        members.setdefault(g, []).append(i)
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for rows in members.values():
+        n = max(int(lengths[i]) for i in rows)
+        if current and (len(current) + len(rows)) * max(longest, n) > budget_tokens:
+            out.append(sorted(current))
+            current, longest = [], 0
+        current += rows
+        longest = max(longest, n)
+    if current:
+        out.append(sorted(current))
+    return out
+
+
+def group_order(group_index: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Row indices with the groups in a random order (``generator``; None: as they come) and each
+    group's rows together: the mini-batches of a part that needs whole groups."""
+    groups, inverse = torch.unique(group_index, return_inverse=True)
+    perm = torch.randperm(len(groups), generator=generator) if generator is not None else torch.arange(len(groups))
+    rank = torch.empty_like(perm)
+    rank[perm] = torch.arange(len(groups))
+    return torch.sort(rank[inverse] * len(group_index) + torch.arange(len(group_index))).indices
+
+
 def plan_packing(lengths: list[int], budget_tokens: int) -> list[list[int]]:
     """Rows of sequence indices, each row's total length <= ``budget_tokens`` (first-fit
     decreasing; a sequence longer than the budget gets a row of its own). Deterministic."""
