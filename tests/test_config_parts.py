@@ -38,6 +38,7 @@ PRESET_OPTIONS = {
                 {"name": "seq_mean_token_sum_norm", "max_len_norm": 0.0}),
     "grpo": (GRPO, PPO_CLIP, "seq_mean_token_mean"),
     "gspo": (GRPO, {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}, "seq_mean_token_mean"),
+    "online_dpo": (GRPO, {"name": "dpo", "beta": 0.1, "label_smoothing": 0.0}, "seq_mean_token_sum"),
     "opo": ({"name": "opo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
     "ppo": ({"name": "gae", "gamma": 1.0, "adv_eps": 1e-6, "scale_by_std": True, "lam": 0.95}, PPO_CLIP,
             "token_mean"),

@@ -163,3 +163,17 @@ def test_offline_dpo_raises_held_out_accuracy(tmp_path):
                                          "checkpoint.every=0", "train.time_limit_s=0"])
     result = train(cfg)
     assert result.heldout_after >= result.heldout_before + 0.05, (result.heldout_before, result.heldout_after)
+
+
+@pytest.mark.slow
+def test_online_dpo_runs_asynchronously(tmp_path):
+    """The online_dpo preset with rollout workers sampling ahead: pairs from stale samples train."""
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    cfg = load_config(None, ["preset=online_dpo", "orchestrate.mode=async", f"output_dir={tmp_path}", "train.steps=3",
+                             "rollout.prompts_per_step=8", "task.heldout_size=20", "eval.every=0",
+                             "eval.final_samples=0", "log.report=false", "checkpoint.every=0", "train.time_limit_s=0"])
+    result = train(cfg)
+    rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert len(rows) == 3 and all("train/preference/accuracy" in m and m["train/loss"] > 0 for m in rows)
