@@ -186,3 +186,6 @@ def test_luffy_and_chord_recipes_run_through_the_loop(tmp_path):
     rows = [m for m in read_jsonl(chord.run_dir / "metrics.jsonl") if "reward/mean" in m]
     assert [m["train/mixing/w_demo"] for m in rows] == pytest.approx([0.8, 0.1])  # step 1 at the peak, then the floor
     assert all(m["train/nll"] > 0 for m in rows)
+    phi = train(_short(tmp_path / "p", "chord_phi_arithmetic", "demonstrations.per_step=4"))
+    rows = [m for m in read_jsonl(phi.run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert all(m["train/mixing/w_demo"] == pytest.approx(0.1) and 0 < m["train/phi"] <= 0.25 for m in rows)
