@@ -15,7 +15,7 @@ from reinforge.config import (
 )
 from reinforge.errors import ConfigError
 
-EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo"}
+EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo", "online_dpo"}
 
 
 def test_every_issue_preset_ships_and_validates():
@@ -37,6 +37,7 @@ def test_every_issue_preset_ships_and_validates():
     ("remax", ("remax", "reinforce", "seq_mean_token_sum", 0.0, "loss")),
     ("opo", ("opo", "reinforce", "seq_mean_token_sum", 0.0, "loss")),
     ("ppo", ("gae", "ppo_clip", "token_mean", 0.01, "reward")),
+    ("online_dpo", ("grpo", "dpo", "seq_mean_token_sum", 0.0, "loss")),
 ])
 def test_preset_parts(name, parts):
     a = config_from_dict({"preset": name}).algo

@@ -2,7 +2,7 @@
 
 import pytest
 
-from reinforge.algo import ADVANTAGES, KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, REGISTRIES
+from reinforge.algo import ADVANTAGES, KL_ESTIMATORS, LOSS_AGG, MIXING, POLICY_LOSSES, REGISTRIES
 from reinforge.algo.advantages import grpo_advantage
 from reinforge.algo.registry import Registry
 from reinforge.errors import ConfigError
@@ -73,9 +73,11 @@ def test_registries_hold_the_expected_parts():
         "policy_loss": POLICY_LOSSES,
         "loss_agg": LOSS_AGG,
         "kl_estimator": KL_ESTIMATORS,
+        "mixing": MIXING,
     }
     assert "grpo" in ADVANTAGES
     assert "ppo_clip" in POLICY_LOSSES
+    assert {"sum", "convex", "chord"} <= set(MIXING.names())
     assert {"token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"} <= set(
         LOSS_AGG.names()
     )
