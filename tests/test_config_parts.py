@@ -32,6 +32,8 @@ REINFORCE = {"name": "reinforce", "tis_cap": 0.0}
 
 # Every preset's effective options, written out by hand: the values the flat keys had before the move.
 PRESET_OPTIONS = {
+    "apo": ({**GRPO, "name": "grpo_stcr", "stcr_rate": 0.005, "correct_threshold": 1.0}, PPO_CLIP,
+            "seq_mean_token_mean"),
     "cispo": (GRPO, {"name": "cispo", "clip_low": 1.0, "clip_high": 0.28}, "token_mean"),
     "dapo": (GRPO, {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
     "dr_grpo": ({"name": "dr_grpo", "gamma": 1.0}, PPO_CLIP,
@@ -44,6 +46,7 @@ PRESET_OPTIONS = {
             "token_mean"),
     "reinforce_pp": ({"name": "reinforce_pp", "gamma": 1.0, "adv_eps": 1e-6, "whiten": "token"}, PPO_CLIP, "token_mean"),
     "remax": ({"name": "remax", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
+    "rapo": (GRPO, PPO_CLIP, "seq_mean_token_mean"),
     "rloo": ({"name": "rloo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
 }
 
