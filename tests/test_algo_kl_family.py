@@ -218,3 +218,36 @@ def test_rapo_options_and_preset():
     a = config_from_dict({"preset": "rapo"}).algo
     assert a.kl.coef == 0 and "ref_logp" in required_inputs(a)  # the reference without the reverse KL
     assert [(t.name, t.coef) for t in a.loss_terms] == [("rapo_kl", 0.04)] and a.entropy_coef == 0.001
+
+
+# --- in a run -------------------------------------------------------------------------------------
+
+SHORT = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "task.heldout_size=8",
+         "eval.final_samples=0", "eval.every=0", "log.report=false", "train.time_limit_s=0", "checkpoint.every=0"]
+
+
+def test_apo_run_keeps_groups_whole_in_micro_batches_and_rapo_runs(tmp_path, monkeypatch):
+    """APO's accuracy is over whole groups even when the batch is split into mini- and micro-batches."""
+    import dataclasses
+
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    entry, calls = LOSS_TERMS.entry("kl_dads"), []
+
+    def spy(**kwargs):
+        calls.append(kwargs["group_index"].clone())
+        return entry.fn(**kwargs)
+
+    monkeypatch.setitem(LOSS_TERMS._entries, "kl_dads", dataclasses.replace(entry, fn=spy))
+    cfg = load_config(None, [f"output_dir={tmp_path / 'apo'}", "preset=apo", *SHORT, "train.minibatches=2",
+                             "train.micro_batch_tokens=64", "train.shared_prefix=false"])
+    result = train(cfg)
+    assert len(calls) > 4  # several micro-batches per mini-batch, 2 mini-batches, 2 steps
+    for groups in calls:  # every group seen whole: all 4 of its samples
+        assert (torch.bincount(groups)[groups.unique()] == 4).all()
+    steps = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "train/kl_weight" in m]
+    assert len(steps) == 2 and all(0 < m["train/kl_weight"] <= 1 and m["train/kl_ref"] >= 0 for m in steps)
+    cfg = load_config(None, [f"output_dir={tmp_path / 'rapo'}", "preset=rapo", *SHORT])
+    steps = [m for m in read_jsonl(train(cfg).run_dir / "metrics.jsonl") if "train/rapo_phi" in m]
+    assert len(steps) == 2 and all(0.5 <= m["train/rapo_phi"] <= 1 and m["train/kl_fwd"] >= 0 for m in steps)
