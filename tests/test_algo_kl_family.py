@@ -226,6 +226,7 @@ SHORT = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", 
          "eval.final_samples=0", "eval.every=0", "log.report=false", "train.time_limit_s=0", "checkpoint.every=0"]
 
 
+@pytest.mark.slow
 def test_apo_run_keeps_groups_whole_in_micro_batches_and_rapo_runs(tmp_path, monkeypatch):
     """APO's accuracy is over whole groups even when the batch is split into mini- and micro-batches."""
     import dataclasses
