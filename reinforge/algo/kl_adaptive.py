@@ -82,7 +82,7 @@ def kl_dads_term(logp: Tensor, ref_logp: Tensor, rewards: Tensor, group_index: T
     """APO's DADS: the KL penalty of each positive (correct) sample weighed by its prompt's difficulty.
 
     d_g = 1 - acc_g is the fraction of wrong samples in the group; a correct sample gets
-    w = f(d) = 1 - exp(-c (1 - d)), c = e: about 0.93 on an easy prompt, 1 - exp(-c / G) when it is
+    w = f(d) = 1 - exp(-c (1 - d)), c = e: 0.93 as d -> 0 (an easy prompt), 1 - exp(-c / G) when it is
     the group's only correct sample (0.29 for G = 8), so the policy may move away from the reference
     on what it rarely gets right and stays close where it is already good. Wrong samples, and every
     sample of an all-correct group (f(0) = 1 in the authors' code), keep w = 1. As in the code, the
