@@ -12,6 +12,7 @@ def all_kinds() -> Mapping[str, Registry]:
     """Every registry, with every built-in part registered (plug-ins add theirs when imported)."""
     import reinforge.algo  # noqa: F401
     import reinforge.algo.objective  # noqa: F401
+    import reinforge.algo.regression  # noqa: F401  (registers the astar_po and pacs policy losses)
     import reinforge.data.samplers  # noqa: F401
     import reinforge.envs.registry  # noqa: F401
     import reinforge.rewards  # noqa: F401

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reinforge.config import load_config, preset_names
+from reinforge.config import load_config, load_preset, preset_names
 from reinforge.eval.compare import compare_runs, format_table
 from reinforge.eval.runs import load_run
 from reinforge.orchestrate.run import train
@@ -32,11 +32,18 @@ def _learning_rate(args: argparse.Namespace, name: str) -> list[str]:
     return [f"train.lr={lr}"] if lr else []
 
 
+def _batch_shape(name: str) -> list[str]:
+    """16 prompts x 8 samples, unless the preset sets its own batch shape (A*-PO: 128 prompts x 1 sample,
+    the same samples per step)."""
+    own = load_preset(name).get("rollout", {}) if name in preset_names() else {}
+    return [f"rollout.{k}={v}" for k, v in (("prompts_per_step", 16), ("group_size", 8)) if k not in own]
+
+
 def _overrides(args: argparse.Namespace, name: str, seed: int) -> list[str]:
     return [
         f"output_dir={args.out}", f"name={name}-s{seed}", f"seed={seed}", f"train.steps={args.steps}",
         *_learning_rate(args, name), "train.lr_schedule=constant", "train.time_limit_s=0",
-        "rollout.prompts_per_step=16", "rollout.group_size=8", f"task.heldout_size={HELDOUT}", "eval.every=0",
+        *_batch_shape(name), f"task.heldout_size={HELDOUT}", "eval.every=0",
         "checkpoint.every=0", "log.samples_per_step=0", "eval.final_samples=0", "log.report=false",
     ]
 
@@ -74,7 +81,7 @@ def main() -> None:
             print(f"{name} seed {seed}: {r['before']:.3f} -> {r['after']:.3f} in {r['wall']:.0f} s", flush=True)
     groups = {name: [load_run(r["dir"]) for r in rs] for name, rs in runs.items()}
     result = compare_runs(groups)
-    print(f"\n{args.steps} steps x 16 prompts x 8 samples, {args.seeds} seeds, held-out {HELDOUT} prompts, runs in {args.out}\n")
+    print(f"\n{args.steps} steps x 16 prompts x 8 samples (or the preset's own shape), {args.seeds} seeds, held-out {HELDOUT} prompts, runs in {args.out}\n")
     print("| algorithm | held-out greedy after, mean over seeds [95% CI] | per seed | samples generated / run | wall-clock / run (s) |")
     print("|---|---|---|---|---|")
     for name, rs in runs.items():
