@@ -45,6 +45,7 @@ def _overrides(args: argparse.Namespace, name: str, seed: int) -> list[str]:
         *_learning_rate(args, name), "train.lr_schedule=constant", "train.time_limit_s=0",
         *_batch_shape(name), f"task.heldout_size={HELDOUT}", "eval.every=0",
         "checkpoint.every=0", "log.samples_per_step=0", "eval.final_samples=0", "log.report=false",
+        *args.set,
     ]
 
 
@@ -57,8 +58,9 @@ def run_one(args: argparse.Namespace, name: str, recipe: str | None, seed: int) 
     wall = time.perf_counter() - start
     rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
     samples = sum(m["rollout/sampled"] for m in rows)
+    reference = rows[-1].get("value_estimates/reference_samples", 0.0) if rows else 0.0  # A*-PO's stage 1
     return {"dir": str(result.run_dir), "after": result.heldout_after, "before": result.heldout_before,
-            "wall": wall, "samples": samples}
+            "wall": wall, "samples": samples, "reference": reference}
 
 
 def main() -> None:
@@ -68,6 +70,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="default: as tests/test_presets_e2e.py")
     parser.add_argument("--only", default="", help="comma-separated preset names (default: every preset)")
     parser.add_argument("--recipe", action="append", default=[], help="a whole-algorithm recipe to add (repeat)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every run, after the script's own (repeat)")
     parser.add_argument("--out", default=None, help="run directory root (default: a temporary directory)")
     args = parser.parse_args()
     args.out = args.out or tempfile.mkdtemp(prefix="reinforge-presets-")
@@ -89,6 +93,10 @@ def main() -> None:
         ci = result.groups[name].estimates["mean"]
         print(f"| {name} | {ci} | {seeds} | {statistics.median(r['samples'] for r in rs):.0f} "
               f"| {statistics.median(r['wall'] for r in rs):.0f} |")
+    for name, rs in runs.items():
+        if any(r["reference"] for r in rs):
+            print(f"\n{name}: besides, {statistics.median(r['reference'] for r in rs):.0f} samples of the reference "
+                  "policy / run to estimate V* (stage 1)")
     print()
     print(format_table(result))
 

@@ -23,7 +23,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +34,9 @@ from reinforge.errors import ConfigError
 from reinforge.orchestrate.collectors import Collector
 from reinforge.rollout.types import SamplingParams
 from reinforge.types import Trajectory
+
+if TYPE_CHECKING:
+    from reinforge.orchestrate.components import Components
 
 NEED = "optimal_value"
 STATE_KEY = "optimal_values"
@@ -130,7 +133,7 @@ def saved_values(run_dir: Path | None) -> dict[str, list[float]]:
     return {k: list(v) for k, v in state.get(STATE_KEY, {}).items()}
 
 
-def prompt_values(c: Any, run_dir: Path | None = None) -> OptimalValues | None:
+def prompt_values(c: Components, run_dir: Path | None = None) -> OptimalValues | None:
     """The run's prompt-value provider: ``OptimalValues`` over a rollout engine of the frozen reference
     model when a part needs ``optimal_value`` (None otherwise); its cache from ``run_dir``'s latest
     checkpoint when resuming."""
