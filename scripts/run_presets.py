@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reinforge.config import load_config, preset_names
+from reinforge.config import load_config, load_preset, preset_names
 from reinforge.eval.compare import compare_runs, format_table
 from reinforge.eval.runs import load_run
 from reinforge.orchestrate.run import train
@@ -32,12 +32,20 @@ def _learning_rate(args: argparse.Namespace, name: str) -> list[str]:
     return [f"train.lr={lr}"] if lr else []
 
 
+def _batch_shape(name: str) -> list[str]:
+    """16 prompts x 8 samples, unless the preset sets its own batch shape (A*-PO: 128 prompts x 1 sample,
+    the same samples per step)."""
+    own = load_preset(name).get("rollout", {}) if name in preset_names() else {}
+    return [f"rollout.{k}={v}" for k, v in (("prompts_per_step", 16), ("group_size", 8)) if k not in own]
+
+
 def _overrides(args: argparse.Namespace, name: str, seed: int) -> list[str]:
     return [
         f"output_dir={args.out}", f"name={name}-s{seed}", f"seed={seed}", f"train.steps={args.steps}",
         *_learning_rate(args, name), "train.lr_schedule=constant", "train.time_limit_s=0",
-        "rollout.prompts_per_step=16", "rollout.group_size=8", f"task.heldout_size={HELDOUT}", "eval.every=0",
+        *_batch_shape(name), f"task.heldout_size={HELDOUT}", "eval.every=0",
         "checkpoint.every=0", "log.samples_per_step=0", "eval.final_samples=0", "log.report=false",
+        *args.set,
     ]
 
 
@@ -50,8 +58,9 @@ def run_one(args: argparse.Namespace, name: str, recipe: str | None, seed: int) 
     wall = time.perf_counter() - start
     rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
     samples = sum(m["rollout/sampled"] for m in rows)
+    reference = rows[-1].get("value_estimates/reference_samples", 0.0) if rows else 0.0  # A*-PO's stage 1
     return {"dir": str(result.run_dir), "after": result.heldout_after, "before": result.heldout_before,
-            "wall": wall, "samples": samples}
+            "wall": wall, "samples": samples, "reference": reference}
 
 
 def main() -> None:
@@ -61,6 +70,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="default: as tests/test_presets_e2e.py")
     parser.add_argument("--only", default="", help="comma-separated preset names (default: every preset)")
     parser.add_argument("--recipe", action="append", default=[], help="a whole-algorithm recipe to add (repeat)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every run, after the script's own (repeat)")
     parser.add_argument("--out", default=None, help="run directory root (default: a temporary directory)")
     args = parser.parse_args()
     args.out = args.out or tempfile.mkdtemp(prefix="reinforge-presets-")
@@ -74,7 +85,7 @@ def main() -> None:
             print(f"{name} seed {seed}: {r['before']:.3f} -> {r['after']:.3f} in {r['wall']:.0f} s", flush=True)
     groups = {name: [load_run(r["dir"]) for r in rs] for name, rs in runs.items()}
     result = compare_runs(groups)
-    print(f"\n{args.steps} steps x 16 prompts x 8 samples, {args.seeds} seeds, held-out {HELDOUT} prompts, runs in {args.out}\n")
+    print(f"\n{args.steps} steps x 16 prompts x 8 samples (or the preset's own shape), {args.seeds} seeds, held-out {HELDOUT} prompts, runs in {args.out}\n")
     print("| algorithm | held-out greedy after, mean over seeds [95% CI] | per seed | samples generated / run | wall-clock / run (s) |")
     print("|---|---|---|---|---|")
     for name, rs in runs.items():
@@ -82,6 +93,10 @@ def main() -> None:
         ci = result.groups[name].estimates["mean"]
         print(f"| {name} | {ci} | {seeds} | {statistics.median(r['samples'] for r in rs):.0f} "
               f"| {statistics.median(r['wall'] for r in rs):.0f} |")
+    for name, rs in runs.items():
+        if any(r["reference"] for r in rs):
+            print(f"\n{name}: besides, {statistics.median(r['reference'] for r in rs):.0f} samples of the reference "
+                  "policy / run to estimate V* (stage 1)")
     print()
     print(format_table(result))
 

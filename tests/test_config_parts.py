@@ -34,6 +34,8 @@ REINFORCE = {"name": "reinforce", "tis_cap": 0.0}
 PRESET_OPTIONS = {
     "apo": ({**GRPO, "name": "grpo_stcr", "stcr_rate": 0.005, "correct_threshold": 1.0}, PPO_CLIP,
             "seq_mean_token_mean"),
+    "astar_po": ({**GRPO, "scale_by_std": False}, {"name": "astar_po", "beta1": 0.5, "beta2": 1e-3,
+                 "value_samples": 8, "skip_unsolved": True}, "seq_mean_token_mean"),
     "cispo": (GRPO, {"name": "cispo", "clip_low": 1.0, "clip_high": 0.28}, "token_mean"),
     "dapo": (GRPO, {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
     "dr_grpo": ({"name": "dr_grpo", "gamma": 1.0}, PPO_CLIP,
@@ -42,6 +44,7 @@ PRESET_OPTIONS = {
     "gspo": (GRPO, {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}, "seq_mean_token_mean"),
     "online_dpo": (GRPO, {"name": "dpo", "beta": 0.1, "label_smoothing": 0.0}, "seq_mean_token_sum"),
     "opo": ({"name": "opo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
+    "pacs": (GRPO, {"name": "pacs", "beta": 1.0, "anchor": "ref", "balance": True}, "seq_mean_token_mean"),
     "ppo": ({"name": "gae", "gamma": 1.0, "adv_eps": 1e-6, "scale_by_std": True, "lam": 0.95}, PPO_CLIP,
             "token_mean"),
     "reinforce_pp": ({"name": "reinforce_pp", "gamma": 1.0, "adv_eps": 1e-6, "whiten": "token"}, PPO_CLIP, "token_mean"),

@@ -1,5 +1,7 @@
 """Algorithm presets: shipped YAML, merged under the recipe, overridable, listed by `reinforge algos`."""
 
+import re
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -16,7 +18,7 @@ from reinforge.config import (
 from reinforge.errors import ConfigError
 
 EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo", "online_dpo", "apo",
-            "rapo"}
+            "rapo", "astar_po", "pacs"}
 
 
 def test_every_issue_preset_ships_and_validates():
@@ -41,6 +43,8 @@ def test_every_issue_preset_ships_and_validates():
     ("online_dpo", ("grpo", "dpo", "seq_mean_token_sum", 0.0, "loss")),
     ("apo", ("grpo_stcr", "ppo_clip", "seq_mean_token_mean", 0.0, "loss")),
     ("rapo", ("grpo", "ppo_clip", "seq_mean_token_mean", 0.0, "loss")),
+    ("astar_po", ("grpo", "astar_po", "seq_mean_token_mean", 0.0, "loss")),
+    ("pacs", ("grpo", "pacs", "seq_mean_token_mean", 0.0, "loss")),
 ])
 def test_preset_parts(name, parts):
     a = config_from_dict({"preset": name}).algo
@@ -93,7 +97,7 @@ def test_resolved_config_reloads_to_itself(tmp_path):
 
 
 def test_unknown_preset_names_the_allowed_ones():
-    with pytest.raises(ConfigError, match="unknown preset 'grpoo'; allowed: apo, cispo, dapo"):
+    with pytest.raises(ConfigError, match=re.escape(f"unknown preset 'grpoo'; allowed: {', '.join(sorted(preset_names()))}")):
         load_config(None, ["preset=grpoo"])
     with pytest.raises(ConfigError, match="preset: must be a preset name"):
         config_from_dict({"preset": 3})

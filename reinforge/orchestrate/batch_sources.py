@@ -52,13 +52,31 @@ class Round:
     reward_s: float = 0.0
 
 
+class PromptBaseline(Protocol):
+    """A per-prompt value a part needs, for the context's ``baseline``: one float per task, in task
+    order; it may take trajectories out of the loss (``Trajectory.trainable``). E.g. A*-PO's V*
+    (orchestrate/value_estimates.py)."""
+
+    def __call__(self, tasks: Sequence[Task], trajectories: list[Trajectory], params: SamplingParams,
+                 step: int) -> list[float]: ...
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint records of it (e.g. its cache)."""
+        ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
 def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int,
-                 with_baseline: bool) -> Round:
+                 with_baseline: bool, prompt_baseline: PromptBaseline | None = None) -> Round:
     """``params.n`` scored samples per task (group id = ``group_offset`` + task index) and, when the
-    advantage needs it, the task's greedy baseline (ReMax). The same in this process and in a worker."""
+    advantage needs it, the task's greedy baseline (ReMax) or the ``prompt_baseline`` provider's value.
+    The same in this process and in a worker."""
     t0 = time.perf_counter()
     collected = collector.collect(tasks, params, seed, group_offset=group_offset)
     baseline = greedy_baseline(collector, tasks, params, seed) if with_baseline else None
+    if prompt_baseline is not None:
+        baseline = prompt_baseline(tasks, collected.trajectories, params, seed)
     total = time.perf_counter() - t0
     return Round(collected.trajectories, baseline, total - collected.reward_s, collected.reward_s)
 
@@ -123,10 +141,11 @@ class LocalBatches:
     several ranks every rank draws the same tasks and samples its share ``[lo, hi)`` of them."""
 
     def __init__(self, algo: AlgoConfig, rollout: RolloutConfig, seed: int, sampler, collector: Collector,
-                 params: SamplingParams, generator) -> None:
+                 params: SamplingParams, generator, prompt_baseline: PromptBaseline | None = None) -> None:
         self.algo, self.rollout, self.seed = algo, rollout, seed
         self.sampler, self.collector, self.params, self.generator = sampler, collector, params, generator
         self.with_baseline = needs_baseline(algo)
+        self.prompt_baseline = prompt_baseline  # a per-prompt value a part needs (value_estimates.py)
 
     def collect(self, step: int) -> Rollout:
         n_prompts = self.rollout.prompts_per_step
@@ -136,15 +155,18 @@ class LocalBatches:
         while True:
             tasks = self.sampler.next_batch(n_prompts)[lo:hi]  # every rank draws the same tasks
             offset = rounds.out.rounds * n_prompts + lo
-            rounds.add(sample_round(self.collector, tasks, self.params, step, offset, self.with_baseline), offset)
+            rounds.add(sample_round(self.collector, tasks, self.params, step, offset, self.with_baseline,
+                                    self.prompt_baseline), offset)
             if distributed.all_ranks(rounds.done()):  # a rank already full samples on, unused: same draws
+                if self.prompt_baseline is not None:
+                    rounds.out.metrics.update(self.prompt_baseline.metrics())
                 return rounds.out
 
     def published(self, model: torch.nn.Module, version: int) -> None:
         pass  # the loop's engine is this source's engine
 
     def state(self) -> dict[str, Any]:
-        return {}
+        return self.prompt_baseline.state() if self.prompt_baseline is not None else {}  # e.g. the V* cache
 
     def close(self) -> None:
         pass

@@ -32,6 +32,7 @@ from reinforge.orchestrate.step_metrics import (
     time_limit_message,
     time_limit_metrics,
 )
+from reinforge.orchestrate.value_estimates import prompt_values
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
@@ -63,10 +64,13 @@ class TrainResult:
         return read_jsonl(self.run_dir / "metrics.jsonl")
 
 
-def local_batches(c: Components, collector: Collector) -> BatchSource:
-    """Synchronous RL: each step samples its batch here, with the loop's engine."""
+def local_batches(c: Components, collector: Collector, run_dir: Path | None = None) -> BatchSource:
+    """Synchronous RL: each step samples its batch here, with the loop's engine; with the per-prompt
+    value a part declares it needs (``value_estimates.prompt_values``; its cache from ``run_dir``'s
+    checkpoint when resuming)."""
     cfg = c.cfg
-    return LocalBatches(cfg.algo, cfg.rollout, cfg.seed, c.sampler, collector, c.sampling_params(), c.engine.generator)
+    return LocalBatches(cfg.algo, cfg.rollout, cfg.seed, c.sampler, collector, c.sampling_params(), c.engine.generator,
+                        prompt_values(c, run_dir))
 
 
 class Loop:
@@ -79,7 +83,7 @@ class Loop:
         self.samples = JsonlSink(run_dir / "samples.jsonl")
         self.reward_failures = JsonlSink(run_dir / "reward_failures.jsonl")
         self.progress_every = progress_every
-        self.collapse = CollapseDetector()
+        self.collapse = CollapseDetector(active=self.cfg.rollout.group_size > 1)  # one sample per prompt: no spread
         self.collector = c.make_collector()  # this process's: the synchronous rollout, and evaluation
         try:
             self.source = source(c, self.collector)

@@ -48,7 +48,8 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
     if distributed.is_main():
         (run_dir / "config.yaml").write_text(dump_config(cfg))
         provenance.record(run_dir, cfg.seed, resumed_from=start if resume is not None else None)
-    source = partial(worker_batches, run_dir=run_dir, start=start) if cfg.orchestrate.mode == "async" else local_batches
+    source = (partial(worker_batches, run_dir=run_dir, start=start) if cfg.orchestrate.mode == "async"
+              else partial(local_batches, run_dir=run_dir if start > 0 else None))
     if cfg.demonstrations.path is not None:  # SFT, or demonstrations mixed into every rollout batch
         source = partial(demonstration_batches, inner=source if cfg.demonstrations.mix else None)
     if cfg.preferences.path is not None:  # offline preference pairs (DPO)

@@ -33,8 +33,8 @@ class CollapseDetector:
     the mean reward is below 1: every advantage is then 0, there is no gradient, and a collapsed
     policy cannot recover by itself."""
 
-    def __init__(self, patience: int = COLLAPSE_PATIENCE) -> None:
-        self.patience, self.flat_steps, self.warned = patience, 0, False
+    def __init__(self, patience: int = COLLAPSE_PATIENCE, active: bool = True) -> None:
+        self.patience, self.flat_steps, self.warned = patience, 0, not active  # groups of 1 never have spread
 
     def update(self, metrics: dict[str, Any]) -> str | None:
         if "reward/mean" not in metrics:  # nothing was sampled this step (all dropped as stale)

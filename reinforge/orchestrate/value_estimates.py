@@ -1,0 +1,151 @@
+"""Per-prompt values a part declares it needs, estimated by the loop and handed to the loss in the
+context's ``baseline`` field: ``optimal_value``, A*-PO's V*(x), from samples of the reference policy.
+
+A part that declares ``optimal_value`` (``registry.Entry.needs``) reads V*(x) per sequence in
+``baseline``; its settings give ``value_samples`` (N), ``beta1`` and ``skip_unsolved``. The estimate
+is the paper's stage 1 done lazily: the first time a prompt is drawn, N completions are sampled
+from the *reference* policy (a rollout engine over the frozen reference model, never updated, so
+the estimate is the one an offline pass before training would make) and
+V*(x) = beta1 log mean_i exp(r(x, y_i) / beta1) (``algo.regression.soft_optimal_value``) is cached
+by task id; a prompt drawn again reuses it. The cache is saved in checkpoints (``state.json``,
+key ``optimal_values``) and restored on resume. Only the prompts a run draws are estimated, so a
+large or unbounded prompt set costs N reference samples per new prompt and no pass up front.
+
+With ``skip_unsolved`` the trajectories of a prompt none of whose reference samples has a positive
+reward are kept out of the loss (``Trajectory.trainable``), the paper's filter of all-incorrect
+prompts. The sampling is the run's (``rollout.temperature``, ``max_new_tokens``), its own seeded
+stream. Single-turn and multi-turn collectors alike; the synchronous loop only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from reinforge.algo.objective import required_inputs
+from reinforge.algo.regression import soft_optimal_value
+from reinforge.data.base import Task
+from reinforge.errors import ConfigError
+from reinforge.orchestrate.collectors import Collector
+from reinforge.rollout.types import SamplingParams
+from reinforge.types import Trajectory
+
+if TYPE_CHECKING:
+    from reinforge.orchestrate.components import Components
+
+NEED = "optimal_value"
+STATE_KEY = "optimal_values"
+SEED_OFFSET = 104_729  # the reference engine's stream: apart from the training rollout's
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueSettings:
+    """Stage 1 of A*-PO: N reference samples per prompt, the temperature beta1 of V*, the filter."""
+
+    samples: int
+    beta: float
+    skip_unsolved: bool = True
+
+
+class OptimalValues:
+    """V*(x) per task id, estimated on first use from ``collector`` (over the reference policy) and cached.
+
+    ``__call__(tasks, trajectories, params, step)`` is a prompt-baseline provider
+    (``batch_sources.PromptBaseline``): V* of each task, in task order."""
+
+    def __init__(self, collector: Collector, settings: ValueSettings, generator: torch.Generator | None = None,
+                 seed: int = 0, cache: dict[str, list[float]] | None = None) -> None:
+        self.collector, self.settings, self.generator, self.seed = collector, settings, generator, seed
+        self.cache: dict[str, list[float]] = dict(cache or {})  # task id -> [V*, best reference reward]
+        self.samples_drawn = 0
+
+    def __call__(self, tasks: Sequence[Task], trajectories: list[Trajectory], params: SamplingParams,
+                 step: int) -> list[float]:
+        new = list({t.id: t for t in tasks if t.id not in self.cache}.values())
+        if new:
+            self._estimate(new, params, step)
+        if self.settings.skip_unsolved:
+            unsolved = {t.id for t in tasks if self.cache[t.id][1] <= 0}
+            for traj in trajectories:
+                if traj.task_id in unsolved:
+                    traj.trainable = False
+        return [self.cache[t.id][0] for t in tasks]
+
+    def _estimate(self, tasks: list[Task], params: SamplingParams, step: int) -> None:
+        n = self.settings.samples
+        if self.generator is not None:
+            self.generator.manual_seed(self.seed * SEED_OFFSET + step)
+        sampled = dataclasses.replace(params, n=n, greedy=False)
+        trajs = self.collector.collect(tasks, sampled, step, independent=True).trajectories
+        rewards = torch.zeros(len(tasks), n, dtype=torch.float64)
+        seen = [0] * len(tasks)
+        for t in trajs:  # one trajectory per sample (group id = task index); extra segments ignored
+            g = t.group_id
+            if seen[g] < n:
+                rewards[g, seen[g]] = t.reward
+                seen[g] += 1
+        if min(seen) < n:
+            raise RuntimeError(f"stage 1 of {NEED}: expected {n} reference samples per prompt, got {min(seen)}")
+        values = soft_optimal_value(rewards, self.settings.beta)
+        for task, v, best in zip(tasks, values.tolist(), rewards.max(-1).values.tolist(), strict=True):
+            self.cache[task.id] = [v, best]
+        self.samples_drawn += n * len(tasks)
+
+    def state(self) -> dict[str, Any]:
+        return {STATE_KEY: self.cache}
+
+    def metrics(self) -> dict[str, float]:
+        """Prompts estimated so far, those of them none of whose reference samples scored (unsolved),
+        and the reference samples drawn by this process."""
+        return {"value_estimates/prompts": float(len(self.cache)),
+                "value_estimates/unsolved_prompts": float(sum(best <= 0 for _, best in self.cache.values())),
+                "value_estimates/reference_samples": float(self.samples_drawn)}
+
+
+def needs_optimal_value(algo: Any) -> bool:
+    """Does a part of the run declare ``optimal_value`` (``Entry.needs``)?"""
+    return NEED in required_inputs(algo)
+
+
+def value_settings(algo: Any) -> ValueSettings:
+    """Stage 1's options, from the settings of the policy loss that declares ``optimal_value``."""
+    s = algo.policy_loss.settings
+    try:
+        return ValueSettings(int(s.value_samples), float(s.beta1), bool(getattr(s, "skip_unsolved", True)))
+    except AttributeError:
+        raise ConfigError(f"algo.policy_loss={algo.policy_loss} declares {NEED} but its settings give no "
+                          "value_samples and beta1") from None
+
+
+def saved_values(run_dir: Path | None) -> dict[str, list[float]]:
+    """The V* cache of the checkpoint a run resumes from (empty without one)."""
+    if run_dir is None:
+        return {}
+    from reinforge.train.checkpoint import latest_valid_checkpoint
+
+    ckpt = latest_valid_checkpoint(run_dir, warn=lambda _: None)
+    state = json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}
+    return {k: list(v) for k, v in state.get(STATE_KEY, {}).items()}
+
+
+def prompt_values(c: Components, run_dir: Path | None = None) -> OptimalValues | None:
+    """The run's prompt-value provider: ``OptimalValues`` over a rollout engine of the frozen reference
+    model when a part needs ``optimal_value`` (None otherwise); its cache from ``run_dir``'s latest
+    checkpoint when resuming."""
+    cfg = c.cfg
+    if not needs_optimal_value(cfg.algo):
+        return None
+    ref = c.learner.ref_model
+    if ref is None:
+        raise ConfigError(f"{NEED} samples the reference policy: it needs a reference model (not with model.lora)")
+    from reinforge.orchestrate.collectors import build_collector
+    from reinforge.rollout.torch_engine import TorchRolloutEngine
+
+    engine = TorchRolloutEngine.from_config(cfg.rollout, ref, c.tokenizer, cfg.model.device, cfg.seed, cfg.model.path)
+    collector = build_collector(cfg.env, cfg.rollout, engine, c.make_env, c.reward_pool, c.model_context)
+    return OptimalValues(collector, value_settings(cfg.algo), engine.generator, cfg.seed, saved_values(run_dir))
