@@ -184,3 +184,21 @@ def test_gkd_brings_the_student_closer_to_a_teacher(tmp_path):
                                     tok.pad_token_id)
     before, after = (_divergence(load_model(str(teacher)), load_model(str(m)), fixed) for m in ("tiny-base", student))
     assert after < 0.9 * before, (before, after)  # measured: 0.0786 -> 0.0656
+
+
+def test_a_student_data_fraction_below_one_mixes_in_the_demonstrations(tmp_path):
+    """lambda = 0.75: gkd on the student's samples, gkd_data on the task's reference answers, weighed
+    (lambda, 1 - lambda) by algo.mixing convex with mu = 1 - lambda."""
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    cfg = load_config("reinforge/recipes/gkd_arithmetic.yaml", [
+        *_quick(tmp_path, "mixed"), "algo.teacher.path=tiny-base", "train.steps=2", "rollout.prompts_per_step=4",
+        "rollout.group_size=2", "demonstrations.path=task", "demonstrations.mix=true", "demonstrations.per_step=4",
+        "algo.mixing={name: convex, mu: 0.25}", "algo.loss_terms=[{name: gkd}, {name: gkd_data}]"])
+    rows = [m for m in read_jsonl(train(cfg).run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert len(rows) == 2
+    for m in rows:  # the teacher is the student's own start: the first step's divergences are 0
+        assert (m["train/mixing/w_rl"], m["train/mixing/w_demo"]) == (0.75, 0.25)
+        assert min(m["train/gkd"], m["train/gkd_data"]) > -1e-6 and m["train/pg_loss"] == 0
+    assert rows[0]["train/gkd"] == pytest.approx(0, abs=1e-6) and rows[1]["train/gkd"] > 0
