@@ -18,7 +18,7 @@ averaged over sequences: ``loss_agg: seq_mean_token_mean`` is exactly that (the 
 Its student-data fraction lambda is ``algo.mixing: {name: convex, mu: 1 - lambda}`` with ``gkd`` on
 the sampled rows and ``gkd_data`` on the demonstration rows (the fixed dataset's outputs): the
 expectation of the paper's mixture, L = lambda E_{y~pi}[D] + (1 - lambda) E_{y~data}[D]. As in the
-paper, no gradient flows through the student's sampling (the samples are fixed tokens). ``zero``
+paper, no gradient flows through the student's sampling (the samples are fixed tokens). ``no_reward``
 (A_t = 0) is the advantage of a run that trains on the divergence alone (no reward in the loss);
 with another estimator the term adds to the RL objective (the paper's RLHF + GKD section).
 
@@ -30,7 +30,6 @@ training temperature, re-tempered here by ``temperature``: log softmax(log p / t
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from pydantic import Field
@@ -107,7 +106,7 @@ def gkd_data_term(logp_vocab: Tensor, teacher_logp_vocab: Tensor, mask: Tensor, 
 
 
 @ADVANTAGES.register(
-    "zero",
+    "no_reward",
     formula="A_t = 0",
     paper="no reward in the loss: a run trained by its loss terms alone (e.g. GKD's, arXiv:2306.13649)",
 )
