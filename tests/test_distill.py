@@ -202,3 +202,18 @@ def test_a_student_data_fraction_below_one_mixes_in_the_demonstrations(tmp_path)
         assert (m["train/mixing/w_rl"], m["train/mixing/w_demo"]) == (0.75, 0.25)
         assert min(m["train/gkd"], m["train/gkd_data"]) > -1e-6 and m["train/pg_loss"] == 0
     assert rows[0]["train/gkd"] == pytest.approx(0, abs=1e-6) and rows[1]["train/gkd"] > 0
+
+
+def test_a_batch_keeps_the_teacher_rows_of_the_rows_it_selects():
+    from reinforge.train.faults import nonfinite_inputs
+    from reinforge.types import Batch
+
+    n, width, vocab = 3, 4, 5
+    attn = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    batch = Batch(torch.ones(n, width, dtype=torch.long), attn, attn.float(), torch.zeros(n, width),
+                  torch.ones(n, dtype=torch.long), torch.arange(n), torch.zeros(n))
+    batch.teacher_logprobs = torch.arange(n * width * vocab, dtype=torch.float32).reshape(n, width, vocab)
+    picked = batch.select([2, 0])  # trimmed to the longest selected row (3 tokens)
+    assert_close(picked.teacher_logprobs, batch.teacher_logprobs[[2, 0], :3])
+    batch.teacher_logprobs[0, 1, 2] = float("nan")
+    assert "teacher_logprobs (1 non-finite)" in nonfinite_inputs(batch)
