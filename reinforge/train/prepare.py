@@ -5,7 +5,8 @@ No-grad passes give the old log-probs of the PPO ratio (skipped with a single up
 no KL in the reward: they then come from the same forward, exactly on-policy), the reference
 log-probs, the critic's values and, for a part that declares ``teacher_logp_vocab`` (GKD's), a
 teacher's full next-token log-distributions on the loss mask's positions ([N, L, V],
-``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t (``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
+``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
+(``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
 batch (all ranks' rows), and a critic's returns are GAE's.
 """
 
