@@ -11,6 +11,7 @@ from reinforge.registry import KINDS, Registry
 def all_kinds() -> Mapping[str, Registry]:
     """Every registry, with every built-in part registered (plug-ins add theirs when imported)."""
     import reinforge.algo  # noqa: F401
+    import reinforge.algo.distill  # noqa: F401  (gkd, gkd_data loss terms; the no_reward advantage)
     import reinforge.algo.kl_adaptive  # noqa: F401  (kl_dads, rapo_kl, grpo_stcr)
     import reinforge.algo.objective  # noqa: F401
     import reinforge.algo.regression  # noqa: F401  (registers the astar_po and pacs policy losses)

@@ -67,8 +67,9 @@ class Batch:
     reward and ``baseline`` [N] an optional per-sequence baseline reward (ReMax's greedy reward).
     The learner fills the optional [N, L] tensors: ``advantages``, ``old_logprobs`` (the policy
     at the start of the update), ``ref_logprobs``, ``values`` (critic at the start), ``token_rewards``
-    (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``. ``demo`` [N]
-    (bool) marks demonstration rows (None: the batch has none).
+    (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``; with a teacher
+    (``algo.teacher``), ``teacher_logprobs`` [N, L, V]: its full next-token log-distribution on the
+    loss mask's positions. ``demo`` [N] (bool) marks demonstration rows (None: the batch has none).
     """
 
     input_ids: Tensor
@@ -87,6 +88,7 @@ class Batch:
     turn_returns: Tensor | None = None
     token_rewards: Tensor | None = None
     demo: Tensor | None = None
+    teacher_logprobs: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -100,7 +102,7 @@ class Batch:
             value = getattr(self, f.name)
             if value is None:
                 out[f.name] = None
-            elif value.dim() == 2:
+            elif value.dim() >= 2:  # [N, L] (or [N, L, V]) tensors
                 out[f.name] = value[index, :width]
             else:
                 out[f.name] = value[index]

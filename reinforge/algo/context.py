@@ -28,6 +28,12 @@ class Context:
     policy), ``ref_logp`` (the frozen reference), ``entropy`` (per-token entropy of the current
     policy; with gradient when a part reads it).
 
+    Full next-token distributions [N, T, V] (V: the vocabulary), computed only when a part reads
+    them, rows of zeros off the loss mask: ``logp_vocab`` (log pi(. | y_<t) of the current policy,
+    with gradient; ``logp`` is its entry at the taken token) and ``teacher_logp_vocab`` (a frozen
+    teacher's, ``algo.teacher``; a part declares the need ``teacher_logp_vocab``), both at the
+    training temperature.
+
     Critic and credit [N, T]: ``values`` (V(s_t) at rollout time), ``returns`` (value targets),
     ``advantages``. ``demo`` [N] (bool): demonstration rows (given answers, not sampled; None when
     the batch has none); the policy loss and the other terms are aggregated over the other rows,
@@ -47,6 +53,8 @@ class Context:
     sampling_logp: Tensor | None = None
     ref_logp: Tensor | None = None
     entropy: Tensor | None = None
+    logp_vocab: Tensor | None = None
+    teacher_logp_vocab: Tensor | None = None
     values: Tensor | None = None
     returns: Tensor | None = None
     advantages: Tensor | None = None

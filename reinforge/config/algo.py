@@ -57,6 +57,13 @@ class CriticConfig(_Strict):
     warmup_steps: int = Field(0, ge=0, description="first N steps train only the critic (the policy is frozen)")
 
 
+class TeacherConfig(_Strict):
+    """The frozen teacher of a distillation term (``gkd``; docs/distillation.md)."""
+
+    path: str | None = Field(None, description="the teacher model: an HF model directory, a shipped alias or a run "
+                             "directory (its latest checkpoint); it must share the policy's tokenizer")
+
+
 MOVED_OPTIONS = ("scale_by_std", "adv_eps", "gamma", "lam", "clip_low", "clip_high", "dual_clip", "tis_cap",
                  "max_len_norm")
 """Options that were flat ``algo`` keys and are now the settings of the part that reads them."""
@@ -95,6 +102,7 @@ class AlgoConfig(_Strict):
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient (loss -= coef * entropy)")
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     skip_equal_reward_groups: bool = Field(True, description="drop groups whose rewards are all equal (zero advantage)")
     dynamic_sampling: bool = Field(
         False, description="DAPO: keep sampling prompts until the batch has prompts_per_step groups with reward spread"
@@ -124,6 +132,19 @@ class AlgoConfig(_Strict):
             if isinstance(data.get(key), dict) and "name" not in data[key]:
                 data[key] = {"name": cls.model_fields[key].default, **data[key]}
         return data
+
+    @model_validator(mode="after")
+    def _teacher_is_used(self) -> AlgoConfig:
+        """A part that reads a teacher's distributions needs ``teacher.path``, and a teacher needs such a part."""
+        from reinforge.algo.objective import required_inputs
+
+        reads = "teacher_logp_vocab" in required_inputs(self)
+        if reads and self.teacher.path is None:
+            raise ValueError("teacher.path: a loss term distills from a teacher (e.g. gkd); set algo.teacher.path")
+        if self.teacher.path is not None and not reads:
+            raise ValueError("teacher.path: no part of algo reads the teacher; add algo.loss_terms: "
+                             "[{name: gkd, coef: 1.0}]")
+        return self
 
     @property
     def discount(self) -> Discount:

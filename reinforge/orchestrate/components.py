@@ -124,6 +124,9 @@ def build_components(cfg: RunConfig) -> Components:
     # The reference: a frozen second copy; with LoRA the base itself, adapters disabled (no copy).
     with_ref = "ref_logp" in needs and not cfg.model.lora.enabled
     ref = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device) if with_ref else None
+    # The teacher of a distillation term (GKD): frozen, the same tokenizer as the policy.
+    teacher = load_model(cfg.algo.teacher.path, cfg.model.dtype, cfg.model.device) \
+        if "teacher_logp_vocab" in needs else None
     critic = (
         build_critic(cfg.model.path, cfg.algo.critic, cfg.model.dtype, cfg.model.device)
         if "values" in needs else None
@@ -133,7 +136,7 @@ def build_components(cfg: RunConfig) -> Components:
     return Components(
         cfg=cfg,
         tokenizer=tokenizer,
-        learner=Learner.for_run(policy, cfg, ref, critic),
+        learner=Learner.for_run(policy, cfg, ref, critic, teacher),
         engine=engine,
         splits=splits,
         sampler=build_task_sampler(cfg.task.sampler.name, splits.train, cfg.seed, cfg.task.sampler.settings()),

@@ -16,7 +16,7 @@ from reinforge.errors import TrainingDiverged
 from reinforge.types import Batch, Trajectory
 
 BATCH_TENSORS = ("rewards", "baseline", "sampling_logprobs", "old_logprobs", "ref_logprobs", "values",
-                 "token_rewards", "returns", "advantages")
+                 "token_rewards", "returns", "advantages", "teacher_logprobs")
 
 
 def check_rewards(trajs: Sequence[Trajectory]) -> None:
@@ -41,7 +41,7 @@ def nonfinite_inputs(batch: Batch) -> str:
         value = getattr(batch, name, None)
         if value is None:
             continue
-        values = value[mask] if value.dim() == 2 else value
+        values = value[mask] if value.dim() >= 2 else value  # [N, L] (or [N, L, V]) on the trained positions
         n = int((~torch.isfinite(values)).sum())
         if n:
             bad.append(f"{name} ({n} non-finite)")

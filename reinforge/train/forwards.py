@@ -5,7 +5,8 @@ Each is a registered part (``FORWARDS``) with the same arithmetic and a differen
 Llama/Qwen2; falls back to ``plain`` for rows whose prompts differ) and ``packed`` (sequences end to
 end, no compute on padding). ``select_forward`` picks one from ``train.packing`` /
 ``train.shared_prefix`` and what the model and the parallel strategy support. All return float32
-(float64 for a float64 model), also under autocast.
+(float64 for a float64 model), also under autocast. The full next-token rows [N, L, V] a part may read
+(``Context.logp_vocab``, GKD's) come from the plain forward in every case (``vocab_logprobs``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 
 from reinforge.models.lean_llama import supports as shared_prefix_supported
 from reinforge.registry import Registry, kind
-from reinforge.train.logprobs import token_logprobs
+from reinforge.train.logprobs import token_logprobs, vocab_logprobs
 from reinforge.train.packing import packed_token_logprobs
 from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 from reinforge.types import Batch
@@ -34,6 +35,14 @@ class PlainForward:
 
     def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
         return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, entropy, entropy_grad=True)
+
+    def vocab_logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool
+                       ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """``logprobs`` and the full rows log pi(. | y_<t) [N, L, V] on the loss mask's positions (zeros
+        elsewhere), for a part that reads ``logp_vocab`` or ``teacher_logp_vocab``. Every forward
+        computes them with the model's own forward over the padded rows (this one)."""
+        return vocab_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature, entropy,
+                              entropy_grad=True)
 
 
 @FORWARDS.register("shared_prefix", formula="each group's prompt once, its completions attending to it",

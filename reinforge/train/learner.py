@@ -61,19 +61,21 @@ class Learner(PreparesBatches):
     def __init__(
         self, model: nn.Module, train: TrainConfig, algo: AlgoConfig, rollout: RolloutConfig, *,
         lora: LoraConfig | None = None, base_path: str | None = None, seed: int = 0,
-        ref_model: nn.Module | None = None, critic: Critic | None = None,
+        ref_model: nn.Module | None = None, critic: Critic | None = None, teacher: nn.Module | None = None,
     ) -> None:
         """The learner of ``model`` from its own sections: ``train`` (optimizer, micro-batches, forward,
         parallelism), ``algo`` (the objective) and from ``rollout`` the sampling temperature and
-        ``max_new_tokens``; ``lora`` (with the base's ``base_path``) wraps a plain model in adapters."""
+        ``max_new_tokens``; ``lora`` (with the base's ``base_path``) wraps a plain model in adapters;
+        ``teacher``: the frozen model whose full distributions a part reads (``algo.teacher``, GKD's)."""
         self._setup(model, train, algo, rollout, lora, base_path, seed, ref_model, critic)
+        self.teacher = self._frozen_teacher(teacher)
 
     @classmethod
     def for_run(cls, model: nn.Module, cfg: RunConfig, ref_model: nn.Module | None = None,
-                critic: Critic | None = None) -> Learner:
+                critic: Critic | None = None, teacher: nn.Module | None = None) -> Learner:
         """A run's learner: its ``train``, ``algo``, ``rollout`` and ``model.lora`` sections."""
         return cls(model, cfg.train, cfg.algo, cfg.rollout, lora=cfg.model.lora, base_path=cfg.model.path,
-                   seed=cfg.seed, ref_model=ref_model, critic=critic)
+                   seed=cfg.seed, ref_model=ref_model, critic=critic, teacher=teacher)
 
     def _setup(self, model: nn.Module, train: TrainConfig, algo: AlgoConfig, rollout: RolloutConfig,
                lora: LoraConfig | None, base_path: str | None, seed: int, ref_model: nn.Module | None,
@@ -347,7 +349,11 @@ class Learner(PreparesBatches):
                     ) -> tuple[Tensor, float]:
         """This micro-batch's share of the mini-batch loss (global denominators in ``norm``)."""
         terms = loss_terms(self.algo, self.kl_ctl.value)
-        logp, entropy = self._logprobs(self.model, mb, entropy=True)
+        logp_vocab = None  # full next-token rows, only for a part that reads them (GKD's)
+        if self.objective.reads("logp_vocab", terms):
+            logp, entropy, logp_vocab = self._vocab_logprobs(self.model, mb, entropy=True)
+        else:
+            logp, entropy = self._logprobs(self.model, mb, entropy=True)
         assert entropy is not None and mb.advantages is not None
         if not self.objective.reads("entropy", terms):
             entropy = entropy.detach()
@@ -360,7 +366,7 @@ class Learner(PreparesBatches):
             mask=mask, rewards=mb.rewards, group_index=mb.group_index, lengths=mask.sum(-1), baseline=mb.baseline,
             turn_returns=mb.turn_returns, logp=logp, old_logp=old_logp, sampling_logp=mb.sampling_logprobs,
             ref_logp=mb.ref_logprobs, entropy=entropy, values=mb.values, returns=mb.returns,
-            advantages=mb.advantages, demo=mb.demo,
+            advantages=mb.advantages, demo=mb.demo, logp_vocab=logp_vocab, teacher_logp_vocab=mb.teacher_logprobs,
         )
         loss, pg_loss, metrics, masks = self.objective.loss(ctx, norm, terms, demo_norm, self._mix)
         stats.add_tokens("entropy", entropy, sampled_mask(mb))

@@ -22,10 +22,39 @@ def token_logprobs(
     Returns (logp [N, L], entropy [N, L] or None); the entropy carries a gradient only with
     ``entropy_grad`` (an entropy bonus), otherwise it is a detached statistic.
     """
+    logits = _next_token_logits(model, input_ids, attention_mask, temperature)
+    return _taken(logits, input_ids, entropy, entropy_grad)
+
+
+def vocab_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    loss_mask: Tensor,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """``token_logprobs`` of the same forward plus the full rows log softmax(z / T) [N, L, V] (row t:
+    the distribution of token t given x_<t, aligned like the log-probs): computed on the positions
+    where ``loss_mask`` is set only (the log-softmax of the other positions is never built), zeros
+    elsewhere. Memory: the rows are N x L x V floats, as the forward's own logits."""
+    logits = _next_token_logits(model, input_ids, attention_mask, temperature)
+    logp, ent = _taken(logits, input_ids, entropy, entropy_grad)
+    where = loss_mask[:, 1:] > 0
+    rows = logits.new_zeros(logits.shape[0], logits.shape[1] + 1, logits.shape[2])
+    rows[:, 1:][where] = torch.log_softmax(logits[where], dim=-1)
+    return logp, ent, rows
+
+
+def _next_token_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
+    """z_t / T for predicting token t + 1 (the last position's logits dropped), at least float32."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
     logits = at_least_float32(logits)
-    if temperature != 1.0:
-        logits = logits / temperature
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _taken(logits: Tensor, input_ids: Tensor, entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
     logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     zero = logp.new_zeros(logp.shape[0], 1)
     ent = None

@@ -3,7 +3,9 @@
 
 No-grad passes give the old log-probs of the PPO ratio (skipped with a single update per batch and
 no KL in the reward: they then come from the same forward, exactly on-policy), the reference
-log-probs and the critic's values; with the KL in the reward, r_t gains -beta * KL_t
+log-probs, the critic's values and, for a part that declares ``teacher_logp_vocab`` (GKD's), a
+teacher's full next-token log-distributions on the loss mask's positions ([N, L, V],
+``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
 (``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
 batch (all ranks' rows), and a critic's returns are GAE's.
 """
@@ -14,11 +16,12 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantages import gae_advantages_and_returns, outcome_token_rewards
 from reinforge.algo.context import Context
+from reinforge.errors import ConfigError
 from reinforge.train.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch
 
@@ -59,7 +62,8 @@ class PreparesBatches:
         old = torch.zeros(n, width, dtype=dtype) if recompute_old else None
         ref = torch.zeros(n, width, dtype=dtype) if self.uses_kl else None
         values = torch.zeros(n, width, dtype=dtype) if self.critic is not None else None
-        passes = old is not None or ref is not None or values is not None
+        teacher: Tensor | None = None  # [n, width, V], allocated at the first micro-batch
+        passes = old is not None or ref is not None or values is not None or self.teacher is not None
         micros = self._micro_batches(batch) if passes else []
         if old is not None:
             self.parallel.equal_forwards(len(micros), self.parallel.most_forwards(len(micros)), grad=False)
@@ -75,7 +79,12 @@ class PreparesBatches:
                     ref[rows, :cols] = self._reference_logprobs(mb)
                 if values is not None:
                     values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
+                if self.teacher is not None:
+                    dist = self._vocab_logprobs(self.teacher, mb)[2]
+                    teacher = dist.new_zeros(n, width, dist.shape[-1]) if teacher is None else teacher
+                    teacher[rows, :cols] = dist
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
+        batch.teacher_logprobs = teacher
         if ref is not None and algo.kl.placement == "reward":
             kl = self.kl_estimator(old, ref) * batch.loss_mask
             batch.token_rewards = -self.kl_ctl.value * kl
@@ -145,3 +154,24 @@ class PreparesBatches:
                 return self._logprobs(self.model, mb)[0]
         assert self.ref_model is not None
         return self._logprobs(self.ref_model, mb)[0]
+
+    def _frozen_teacher(self, teacher: nn.Module | None) -> nn.Module | None:
+        """The teacher of a part that declares ``teacher_logp_vocab`` (None when no part reads it); it
+        must share the policy's vocabulary (the same tokenizer: only the size can be checked)."""
+        if "teacher_logp_vocab" not in self.needs:
+            return None
+        if teacher is None:
+            raise ConfigError("algo: a loss term reads a teacher's distributions (teacher_logp_vocab, e.g. gkd): "
+                              "set algo.teacher.path (a model directory, a shipped alias or a run directory)")
+        sizes = [getattr(getattr(m, "config", None), "vocab_size", None) for m in (self.model, teacher)]
+        if None not in sizes and sizes[0] != sizes[1]:
+            raise ConfigError(f"algo.teacher.path: the teacher's vocabulary has {sizes[1]} tokens, the policy's "
+                              f"{sizes[0]}; distillation needs the same tokenizer")
+        return teacher.eval().requires_grad_(False)
+
+    def _vocab_logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False
+                        ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """(log-probs, entropies, full rows [N, L, V] on the loss mask's positions) of ``mb`` under ``model``
+        (train/forwards.py ``vocab_logprobs``), under autocast when configured."""
+        with self._autocast():
+            return self.forward.vocab_logprobs(model, mb, self.temperature, entropy)
