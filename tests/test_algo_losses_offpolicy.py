@@ -75,7 +75,8 @@ def test_bapo_values_and_gradients_follow_the_chosen_bounds():
     assert_close(metrics["bapo_clip_high"], torch.full((1, 5), 1.3))
     loss, _ = bapo_loss(logp, OLD, ADV, MASK, BAPOSettings(pos_share=0.51, **SHORT))
     (grad,) = torch.autograd.grad(loss.sum(), logp)
-    assert_close(loss[0, 1], torch.tensor(-1.35)) and assert_close(grad[0, 1], torch.tensor(-1.35))
+    assert_close(loss[0, 1], torch.tensor(-1.35))
+    assert_close(grad[0, 1], torch.tensor(-1.35))
 
 
 def test_bapo_on_policy_batch_is_ppo():
@@ -84,7 +85,8 @@ def test_bapo_on_policy_batch_is_ppo():
     logp = torch.zeros(1, 3, requires_grad=True)
     loss, _ = bapo_loss(logp, torch.zeros(1, 3), adv, torch.ones(1, 3), BAPOSettings())
     (grad,) = torch.autograd.grad(loss.sum(), logp)
-    assert_close(loss, -adv) and assert_close(grad, -adv)
+    assert_close(loss, -adv)
+    assert_close(grad, -adv)
 
 
 @pytest.mark.parametrize(("override", "field"), [
