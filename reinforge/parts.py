@@ -13,6 +13,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.algo  # noqa: F401
     import reinforge.algo.distill  # noqa: F401  (gkd, gkd_data loss terms; the no_reward advantage)
     import reinforge.algo.kl_adaptive  # noqa: F401  (kl_dads, rapo_kl, grpo_stcr)
+    import reinforge.algo.losses_offpolicy  # noqa: F401  (bapo, m2po)
     import reinforge.algo.objective  # noqa: F401
     import reinforge.algo.regression  # noqa: F401  (registers the astar_po and pacs policy losses)
     import reinforge.data.samplers  # noqa: F401

@@ -18,7 +18,7 @@ from reinforge.config import (
 from reinforge.errors import ConfigError
 
 EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo", "online_dpo", "apo",
-            "rapo", "astar_po", "pacs"}
+            "rapo", "astar_po", "pacs", "bapo", "dcpo", "aspo", "m2po"}
 
 
 def test_every_issue_preset_ships_and_validates():
@@ -45,6 +45,10 @@ def test_every_issue_preset_ships_and_validates():
     ("rapo", ("grpo", "ppo_clip", "seq_mean_token_mean", 0.0, "loss")),
     ("astar_po", ("grpo", "astar_po", "seq_mean_token_mean", 0.0, "loss")),
     ("pacs", ("grpo", "pacs", "seq_mean_token_mean", 0.0, "loss")),
+    ("bapo", ("grpo", "bapo", "token_mean", 0.0, "loss")),
+    ("dcpo", ("grpo", "dcpo", "seq_sum_token_mean", 0.0, "loss")),
+    ("aspo", ("grpo", "aspo", "token_mean", 0.001, "loss")),
+    ("m2po", ("grpo", "m2po", "token_mean", 0.0, "loss")),
 ])
 def test_preset_parts(name, parts):
     a = config_from_dict({"preset": name}).algo
@@ -55,6 +59,18 @@ def test_dapo_data_side_and_clip_higher():
     a = config_from_dict({"preset": "dapo"}).algo
     clip = a.policy_loss.settings
     assert (clip.clip_low, clip.clip_high, a.dynamic_sampling, a.reward_shapers[0].settings().buffer) == (0.2, 0.28, True, 0.2)
+
+
+def test_clip_family_presets_take_the_papers_settings():
+    bapo = config_from_dict({"preset": "bapo"}).algo.policy_loss.settings
+    assert (bapo.pos_share, bapo.clip_low_start, bapo.clip_low_max, bapo.clip_high_start, bapo.clip_high_max,
+            bapo.clip_high_step, bapo.clip_low_step) == (0.4, 0.6, 0.9, 1.2, 3.0, 0.05, 0.02)
+    dcpo = config_from_dict({"preset": "dcpo"}).algo.policy_loss.settings
+    assert (dcpo.clip_low, dcpo.clip_high, dcpo.max_ratio) == (0.16, 0.2, 10.0)
+    aspo = config_from_dict({"preset": "aspo"}).algo.policy_loss.settings
+    assert (aspo.clip_low, aspo.clip_high, aspo.dual_clip) == (0.2, 0.2, 3.0)
+    m2po = config_from_dict({"preset": "m2po"})
+    assert m2po.algo.policy_loss.settings.m2_threshold == 0.04 and m2po.train.minibatches == 8
 
 
 def test_baseline_presets_keep_equal_reward_groups():

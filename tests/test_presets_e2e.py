@@ -12,7 +12,8 @@ from reinforge.config import load_config
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 
-PRESETS = ["grpo", "dapo", "gspo", "ppo", "dr_grpo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "online_dpo"]
+PRESETS = ["grpo", "dapo", "gspo", "ppo", "dr_grpo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "online_dpo",
+           "bapo", "dcpo", "aspo", "m2po"]
 # ReMax's advantage r - r_greedy is not normalised and mostly negative here (greedy beats sampling):
 # at lr 1e-4 it is unstable on this task (held-out 0.36 -> 0.32 in one run), at 5e-5 it learns.
 LEARNING_RATE = {"remax": 5e-5}

@@ -19,7 +19,7 @@ from reinforge.train.learner import Learner
 
 DEMO_SCALE = ["rollout.prompts_per_step=16", "rollout.group_size=8", "task.heldout_size=20", "train.time_limit_s=0",
               "eval.final_samples=0", "log.report=false"]
-CLIPPED_PRESETS = ["dapo", "gspo", "cispo", "ppo", "reinforce_pp"]
+CLIPPED_PRESETS = ["dapo", "gspo", "cispo", "ppo", "reinforce_pp", "bapo", "dcpo", "aspo", "m2po"]
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +82,11 @@ def test_no_two_presets_update_the_policy_the_same_way(demo_batch, tmp_path):
             diff = max(float((x - y).abs().max()) for x, y in zip(grads[a], grads[b], strict=True))
             scale = max(float(x.abs().max()) for x in grads[a])
             assert diff > 1e-3 * scale, f"{a} and {b} produce the same gradients on one batch"
+
+
+def test_batch_statistics_see_the_whole_minibatch(demo_batch, tmp_path):
+    """BAPO's clip bounds and M2PO's mask are computed over the micro-batch the loss is called on: at
+    demo scale the whole rollout batch (so each of its mini-batches) fits in one micro-batch, so they
+    are the mini-batch's statistics."""
+    learner = _learner("m2po", tmp_path)
+    assert len(learner._micro_batches(demo_batch)) == 1, learner.train_cfg.micro_batch_tokens
