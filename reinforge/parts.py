@@ -11,6 +11,8 @@ from reinforge.registry import KINDS, Registry
 def all_kinds() -> Mapping[str, Registry]:
     """Every registry, with every built-in part registered (plug-ins add theirs when imported)."""
     import reinforge.algo  # noqa: F401
+    import reinforge.algo.entropy  # noqa: F401
+    import reinforge.algo.entropy_shaping  # noqa: F401
     import reinforge.algo.objective  # noqa: F401
     import reinforge.data.samplers  # noqa: F401
     import reinforge.envs.registry  # noqa: F401

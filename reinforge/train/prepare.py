@@ -34,7 +34,8 @@ class PreparesBatches:
         t = self.train_cfg
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
-        recompute_old = t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
+        recompute_old = (t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
+                         or bool({"old_logp", "entropy"} & ADVANTAGES.needs(self.algo.advantage)))
         self._prepared = (batch, MetricSums(), offset)
         self._passes(batch, self._prepared[1], recompute_old, offset)
 
@@ -50,6 +51,7 @@ class PreparesBatches:
         -beta * KL_t (``batch.token_rewards``, before advantages). ``batch`` is None on a rank without
         rows (it still joins the collectives); ``offset``: its first row's index in the global batch."""
         algo = self.algo
+        self._old_entropy = None  # pi_old's per-token entropy, for an estimator that declares it needs ``entropy``
         if batch is None:
             if recompute_old:
                 self.parallel.equal_forwards(0, self.parallel.most_forwards(0), grad=False)
@@ -59,6 +61,7 @@ class PreparesBatches:
         old = torch.zeros(n, width, dtype=dtype) if recompute_old else None
         ref = torch.zeros(n, width, dtype=dtype) if self.uses_kl else None
         values = torch.zeros(n, width, dtype=dtype) if self.critic is not None else None
+        ent = torch.zeros(n, width, dtype=dtype) if "entropy" in ADVANTAGES.needs(algo.advantage) else None
         passes = old is not None or ref is not None or values is not None
         micros = self._micro_batches(batch) if passes else []
         if old is not None:
@@ -68,14 +71,17 @@ class PreparesBatches:
                 mb = batch.select(rows)
                 cols = mb.input_ids.shape[1]
                 if old is not None:
-                    logp, _ = self._logprobs(self.model, mb)
+                    logp, h = self._logprobs(self.model, mb, entropy=ent is not None)
                     old[rows, :cols] = logp
+                    if ent is not None:
+                        ent[rows, :cols] = h * mb.loss_mask
                     add_mismatch(stats, logp, mb)
                 if ref is not None:
                     ref[rows, :cols] = self._reference_logprobs(mb)
                 if values is not None:
                     values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
+        self._old_entropy = ent
         if ref is not None and algo.kl.placement == "reward":
             kl = self.kl_estimator(old, ref) * batch.loss_mask
             batch.token_rewards = -self.kl_ctl.value * kl
@@ -102,6 +108,9 @@ class PreparesBatches:
             "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
             "demo": batch.demo,
         }
+        if inputs is not None:  # what the estimator declares it needs from the no-grad passes
+            extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs}
+            inputs.update({k: v for k, v in extra.items() if k in ADVANTAGES.needs(self.algo.advantage)})
         inputs = self.parallel.gather_rows(inputs)
         if batch is None:
             return None
