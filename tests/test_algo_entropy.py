@@ -272,3 +272,20 @@ def test_term_controllers_update_and_round_trip_through_the_learner_checkpoint(t
     fresh.learner.load_state_dict(state)
     for i in (0, 1):
         assert fresh.learner.term_controllers[i].state_dict() == c.learner.term_controllers[i].state_dict()
+
+
+def test_the_epo_recipe_trains_on_the_guessing_game(tmp_path):
+    """Two tiny steps of the shipped agent_guessing_epo recipe: the EPO term's state moves every update."""
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    cfg = load_config("agent_guessing_epo", [
+        f"output_dir={tmp_path}", "train.steps=2", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0",
+        "log.report=false", "train.time_limit_s=0", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "algo.skip_equal_reward_groups=false"])
+    assert cfg.algo.loss_terms[0].name == "epo_entropy" and cfg.env.name == "guessing"
+    rows = [m for m in read_jsonl(train(cfg).run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert len(rows) == 2
+    assert rows[0]["train/epo/entropy_history"] == pytest.approx(rows[0]["train/entropy"])
+    assert rows[1]["train/epo/entropy_history"] == pytest.approx(
+        (rows[0]["train/entropy"] + rows[1]["train/entropy"]) / 2)

@@ -45,6 +45,11 @@ PRESET_OPTIONS = {
     "reinforce_pp": ({"name": "reinforce_pp", "gamma": 1.0, "adv_eps": 1e-6, "whiten": "token"}, PPO_CLIP, "token_mean"),
     "remax": ({"name": "remax", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
     "rloo": ({"name": "rloo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
+    "gtpo": ({"name": "gtpo", "gamma": 1.0, "adv_eps": 1e-6, "alpha1": 1.0, "alpha2": 0.1},
+             {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
+    "grpo_s": ({"name": "grpo_s", "gamma": 1.0, "adv_eps": 1e-6, "alpha1": 1.0, "alpha2": 0.1},
+               {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
+    "aepo": ({**GRPO, "name": "aepo", "alpha": 0.3}, {"name": "aepo", "clip_low": 0.2, "clip_high": 0.28}, "token_mean"),
 }
 
 

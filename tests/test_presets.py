@@ -15,7 +15,8 @@ from reinforge.config import (
 )
 from reinforge.errors import ConfigError
 
-EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo", "online_dpo"}
+EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo", "online_dpo", "gtpo",
+            "grpo_s", "aepo"}
 
 
 def test_every_issue_preset_ships_and_validates():
@@ -38,6 +39,9 @@ def test_every_issue_preset_ships_and_validates():
     ("opo", ("opo", "reinforce", "seq_mean_token_sum", 0.0, "loss")),
     ("ppo", ("gae", "ppo_clip", "token_mean", 0.01, "reward")),
     ("online_dpo", ("grpo", "dpo", "seq_mean_token_sum", 0.0, "loss")),
+    ("gtpo", ("gtpo", "ppo_clip", "token_mean", 0.0, "loss")),
+    ("grpo_s", ("grpo_s", "ppo_clip", "token_mean", 0.0, "loss")),
+    ("aepo", ("aepo", "aepo", "token_mean", 0.0, "loss")),
 ])
 def test_preset_parts(name, parts):
     a = config_from_dict({"preset": name}).algo
@@ -90,7 +94,7 @@ def test_resolved_config_reloads_to_itself(tmp_path):
 
 
 def test_unknown_preset_names_the_allowed_ones():
-    with pytest.raises(ConfigError, match="unknown preset 'grpoo'; allowed: cispo, dapo"):
+    with pytest.raises(ConfigError, match="unknown preset 'grpoo'; allowed: aepo, cispo, dapo"):
         load_config(None, ["preset=grpoo"])
     with pytest.raises(ConfigError, match="preset: must be a preset name"):
         config_from_dict({"preset": 3})
