@@ -16,7 +16,13 @@ from pydantic import Field
 from torch import Tensor
 from torch.nn.functional import softplus
 
-from reinforge.algo.advantages import ADVANTAGES, GroupNormSettings, NormSettings, group_mean_std, grpo_advantage
+from reinforge.algo.advantages import (
+    ADVANTAGES,
+    GroupNormSettings,
+    NormSettings,
+    group_mean_std,
+    grpo_advantage,
+)
 
 _TINY = 1e-12
 
