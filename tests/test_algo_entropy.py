@@ -289,3 +289,20 @@ def test_the_epo_recipe_trains_on_the_guessing_game(tmp_path):
     assert rows[0]["train/epo/entropy_history"] == pytest.approx(rows[0]["train/entropy"])
     assert rows[1]["train/epo/entropy_history"] == pytest.approx(
         (rows[0]["train/entropy"] + rows[1]["train/entropy"]) / 2)
+
+
+def test_ace_through_the_learner_loads_a_reference_and_at_the_start_scales_errors_by_1_plus_ln2(tmp_path):
+    """Before any update the policy is the reference: c_i = 0 for every row, softplus(0) = ln 2, so
+    each error's GRPO advantage is multiplied by 1 + ln 2 and the correct rows keep theirs."""
+    from reinforge.algo.advantages import grpo_advantage
+
+    c = _components(tmp_path, "algo.advantage=ace_grpo")
+    assert c.learner.ref_model is not None
+    batch = _batch(c)
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    c.learner.prepare(batch)
+    c.learner.estimate_advantages(batch)
+    plain = advantage(grpo_advantage, batch.rewards, batch.group_index, batch.loss_mask).to(batch.advantages.dtype)
+    scale = torch.where(batch.rewards < torch.tensor([0.5] * 4 + [0.75] * 4), 1 + math.log(2), 1.0)
+    assert_close(batch.advantages, plain * scale[:, None].to(plain.dtype), rtol=1e-4, atol=1e-5)
+    assert math.isfinite(c.learner.update(batch)["loss"])
