@@ -5,7 +5,9 @@ No-grad passes give the old log-probs of the PPO ratio (skipped with a single up
 no KL in the reward: they then come from the same forward, exactly on-policy), the reference
 log-probs and the critic's values; with the KL in the reward, r_t gains -beta * KL_t
 (``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
-batch (all ranks' rows), and a critic's returns are GAE's.
+batch (all ranks' rows), and a critic's returns are GAE's. An estimator that declares it needs
+``entropy``, ``old_logp`` or ``ref_logp`` gets them from these passes (pi_old's pass then runs even
+with a single update, and keeps the per-token entropy of the same forward).
 """
 
 from __future__ import annotations
