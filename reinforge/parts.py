@@ -12,6 +12,8 @@ def all_kinds() -> Mapping[str, Registry]:
     """Every registry, with every built-in part registered (plug-ins add theirs when imported)."""
     import reinforge.algo  # noqa: F401
     import reinforge.algo.distill  # noqa: F401  (gkd, gkd_data loss terms; the no_reward advantage)
+    import reinforge.algo.entropy  # noqa: F401
+    import reinforge.algo.entropy_shaping  # noqa: F401
     import reinforge.algo.kl_adaptive  # noqa: F401  (kl_dads, rapo_kl, grpo_stcr)
     import reinforge.algo.losses_offpolicy  # noqa: F401  (bapo, m2po)
     import reinforge.algo.objective  # noqa: F401

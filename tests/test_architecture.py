@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "reinforge"
 # A string that is a part's name but also means something else where it is compared (not the part).
 OTHER_MEANINGS = {
     ("rewards/reward_model.py", "none"),  # reward.reward_model normalise: none | running
+    ("train/prepare.py", "entropy"),  # the context field an estimator declares it needs, not the loss term
 }
 
 

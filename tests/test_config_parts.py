@@ -56,6 +56,11 @@ PRESET_OPTIONS = {
     "dcpo": (GRPO, {"name": "dcpo", "clip_low": 0.16, "clip_high": 0.2, "max_ratio": 10.0}, "seq_sum_token_mean"),
     "aspo": (GRPO, {"name": "aspo", "clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0}, "token_mean"),
     "m2po": (GRPO, {"name": "m2po", "m2_threshold": 0.04}, "token_mean"),
+    "gtpo": ({"name": "gtpo", "gamma": 1.0, "adv_eps": 1e-6, "alpha1": 1.0, "alpha2": 0.1},
+             {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
+    "grpo_s": ({"name": "grpo_s", "gamma": 1.0, "adv_eps": 1e-6, "alpha1": 1.0, "alpha2": 0.1},
+               {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
+    "aepo": ({**GRPO, "name": "aepo", "alpha": 0.3}, {"name": "aepo", "clip_low": 0.2, "clip_high": 0.28}, "token_mean"),
 }
 
 

@@ -18,7 +18,8 @@ from reinforge.config import (
 from reinforge.errors import ConfigError
 
 EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo", "online_dpo", "apo",
-            "rapo", "astar_po", "pacs", "bapo", "dcpo", "aspo", "m2po"}
+            "rapo", "astar_po", "pacs", "bapo", "dcpo", "aspo", "m2po",
+            "gtpo", "grpo_s", "aepo"}
 
 
 def test_every_issue_preset_ships_and_validates():
@@ -49,6 +50,9 @@ def test_every_issue_preset_ships_and_validates():
     ("dcpo", ("grpo", "dcpo", "seq_sum_token_mean", 0.0, "loss")),
     ("aspo", ("grpo", "aspo", "token_mean", 0.001, "loss")),
     ("m2po", ("grpo", "m2po", "token_mean", 0.0, "loss")),
+    ("gtpo", ("gtpo", "ppo_clip", "token_mean", 0.0, "loss")),
+    ("grpo_s", ("grpo_s", "ppo_clip", "token_mean", 0.0, "loss")),
+    ("aepo", ("aepo", "aepo", "token_mean", 0.0, "loss")),
 ])
 def test_preset_parts(name, parts):
     a = config_from_dict({"preset": name}).algo

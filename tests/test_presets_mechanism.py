@@ -19,7 +19,7 @@ from reinforge.train.learner import Learner
 
 DEMO_SCALE = ["rollout.prompts_per_step=16", "rollout.group_size=8", "task.heldout_size=20", "train.time_limit_s=0",
               "eval.final_samples=0", "log.report=false"]
-CLIPPED_PRESETS = ["dapo", "gspo", "cispo", "ppo", "reinforce_pp", "bapo", "dcpo", "aspo", "m2po"]
+CLIPPED_PRESETS = ["dapo", "gspo", "cispo", "ppo", "reinforce_pp", "bapo", "dcpo", "aspo", "m2po", "gtpo", "grpo_s", "aepo"]
 
 
 @pytest.fixture(scope="module")

@@ -158,18 +158,35 @@ def row_sets(n: int, demo: Tensor | None, group_index: Tensor | None = None) -> 
     return Rows(sampled=~demo, guided=guided, demos=demo)
 
 
-def loss_terms(cfg: Any, kl_coef: float | None = None) -> list[Term]:
+def loss_terms(cfg: Any, kl_coef: float | None = None, controllers: dict[int, Any] | None = None) -> list[Term]:
     """The extra loss terms a run's ``AlgoConfig`` asks for: the KL penalty when ``kl.coef`` > 0 and it
     is placed in the loss (coefficient ``kl_coef``, the adaptive controller's current value), the
-    entropy bonus when ``entropy_coef`` != 0, then every ``loss_terms`` entry of the recipe."""
+    entropy bonus when ``entropy_coef`` != 0, then every ``loss_terms`` entry of the recipe (its cfg:
+    its settings, or its controller from ``controllers`` when it has one, see ``term_controllers``)."""
     terms = []
     if cfg.kl.coef > 0 and cfg.kl.placement == "loss":
         terms.append(Term("kl", cfg.kl.coef if kl_coef is None else kl_coef))
     if cfg.entropy_coef != 0:
         terms.append(Term("entropy", cfg.entropy_coef))
-    for t in getattr(cfg, "loss_terms", ()):
-        terms.append(Term(t.name, t.coef, t.settings()))
+    for i, t in enumerate(getattr(cfg, "loss_terms", ())):
+        ctl = (controllers or {}).get(i)
+        terms.append(Term(t.name, t.coef, ctl if ctl is not None else t.settings()))
     return terms
+
+
+def term_controllers(cfg: Any) -> dict[int, Any]:
+    """The state of the stateful ``loss_terms`` entries, by their index: a term whose settings class
+    declares a ``controller`` class gets one, built from its settings. The learner owns them: it hands
+    each to its term as ``cfg`` (``loss_terms``), calls ``update(metrics) -> metrics`` after every
+    update and saves ``state_dict()`` / ``load_state_dict()`` with its checkpoint (e.g. EPO's entropy
+    history, AEnt's coefficient: algo/entropy.py)."""
+    out = {}
+    for i, t in enumerate(getattr(cfg, "loss_terms", ())):
+        settings = t.settings()
+        controller = getattr(type(settings), "controller", None)
+        if controller is not None:
+            out[i] = controller(settings)
+    return out
 
 
 def required_inputs(cfg: Any) -> frozenset[str]:

@@ -27,7 +27,7 @@ from reinforge.algo import KL_ESTIMATORS, AggNorm
 from reinforge.algo.context import Context
 from reinforge.algo.kl_control import KLController
 from reinforge.algo.mixing import MIXING
-from reinforge.algo.objective import Objective, Rows, loss_terms, required_inputs
+from reinforge.algo.objective import Objective, Rows, loss_terms, required_inputs, term_controllers
 from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, TrainConfig
 from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.models.precision import compute_dtype
@@ -109,6 +109,7 @@ class Learner(PreparesBatches):
                                    algo.policy_loss.settings)
         self.kl_estimator = KL_ESTIMATORS.get(algo.kl.estimator)
         self.kl_ctl = KLController(algo.kl.coef, algo.kl.target, algo.kl.horizon)
+        self.term_controllers = term_controllers(algo)  # stateful loss terms (EPO, AEnt): updated, checkpointed
         self.needs = required_inputs(algo)
         self.uses_demonstrations = "demonstrations" in self.needs
         self.whole_groups = "whole_groups" in self.needs
@@ -158,6 +159,7 @@ class Learner(PreparesBatches):
             "shuffle": self.shuffle.get_state(),
             "step": self.step,
             "kl_ctl": self.kl_ctl.state_dict(),
+            "term_controllers": {str(i): c.state_dict() for i, c in self.term_controllers.items()},
         }
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
@@ -172,6 +174,8 @@ class Learner(PreparesBatches):
         self.shuffle.set_state(state["shuffle"])
         self.step = state["step"]
         self.kl_ctl.load_state_dict(state["kl_ctl"])
+        for i, ctl in self.term_controllers.items():
+            ctl.load_state_dict(state["term_controllers"][str(i)])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
 
@@ -227,6 +231,8 @@ class Learner(PreparesBatches):
         if self.uses_kl:
             self.kl_ctl.update(out.get("kl_ref", 0.0), n_steps=total)
             out["kl_coef"] = self.kl_ctl.value
+        for ctl in self.term_controllers.values():
+            out.update(ctl.update(out))
         if self.critic is not None:
             out["critic/explained_variance"] = self.parallel.explained_variance(batch)
         if self.uses_demonstrations:
@@ -348,7 +354,7 @@ class Learner(PreparesBatches):
     def _micro_loss(self, mb: Batch, norm: AggNorm, stats: MetricSums, demo_norm: AggNorm | None = None
                     ) -> tuple[Tensor, float]:
         """This micro-batch's share of the mini-batch loss (global denominators in ``norm``)."""
-        terms = loss_terms(self.algo, self.kl_ctl.value)
+        terms = loss_terms(self.algo, self.kl_ctl.value, self.term_controllers)
         logp_vocab = None  # full next-token rows, only for a part that reads them (GKD's)
         if self.objective.reads("logp_vocab", terms):
             logp, entropy, logp_vocab = self._vocab_logprobs(self.model, mb, entropy=True)

@@ -7,7 +7,9 @@ log-probs, the critic's values and, for a part that declares ``teacher_logp_voca
 teacher's full next-token log-distributions on the loss mask's positions ([N, L, V],
 ``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
 (``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
-batch (all ranks' rows), and a critic's returns are GAE's.
+batch (all ranks' rows), and a critic's returns are GAE's. An estimator that declares it needs
+``entropy``, ``old_logp`` or ``ref_logp`` gets them from these passes (pi_old's pass then runs even
+with a single update, and keeps the per-token entropy of the same forward).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class PreparesBatches:
         t = self.train_cfg
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
-        recompute_old = t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
+        recompute_old = (t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
+                         or bool({"old_logp", "entropy"} & ADVANTAGES.needs(self.algo.advantage)))
         self._prepared = (batch, MetricSums(), offset)
         self._passes(batch, self._prepared[1], recompute_old, offset)
 
@@ -53,6 +56,7 @@ class PreparesBatches:
         -beta * KL_t (``batch.token_rewards``, before advantages). ``batch`` is None on a rank without
         rows (it still joins the collectives); ``offset``: its first row's index in the global batch."""
         algo = self.algo
+        self._old_entropy = None  # pi_old's per-token entropy, for an estimator that declares it needs ``entropy``
         if batch is None:
             if recompute_old:
                 self.parallel.equal_forwards(0, self.parallel.most_forwards(0), grad=False)
@@ -63,6 +67,7 @@ class PreparesBatches:
         ref = torch.zeros(n, width, dtype=dtype) if self.uses_kl else None
         values = torch.zeros(n, width, dtype=dtype) if self.critic is not None else None
         teacher: Tensor | None = None  # [n, width, V], allocated at the first micro-batch
+        ent = torch.zeros(n, width, dtype=dtype) if "entropy" in ADVANTAGES.needs(algo.advantage) else None
         passes = old is not None or ref is not None or values is not None or self.teacher is not None
         micros = self._micro_batches(batch) if passes else []
         if old is not None:
@@ -72,8 +77,10 @@ class PreparesBatches:
                 mb = batch.select(rows)
                 cols = mb.input_ids.shape[1]
                 if old is not None:
-                    logp, _ = self._logprobs(self.model, mb)
+                    logp, h = self._logprobs(self.model, mb, entropy=ent is not None)
                     old[rows, :cols] = logp
+                    if ent is not None:
+                        ent[rows, :cols] = h * mb.loss_mask
                     add_mismatch(stats, logp, mb)
                 if ref is not None:
                     ref[rows, :cols] = self._reference_logprobs(mb)
@@ -85,6 +92,7 @@ class PreparesBatches:
                     teacher[rows, :cols] = dist
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
         batch.teacher_logprobs = teacher
+        self._old_entropy = ent
         if ref is not None and algo.kl.placement == "reward":
             kl = self.kl_estimator(old, ref) * batch.loss_mask
             batch.token_rewards = -self.kl_ctl.value * kl
@@ -111,6 +119,9 @@ class PreparesBatches:
             "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
             "demo": batch.demo,
         }
+        if inputs is not None:  # what the estimator declares it needs from the no-grad passes
+            extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs}
+            inputs.update({k: v for k, v in extra.items() if k in ADVANTAGES.needs(self.algo.advantage)})
         inputs = self.parallel.gather_rows(inputs)
         if batch is None:
             return None

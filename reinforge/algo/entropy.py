@@ -1,0 +1,193 @@
+"""Entropy-balanced policy loss and stateful entropy terms: AEPO's clip, EPO's smoothed entropy
+regularisation, AEnt's adaptively weighted entropy bonus.
+
+The two loss terms keep state across updates (a historical entropy average, a coefficient). Their
+settings declare a ``controller`` class (``algo.objective.term_controllers``): the learner builds one
+per run from the settings, passes it to the term as its ``cfg`` (``cfg.settings`` are the options),
+calls ``update(metrics)`` after every update with the update's metrics (``entropy``: the mean
+per-token entropy of the sampled rows over the update's forwards) and saves ``state_dict()`` in
+checkpoints, so a resumed run continues with the same state.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from reinforge.algo.losses import POLICY_LOSSES, ClipSettings
+from reinforge.algo.objective import LOSS_TERMS
+from reinforge.registry import Settings
+
+
+@POLICY_LOSSES.register(
+    "aepo",
+    formula=("L_t = -(1+eps_high) rho_t/sg(rho_t) A_t if A_t > 0 and rho_t > 1+eps_high; "
+             "else -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t)"),
+    paper="Dong et al. 2025, Agentic Entropy-Balanced Policy Optimization (arXiv:2510.14545)",
+    settings=ClipSettings,
+)
+def aepo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: ClipSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """AEPO's entropy clipping-balanced surrogate: PPO's, except on the upper clip. A token with A > 0
+    and rho above 1 + eps_high (in the paper's agent runs, the high-entropy tokens of exploratory tool
+    calls, whose probability moves most) keeps PPO's clipped value (1 + eps_high) A but not its zero
+    gradient: rho / sg(rho) has value 1 and gradient grad log pi, so the token gets
+    -(1 + eps_high) A grad log pi, a bounded, rescaled gradient. The lower clip is PPO's. The rule acts
+    on the ratio (the paper motivates it by the entropy of the tokens the clip hits; it does not test
+    the entropy). The gradient equals ``ce_gppo`` with beta1 = 0, beta2 = 1 and no dual clip.
+    Metrics: ``clip_frac`` (tokens on either clip), ``clip_high_kept`` (tokens whose gradient the rule keeps)."""
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    high = (ratio > 1.0 + cfg.clip_high) & (advantages > 0)
+    loss = torch.where(high, -(1.0 + cfg.clip_high) * (ratio / ratio.detach()) * advantages, loss)
+    with torch.no_grad():
+        metrics = {"clip_frac": (clipped > unclipped).to(logp.dtype), "clip_high_kept": high.to(logp.dtype),
+                   "ratio": ratio.detach()}
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------------------------- EPO
+class EPOController:
+    """EPO's state: the historical average entropy H_bar (the mean of the past updates' entropies)
+    and the update count k of the phase-based weight beta_k."""
+
+    def __init__(self, settings: EPOSettings) -> None:
+        self.settings = settings
+        self.step = 0
+        self.entropy_sum = 0.0
+        self.count = 0
+
+    @property
+    def history(self) -> float | None:
+        """H_bar, the mean entropy of the updates so far (None before the first)."""
+        return self.entropy_sum / self.count if self.count else None
+
+    def weight(self) -> float:
+        """beta_k: 1 -> 0.8 over the first half of ``horizon`` updates (slow exponential, rate
+        ``lambda_slow``), then 0.8 -> ~0 over the second (fast, rate ``gamma``); 0.8 e^-gamma after."""
+        s = self.settings
+        k, half = min(self.step, s.horizon), s.horizon // 2
+        if k <= half:
+            return 1.0 - 0.2 * (1.0 - math.exp(-s.lambda_slow * k / max(half, 1)))
+        return 0.8 * math.exp(-s.gamma * (k - half) / max(s.horizon - half, 1))
+
+    def update(self, metrics: dict[str, float]) -> dict[str, float]:
+        """After an update: its mean entropy joins the history, k advances."""
+        if "entropy" in metrics:
+            self.entropy_sum += float(metrics["entropy"])
+            self.count += 1
+        self.step += 1
+        return {"epo/entropy_history": self.history or 0.0, "epo/smooth_weight": self.weight()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "entropy_sum": self.entropy_sum, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.entropy_sum, self.count = int(state["step"]), float(state["entropy_sum"]), int(state["count"])
+
+
+class EPOSettings(Settings):
+    """EPO's smoothing band, its weight and the phase schedule's horizon and rates."""
+
+    controller: ClassVar[type] = EPOController
+    smooth_coef: float = Field(1.0, ge=0, description="weight of the smoothing penalty against the entropy bonus")
+    kappa_low: float = Field(0.8, ge=0, description="lower edge of the band: kappa_low * H_bar (0 = no lower edge)")
+    kappa_high: float = Field(1.2, gt=0, description="upper edge of the band: kappa_high * H_bar")
+    horizon: int = Field(150, ge=1, description="updates over which the phase weight beta_k decays")
+    lambda_slow: float = Field(2.0, ge=0, description="rate of beta_k's slow first phase (1 -> 0.8)")
+    gamma: float = Field(3.0, ge=0, description="rate of beta_k's fast second phase (0.8 -> 0)")
+
+    @model_validator(mode="after")
+    def _band(self) -> EPOSettings:
+        if self.kappa_low >= self.kappa_high:
+            raise ValueError(f"kappa_low ({self.kappa_low}) must be below kappa_high ({self.kappa_high})")
+        return self
+
+
+@LOSS_TERMS.register(
+    "epo_entropy",
+    formula=("- c * agg(H_t - c_s beta_k P_t), P_t = |H_t - H_bar| if H_t outside [kappa_l H_bar, kappa_r H_bar] "
+             "else 0, H_bar = mean past entropy, beta_k = phase weight"),
+    paper="Xu et al. 2025, EPO: Entropy-regularized Policy Optimization for LLM Agents Reinforcement Learning "
+          "(arXiv:2509.22576)",
+    settings=EPOSettings,
+)
+def epo_entropy_term(entropy: Tensor, cfg: EPOController) -> tuple[Tensor, dict[str, Tensor]]:
+    """EPO's entropy regularisation with its smoothing regulariser: the entropy bonus over every
+    trained token of the trajectory (all turns), minus a penalty on the tokens whose entropy left the
+    band [kappa_low H_bar, kappa_high H_bar] around the historical average H_bar, weighted by the
+    phase weight beta_k (strong early, decaying late). Per token: -H_t + c_s beta_k P_t.
+    Choices: the released code marks out-of-band tokens with a constant penalty, which carries no
+    gradient; we take the distance |H_t - H_bar| outside the band, so the penalty pulls the entropy
+    back into it (zero inside, as in the paper). The code keeps H_bar per turn index of the episode;
+    the context has no turn index, so H_bar is one average over all trained tokens of the past
+    updates. No penalty before the first update (no history). Metric ``epo/out_of_band``."""
+    s, hist = cfg.settings, cfg.history
+    if hist is None:
+        return -entropy, {"epo/out_of_band": torch.zeros_like(entropy.detach())}
+    outside = (entropy < s.kappa_low * hist) | (entropy > s.kappa_high * hist)
+    penalty = torch.where(outside, (entropy - hist).abs(), torch.zeros_like(entropy))
+    return -entropy + s.smooth_coef * cfg.weight() * penalty, {"epo/out_of_band": outside.detach().to(entropy.dtype)}
+
+
+# -------------------------------------------------------------------------------------------- AEnt
+class AdaptiveEntropyController:
+    """AEnt's coefficient alpha, moved after each update toward keeping the entropy in [low, high]."""
+
+    def __init__(self, settings: AdaptiveEntropySettings) -> None:
+        self.settings = settings
+        self.coef = settings.init_coef
+
+    def update(self, metrics: dict[str, float]) -> dict[str, float]:
+        """alpha <- clip(alpha + delta [H < low] - delta [H > high], alpha_min, alpha_max)."""
+        s, h = self.settings, metrics.get("entropy")
+        if h is not None:
+            step = s.delta if h < s.low else -s.delta if h > s.high else 0.0
+            self.coef = min(max(self.coef + step, s.coef_min), s.coef_max)
+        return {"aent/coef": self.coef}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.coef = float(state["coef"])
+
+
+class AdaptiveEntropySettings(Settings):
+    """AEnt's entropy band and the coefficient's start, step and bounds."""
+
+    controller: ClassVar[type] = AdaptiveEntropyController
+    init_coef: float = Field(1e-3, ge=0, description="initial entropy coefficient alpha_0")
+    delta: float = Field(1e-4, ge=0, description="step of alpha per update")
+    low: float = Field(0.2, ge=0, description="entropy below which alpha grows")
+    high: float = Field(1.0, ge=0, description="entropy above which alpha shrinks")
+    coef_min: float = Field(0.0, ge=0, description="lower bound of alpha")
+    coef_max: float = Field(1e-2, ge=0, description="upper bound of alpha")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AdaptiveEntropySettings:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        if not self.coef_min <= self.init_coef <= self.coef_max:
+            raise ValueError(f"init_coef ({self.init_coef}) must lie in [coef_min, coef_max]")
+        return self
+
+
+@LOSS_TERMS.register(
+    "adaptive_entropy",
+    formula="- agg(alpha_k H_t), alpha_{k+1} = clip(alpha_k + delta [H < H_low] - delta [H > H_high], alpha_min, alpha_max)",
+    paper="Shen 2025, On Entropy Control in LLM-RL Algorithms (AEnt) (arXiv:2509.03493)",
+    settings=AdaptiveEntropySettings,
+)
+def adaptive_entropy_term(entropy: Tensor, cfg: AdaptiveEntropyController) -> tuple[Tensor, dict[str, Tensor]]:
+    """AEnt's automatically adjusted entropy bonus: -alpha_k H_t per token, alpha_k moved by ``delta``
+    after each update toward keeping the batch entropy inside [low, high], within [coef_min, coef_max]
+    (give the term ``coef: 1``; alpha is the coefficient). AEnt evaluates H on the re-normalised
+    policy over the top tokens (the clamped entropy); the learner's forwards give the full-vocabulary
+    entropy only, so here H is the full one (the clamp is left out)."""
+    return -cfg.coef * entropy, {}
