@@ -15,10 +15,14 @@ from torch.testing import assert_close
 from reinforge.algo.entropy import (
     AdaptiveEntropyController,
     AdaptiveEntropySettings,
+    ClampedEntropyController,
+    ClampedEntropySettings,
     EPOController,
     EPOSettings,
     adaptive_entropy_term,
     aepo_loss,
+    clamped_entropy,
+    clamped_entropy_term,
     epo_entropy_term,
 )
 from reinforge.algo.entropy_shaping import (
@@ -204,6 +208,33 @@ def test_adaptive_entropy_coefficient_by_hand_and_its_round_trip():
     assert other.coef == ctl.coef and other.update({"entropy": 0.0}) == ctl.update({"entropy": 0.0})
 
 
+def test_clamped_entropy_by_hand():
+    """pi = (0.5, 0.3, 0.15, 0.05), p = 0.25: floor(0.25 * 4) = 1 token left out, the least probable
+    (0.05); q = (0.5, 0.3, 0.15) / 0.95 = (0.526316, 0.315789, 0.157895);
+    H^c = 0.526316 * 0.641854 + 0.315789 * 1.152680 + 0.157895 * 1.845827 = 0.337818 + 0.364004 + 0.291446
+    = 0.993268 (the full entropy: 0.346574 + 0.361192 + 0.284568 + 0.149787 = 1.142120)."""
+    logp = torch.log(torch.tensor([[[0.5, 0.3, 0.15, 0.05]]], dtype=D)).requires_grad_(True)
+    h = clamped_entropy(logp, 0.25)
+    assert h.shape == (1, 1) and h.item() == pytest.approx(0.993268, abs=1e-6)
+    assert clamped_entropy(logp, 0.0).item() == pytest.approx(1.142120, abs=1e-6)  # p = 0: the full entropy
+    (grad,) = torch.autograd.grad(h.sum(), logp)
+    assert grad[0, 0, 3].item() == 0.0  # the left-out token gets no gradient
+    # dH/dlogp_v for v kept: -q_v (log q_v + H) (re-normalisation shifts all kept log q by one constant,
+    # whose gradient sums to zero); the most probable token's is negative: the bonus flattens q.
+    q = torch.tensor([0.5, 0.3, 0.15], dtype=D) / 0.95
+    assert_close(grad[0, 0, :3], -q * (q.log() + 0.993268), atol=1e-6, rtol=0)
+    assert grad[0, 0, 0] < 0 < grad[0, 0, 2]
+
+
+def test_clamped_entropy_term_follows_its_own_metric():
+    ctl = ClampedEntropyController(ClampedEntropySettings(init_coef=1e-3, delta=1e-4, low=0.2, high=1.0))
+    logp = torch.log(torch.tensor([[[0.5, 0.3, 0.15, 0.05]]], dtype=D))
+    values, metrics = clamped_entropy_term(logp, ctl)
+    assert values.item() == pytest.approx(-1e-3 * metrics["aent/clamped_entropy"].item())
+    # the full entropy is inside the band, the clamped one below it: alpha follows the clamped one
+    assert ctl.update({"entropy": 0.5, "aent/clamped_entropy": 0.1})["aent/coef"] == pytest.approx(1.1e-3)
+
+
 # ------------------------------------------------------------------------------------ validation
 @pytest.mark.parametrize(("override", "field"), [
     ("algo.advantage={name: gtpo, alpha2: -1}", "alpha2"),
@@ -213,6 +244,7 @@ def test_adaptive_entropy_coefficient_by_hand_and_its_round_trip():
     ("algo.loss_terms=[{name: epo_entropy, params: {kappa_low: 2.0, kappa_high: 1.0}}]", "kappa_low"),
     ("algo.loss_terms=[{name: epo_entropy, params: {horizon: 0}}]", "horizon"),
     ("algo.loss_terms=[{name: adaptive_entropy, params: {init_coef: 1.0}}]", "init_coef"),
+    ("algo.loss_terms=[{name: clamped_entropy, params: {clamp_p: 1.0}}]", "clamp_p"),
 ])
 def test_bad_options_are_config_errors_naming_the_field(override, field):
     with pytest.raises(ConfigError, match=field):
@@ -306,3 +338,11 @@ def test_ace_through_the_learner_loads_a_reference_and_at_the_start_scales_error
     scale = torch.where(batch.rewards < torch.tensor([0.5] * 4 + [0.75] * 4), 1 + math.log(2), 1.0)
     assert_close(batch.advantages, plain * scale[:, None].to(plain.dtype), rtol=1e-4, atol=1e-5)
     assert math.isfinite(c.learner.update(batch)["loss"])
+
+
+def test_the_clamped_entropy_term_gets_the_vocabulary_rows_and_moves_alpha(tmp_path):
+    terms = "algo.loss_terms=[{name: clamped_entropy, coef: 1.0, params: {low: 5.0, high: 9.0, clamp_p: 0.3}}]"
+    c = _components(tmp_path, terms)
+    metrics = c.learner.update(_batch(c))
+    assert 0 < metrics["aent/clamped_entropy"] < metrics["entropy"] + 1e-6  # fewer tokens, less entropy
+    assert c.learner.term_controllers[0].coef == pytest.approx(1e-3 + 1e-4) == metrics["aent/coef"]

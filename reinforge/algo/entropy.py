@@ -143,9 +143,11 @@ class AdaptiveEntropyController:
         self.settings = settings
         self.coef = settings.init_coef
 
+    metric = "entropy"  # the batch mean the coefficient follows (the clamped term's own, below)
+
     def update(self, metrics: dict[str, float]) -> dict[str, float]:
         """alpha <- clip(alpha + delta [H < low] - delta [H > high], alpha_min, alpha_max)."""
-        s, h = self.settings, metrics.get("entropy")
+        s, h = self.settings, metrics.get(self.metric)
         if h is not None:
             step = s.delta if h < s.low else -s.delta if h > s.high else 0.0
             self.coef = min(max(self.coef + step, s.coef_min), s.coef_max)
@@ -189,5 +191,55 @@ def adaptive_entropy_term(entropy: Tensor, cfg: AdaptiveEntropyController) -> tu
     after each update toward keeping the batch entropy inside [low, high], within [coef_min, coef_max]
     (give the term ``coef: 1``; alpha is the coefficient). AEnt evaluates H on the re-normalised
     policy over the top tokens (the clamped entropy); the learner's forwards give the full-vocabulary
-    entropy only, so here H is the full one (the clamp is left out)."""
+    entropy only, so H is the full one here; ``clamped_entropy`` is the same term on the clamped
+    entropy (it needs the full-vocabulary rows)."""
     return -cfg.coef * entropy, {}
+
+
+class ClampedEntropyController(AdaptiveEntropyController):
+    """AEnt's coefficient, following the batch mean of the clamped entropy."""
+
+    metric = "aent/clamped_entropy"
+
+
+class ClampedEntropySettings(AdaptiveEntropySettings):
+    """AEnt's coefficient settings and the clamp: the fraction of the vocabulary left out."""
+
+    controller: ClassVar[type] = ClampedEntropyController
+    clamp_p: float = Field(0.3, ge=0, lt=1, description="fraction p of the vocabulary, the floor(p V) least "
+                           "probable tokens of each position, left out of the clamped entropy")
+
+
+def clamped_entropy(logp_vocab: Tensor, clamp_p: float) -> Tensor:
+    """H^c_t = -sum_{v in K_t} q_t(v) log q_t(v), q_t = pi_t re-normalised on K_t, the V - floor(p V) most
+    probable tokens at t (the set K_t carries no gradient; q_t does). [N, T, V] -> [N, T]."""
+    k = int(logp_vocab.shape[-1] * clamp_p)
+    if k == 0:
+        drop = torch.zeros_like(logp_vocab, dtype=torch.bool)
+    else:
+        with torch.no_grad():
+            lowest = torch.topk(logp_vocab, k, dim=-1, largest=False).indices
+            drop = torch.zeros_like(logp_vocab, dtype=torch.bool).scatter_(-1, lowest, True)
+    kept = logp_vocab.masked_fill(drop, float("-inf"))
+    log_q = kept - torch.logsumexp(kept, dim=-1, keepdim=True)
+    return -(log_q.exp() * log_q.masked_fill(drop, 0.0)).sum(-1)
+
+
+@LOSS_TERMS.register(
+    "clamped_entropy",
+    formula=("- agg(alpha_k H^c_t), H^c_t = entropy of pi_t re-normalised on its V - floor(p V) most probable "
+             "tokens; alpha_k moved as adaptive_entropy's on the batch mean of H^c"),
+    paper="Shen 2025, On Entropy Control in LLM-RL Algorithms, AEnt (arXiv:2509.03493)",
+    settings=ClampedEntropySettings,
+)
+def clamped_entropy_term(logp_vocab: Tensor, cfg: ClampedEntropyController) -> tuple[Tensor, dict[str, Tensor]]:
+    """AEnt as the paper has it: the clamped entropy bonus with the automatically adjusted coefficient.
+    The token space is clamped as the authors' released code does (``clamp_p`` 0.3 in their recipe):
+    the floor(p V) lowest-probability tokens of each position are removed and the policy re-normalised
+    on the rest, so the bonus spreads probability among plausible tokens only. Reads the full
+    next-token rows (``logp_vocab``), which the learner computes only for a term that reads them:
+    N x T x V floats per micro-batch (docs/distillation.md has the memory bound). The coefficient
+    moves on the clamped entropy's batch mean (metric ``aent/clamped_entropy``); give the term
+    ``coef: 1``."""
+    h = clamped_entropy(logp_vocab, cfg.settings.clamp_p)
+    return -cfg.coef * h, {"aent/clamped_entropy": h.detach()}
