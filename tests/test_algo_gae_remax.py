@@ -10,6 +10,9 @@ from torch.testing import assert_close
 from reinforge.algo import ADVANTAGES, gae_advantages_and_returns, outcome_token_rewards, returns_to_go
 from reinforge.algo.advantages import grpo_advantage
 from reinforge.algo.advantages_batch import gae_advantage, reinforce_pp_advantage, remax_advantage
+from reinforge.parts import all_kinds
+
+all_kinds()  # every built-in estimator registered, whichever test modules ran before
 
 OUTCOME = ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "opo", "remax"]
 
@@ -106,8 +109,13 @@ def test_outcome_estimators_add_returns_to_go(name, gamma):
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGES.names()))
 def test_every_estimator_accepts_the_keyword_arguments(name):
+    """Every estimator, given every rollout field it may read (per-token log-probs and entropies for
+    the ones that declare them), gives finite advantages, zero off the mask."""
     values = torch.zeros_like(MASK)
-    adv = advantage(name, REWARDS, GROUPS, MASK, values, None, token_rewards=TOKEN_R, baseline=BASELINE)
+    gen = torch.Generator().manual_seed(0)
+    logps = {k: -torch.rand(MASK.shape, generator=gen) * MASK for k in ("old_logp", "ref_logp", "sampling_logp")}
+    adv = advantage(name, REWARDS, GROUPS, MASK, values, None, token_rewards=TOKEN_R, baseline=BASELINE,
+                    entropy=torch.rand(MASK.shape, generator=gen) * MASK, **logps)
     assert adv.shape == MASK.shape and adv.dtype == MASK.dtype
     assert torch.isfinite(adv).all() and (adv[MASK == 0] == 0).all()
 
