@@ -180,11 +180,8 @@ def ace_grpo_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, old_l
     reference did (an overconfident error, c_i > 0) gets up to 1 + alpha c_i times its penalty, one it
     made unlikelier (c_i << 0) about the plain one. Correct rows are unchanged (asymmetric). ``ace_alpha``
     is the paper's alpha (our default 1.0)."""
-    mean, std, _ = group_mean_std(rewards, group_index)
-    adv = rewards.to(torch.float64) - mean
-    if cfg.scale_by_std:
-        adv = adv / (std + cfg.adv_eps)
+    adv = grpo_advantage(rewards, group_index, mask, cfg)
     m = (mask != 0).to(torch.float64)
     shift = ((old_logp.to(torch.float64) - ref_logp.to(torch.float64)) * m).sum(-1)
-    adv = torch.where(adv < 0, adv * (1.0 + cfg.ace_alpha * softplus(shift)), adv)
-    return (adv[:, None] * m).to(mask.dtype)
+    scale = (1.0 + cfg.ace_alpha * softplus(shift))[:, None].to(adv.dtype)
+    return torch.where(adv < 0, adv * scale, adv)

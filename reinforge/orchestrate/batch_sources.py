@@ -74,9 +74,10 @@ def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingPa
     The same in this process and in a worker."""
     t0 = time.perf_counter()
     collected = collector.collect(tasks, params, seed, group_offset=group_offset)
-    baseline = greedy_baseline(collector, tasks, params, seed) if with_baseline else None
     if prompt_baseline is not None:
         baseline = prompt_baseline(tasks, collected.trajectories, params, seed)
+    else:
+        baseline = greedy_baseline(collector, tasks, params, seed) if with_baseline else None
     total = time.perf_counter() - t0
     return Round(collected.trajectories, baseline, total - collected.reward_s, collected.reward_s)
 

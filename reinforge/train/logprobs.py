@@ -36,14 +36,15 @@ def vocab_logprobs(
     entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """``token_logprobs`` of the same forward plus the full rows log softmax(z / T) [N, L, V] (row t:
-    the distribution of token t given x_<t, aligned like the log-probs): computed on the positions
-    where ``loss_mask`` is set only (the log-softmax of the other positions is never built), zeros
-    elsewhere. Memory: the rows are N x L x V floats, as the forward's own logits."""
+    the distribution of token t given x_<t, aligned like the log-probs), kept on the positions where
+    ``loss_mask`` is set, zeros elsewhere; one log-softmax serves the rows and the taken tokens' log-probs.
+    Memory: the rows are N x L x V floats, as the forward's own logits."""
     logits = _next_token_logits(model, input_ids, attention_mask, temperature)
-    logp, ent = _taken(logits, input_ids, entropy, entropy_grad)
-    where = loss_mask[:, 1:] > 0
-    rows = logits.new_zeros(logits.shape[0], logits.shape[1] + 1, logits.shape[2])
-    rows[:, 1:][where] = torch.log_softmax(logits[where], dim=-1)
+    log_sm = torch.log_softmax(logits, dim=-1)
+    logp, ent = _taken(logits, input_ids, entropy, entropy_grad, log_sm)
+    keep = (loss_mask[:, 1:] > 0)[..., None]
+    rows = torch.cat([log_sm.new_zeros(log_sm.shape[0], 1, log_sm.shape[2]),
+                      torch.where(keep, log_sm, torch.zeros((), dtype=log_sm.dtype))], dim=1)
     return logp, ent, rows
 
 
@@ -54,8 +55,12 @@ def _next_token_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tens
     return logits / temperature if temperature != 1.0 else logits
 
 
-def _taken(logits: Tensor, input_ids: Tensor, entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+def _taken(logits: Tensor, input_ids: Tensor, entropy: bool, entropy_grad: bool, log_sm: Tensor | None = None
+           ) -> tuple[Tensor, Tensor | None]:
+    """The taken tokens' log-probs (from ``log_sm``, the log-softmax of ``logits``, when the caller has it)
+    and the entropies, each with a leading zero column (position 0 has no prediction)."""
+    log_sm = torch.log_softmax(logits, dim=-1) if log_sm is None else log_sm
+    logp = log_sm.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     zero = logp.new_zeros(logp.shape[0], 1)
     ent = None
     if entropy:
