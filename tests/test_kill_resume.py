@@ -58,11 +58,22 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _logged_steps(run_dir: Path) -> int:
+    try:
+        return (run_dir / "metrics.jsonl").read_text().count("\n")
+    except FileNotFoundError:
+        return 0
+
+
 def _kill_at_random(proc: subprocess.Popen, run_dir: Path, rng: random.Random) -> bool:
-    """SIGKILL once a checkpoint exists, after a random delay; False if the run ended first."""
-    while proc.poll() is None and not list((run_dir / "checkpoints").glob("step_*")):
-        time.sleep(0.01)
-    time.sleep(rng.uniform(0.0, 1.5))
+    """SIGKILL at a random moment inside a random step between the first checkpoint and the last
+    two (so the resumed run still has a checkpoint to write, however fast the machine); False if the
+    run ended first."""
+    target = rng.randint(3, STEPS - 3)  # metrics lines: step 0 (eval) ... the step in flight
+    while proc.poll() is None and (_logged_steps(run_dir) < target
+                                   or not list((run_dir / "checkpoints").glob("step_*"))):
+        time.sleep(0.005)
+    time.sleep(rng.uniform(0.0, 0.1))
     if proc.poll() is not None:
         return False
     _kill(proc)
