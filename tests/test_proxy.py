@@ -89,7 +89,7 @@ def test_two_calls_are_one_token_exact_trajectory(proxy, url, tok):
     assert first.choices[0].message.content == tok.decode(c1, skip_special_tokens=True)
     assert second.usage.prompt_tokens == len(p2) and second.usage.completion_tokens == len(c2)
     assert first.model == "policy" and second.model_extra["reinforge"] == {
-        "episode_id": "exact", "segment": 0, "call": 1, "policy_version": 0}
+        "episode_id": "exact", "segment": 0, "call": 1, "policy_version": 0, "echo_mismatch": None}
 
     (traj,) = proxy.take_trajectories(["exact"], group_id=3)
     spans = [(len(p1), len(p1) + len(c1)), (len(p2), len(p2) + len(c2))]

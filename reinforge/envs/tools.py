@@ -128,7 +128,7 @@ def _read_call(body: str, raw: str) -> ToolCall | MalformedToolCall:
     return ToolCall(name, arguments)
 
 
-def _blocks(text: str) -> tuple[list[ToolCall | MalformedToolCall], list[str]]:
+def split_tool_calls(text: str) -> tuple[list[ToolCall | MalformedToolCall], list[str]]:
     """The tool calls in ``text`` in order, and the pieces of text outside them."""
     calls: list[ToolCall | MalformedToolCall] = []
     outside: list[str] = []
@@ -155,12 +155,12 @@ def parse_tool_calls(text: str) -> list[ToolCall | MalformedToolCall]:
     Whitespace around the JSON is allowed; ``arguments`` may be omitted (no arguments). A block
     with invalid JSON, no ``name``, non-object ``arguments`` or no closing tag is a `MalformedToolCall`.
     """
-    return _blocks(text)[0]
+    return split_tool_calls(text)[0]
 
 
 def strip_tool_calls(text: str) -> str:
     """``text`` without its tool-call blocks (an unclosed block runs to the end of the text), stripped."""
-    return "".join(_blocks(text)[1]).strip()
+    return "".join(split_tool_calls(text)[1]).strip()
 
 
 # ---------------------------------------------------------------- running

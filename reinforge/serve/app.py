@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import Generation, SamplingParams
 from reinforge.serve.schema import APIError, ChatCompletionRequest, CompletionRequest, ServeLimits, _Sampling
+from reinforge.serve.tool_calls import ToolUse, template_messages, tool_parser
 from reinforge.serve.worker import EngineWorker, Job, TokenEvent
 
 DEFAULT_COMPLETION_TOKENS = 16
@@ -90,9 +91,11 @@ class BodyLimit:
 
 
 def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int = 256,
-               limits: ServeLimits | None = None) -> FastAPI:
+               limits: ServeLimits | None = None, tool_parser_name: str | None = "hermes") -> FastAPI:
+    """The server app; ``tool_parser_name`` reads tool calls out of chat replies
+    (``reinforge/serve/tool_calls.py``; None or ``"none"``: replies are plain text)."""
     limits = limits or ServeLimits()
-    server = _Server(engine, model_name, max_batch_sequences, limits)
+    server = _Server(engine, model_name, max_batch_sequences, limits, tool_parser(tool_parser_name))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -144,8 +147,9 @@ def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences:
 
 class _Server:
     def __init__(self, engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int,
-                 limits: ServeLimits) -> None:
+                 limits: ServeLimits, parser: Any = None) -> None:
         self.engine, self.model_name, self.tokenizer = engine, model_name, engine.tokenizer
+        self.parser = parser
         self.worker = EngineWorker(engine, max_batch_sequences)
         self.created = int(time.time())
         self.max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
@@ -173,7 +177,8 @@ class _Server:
         self.pending -= 1
 
     # ------------------------------------------------------------------ requests -> jobs
-    def _params(self, req: _Sampling, prompts: list[list[int]], default_tokens: int | None) -> SamplingParams:
+    def _params(self, req: _Sampling, prompts: list[list[int]], default_tokens: int | None,
+                extra_stops: tuple[str, ...] = ()) -> SamplingParams:
         if req.model != self.model_name:
             raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
@@ -194,7 +199,7 @@ class _Server:
             raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=req.temperature or 1.0, top_p=req.top_p, top_k=req.top_k,
-            n=req.n, greedy=req.temperature == 0, stop=req.stop_list(),
+            n=req.n, greedy=req.temperature == 0, stop=req.stop_list() + extra_stops,
         )
 
     def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
@@ -214,23 +219,24 @@ class _Server:
             prompts.append(ids)
         return prompts
 
-    def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    def _chat_prompt(self, req: ChatCompletionRequest, use: ToolUse) -> list[int]:
+        """The prompt's token ids: the rendered messages, then the text a tool_choice forces."""
         if req.prompt_token_ids is not None:
             if not req.prompt_token_ids:
                 raise APIError(400, "prompt_token_ids: must not be empty", param="prompt_token_ids")
-            return list(req.prompt_token_ids)
+            return list(req.prompt_token_ids) + list(self.tokenizer(use.prefix, add_special_tokens=False)["input_ids"])
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "messages: this model's tokenizer has no chat template; use /v1/completions",
                            param="messages")
-        messages = [m.model_dump(exclude_none=True) for m in req.messages or []]
+        messages = template_messages([m.model_dump(exclude_none=True) for m in req.messages or []])
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=req.tools, tokenize=False, add_generation_prompt=True,
+                messages, tools=req.tool_schemas(), tokenize=False, add_generation_prompt=True,
                 **(req.chat_template_kwargs or {}),
             )
         except Exception as e:
             raise APIError(400, f"messages: the chat template failed: {e}", param="messages") from None
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(text + use.prefix, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ endpoints
     async def completions(self, req: CompletionRequest) -> Any:
@@ -252,18 +258,19 @@ class _Server:
         return {**meta, "object": "text_completion", "choices": choices, "usage": _usage(prompts, gens)}
 
     async def chat(self, req: ChatCompletionRequest) -> Any:
-        prompt = self._chat_prompt(req)
-        params = self._params(req, [prompt], None)
+        use = ToolUse.of(req.tool_schemas(), req.tool_choice_value(), req.parallel_tool_calls, self.parser)
+        prompt = self._chat_prompt(req, use)
+        params = self._params(req, [prompt], None, use.stops())
         job = Job([prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_name}
         if req.stream:
-            return _sse(self._stream(job, req, meta, chat=True))
+            return _sse(self._stream(job, req, meta, chat=True, use=use))
         gens, tops = await asyncio.wrap_future(self.worker.submit(job))
         choices = []
         for i, (g, top) in enumerate(zip(gens, tops, strict=True)):
-            text = _strip_stop(g.text, params.stop) if g.finish_reason == "stop" else g.text
+            message, finish = use.reply(use.visible_text(g.text, g.finish_reason, req.stop_list()), g.finish_reason)
             choice: dict[str, Any] = {
-                "index": i, "message": {"role": "assistant", "content": text}, "finish_reason": g.finish_reason,
+                "index": i, "message": message, "finish_reason": finish,
                 "logprobs": {"content": self._chat_logprobs(g.token_ids, g.logprobs, top)} if req.logprobs else None,
             }
             if req.return_token_ids:
@@ -272,7 +279,11 @@ class _Server:
         return {**meta, "object": "chat.completion", "choices": choices, "usage": _usage([prompt], gens)}
 
     # ------------------------------------------------------------------ streaming
-    async def _stream(self, job: Job, req: _Sampling, meta: dict[str, Any], chat: bool) -> AsyncIterator[dict]:
+    async def _stream(self, job: Job, req: _Sampling, meta: dict[str, Any], chat: bool,
+                      use: ToolUse | None = None) -> AsyncIterator[dict]:
+        """Content as it is generated (held back where a stop string or a tool-call block may be
+        starting); a chat reply's tool calls come at the end as ``delta.tool_calls``, one chunk each."""
+        use = use or ToolUse()
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         job.on_token = lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
@@ -293,8 +304,10 @@ class _Server:
             row = ev[0]
             tokens[row].append(ev[1])
             pending[row].append(ev)
-            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
-            safe = len(text) - hold
+            text = use.prefix + self.tokenizer.decode(tokens[row], skip_special_tokens=True)
+            safe = min(len(text) - hold, use.content_end(text))
+            if use.parser is not None and not text[:safe].strip():
+                safe = 0  # whitespace before a call is not content
             if safe > emitted[row]:
                 yield self._chunk(meta, obj, row, text[emitted[row]:safe], None, pending[row], want_logprobs, chat)
                 emitted[row], pending[row] = safe, []
@@ -304,8 +317,15 @@ class _Server:
             yield APIError(500, f"{type(e).__name__}: {e}", type_="server_error").body()
             return
         for row, g in enumerate(gens):
-            final = _strip_stop(g.text, job.params.stop) if g.finish_reason == "stop" else g.text
-            yield self._chunk(meta, obj, row, final[emitted[row]:], g.finish_reason, pending[row], want_logprobs, chat)
+            message, finish = use.reply(use.visible_text(g.text, g.finish_reason, req.stop_list()), g.finish_reason)
+            calls = message.get("tool_calls") or []
+            rest = (message["content"] or "")[emitted[row]:]
+            yield self._chunk(meta, obj, row, rest, None if calls else finish, pending[row], want_logprobs, chat)
+            for k, call in enumerate(calls):
+                yield {**meta, "object": obj, "choices": [
+                    {"index": row, "delta": {"tool_calls": [{"index": k, **call}]}, "logprobs": None, "finish_reason": None}]}
+            if calls:
+                yield {**meta, "object": obj, "choices": [{"index": row, "delta": {}, "logprobs": None, "finish_reason": finish}]}
         if req.include_usage:
             yield {**meta, "object": obj, "choices": [], "usage": _usage(job.prompts, gens)}
 

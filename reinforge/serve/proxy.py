@@ -19,6 +19,7 @@ Rewards: ``POST /episodes/<id>/reward`` with ``{"reward": float, "done": true, "
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import numbers
 import threading
@@ -33,18 +34,21 @@ from torch import Tensor, nn
 from reinforge.rollout.chat_splice import ChatSplicer, ChatTemplateError, Message
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import Generation, SamplingParams
-from reinforge.serve.app import _strip_stop, _usage
+from reinforge.serve.app import _usage
 from reinforge.serve.proxy_app import (
     EpisodeError,
     Scalar,
     _build_app,
     _check_request,
-    _extends,
+    _follows,
     _message,
 )
 from reinforge.serve.schema import APIError, ChatCompletionRequest
+from reinforge.serve.tool_calls import ToolUse, same_reply, template_messages, tool_parser
 from reinforge.serve.worker import EngineWorker, Job
 from reinforge.types import Trajectory
+
+log = logging.getLogger(__name__)
 
 CLOSED_MEMORY = 100_000
 """Ids of taken or discarded episodes remembered, so a late call gets a 409 instead of opening a new episode."""
@@ -88,7 +92,7 @@ class _Segment:
         self.logprobs += [0.0] * len(ids)
         self.versions += [-1] * len(ids)
 
-    def append_call(self, gen: Generation, messages: list[Message], reply: str, temperature: float) -> None:
+    def append_call(self, gen: Generation, messages: list[Message], reply: Message, temperature: float) -> None:
         start = len(self.ids)
         self.ids += gen.token_ids
         self.mask += [1] * len(gen.token_ids)
@@ -97,7 +101,7 @@ class _Segment:
         self.spans.append((start, len(self.ids)))
         self.finish_reasons.append(gen.finish_reason)
         self.temperatures.append(temperature)
-        self.tip = [*messages, {"role": "assistant", "content": reply}]
+        self.tip = [*messages, reply]
         self.last_completion = list(gen.token_ids)
         if self.version is None:
             self.version = gen.version
@@ -112,6 +116,7 @@ class _Episode:
     reward: float | None = None
     info: dict[str, Scalar] = field(default_factory=dict)
     done: bool = False
+    echo_mismatches: int = 0
 
 
 @dataclass
@@ -123,6 +128,7 @@ class _Plan:
     tools_key: str
     context: list[int]
     prompt: list[int]
+    echo_mismatch: str | None = None
 
 
 class AgentProxy:
@@ -133,14 +139,24 @@ class AgentProxy:
     are used whatever the agent asks. ``max_tokens`` is the default completion budget (cut to the
     room left in the model's context); a request's own ``max_tokens`` that does not fit is a 400.
     Any ``model`` name is accepted: the proxy always serves the policy (reported as ``model_name``).
+
+    Function calling (``reinforge/serve/tool_calls.py``): ``tool_parser`` reads tool calls out of
+    replies. An echoed assistant turn that is not the reply returned (other content, tool-call ids,
+    names or arguments) is an *echo mismatch*: with ``on_echo_mismatch="new_segment"`` the call starts
+    a new segment, and the mismatch is logged, counted in the trajectories' ``echo_mismatches`` and
+    named in the response's ``reinforge.echo_mismatch``; with ``"error"`` the call gets a 400.
     """
 
     def __init__(self, engine: TorchRolloutEngine, *, max_tokens: int = 256, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, fixed_sampling: bool = False, model_name: str = "policy",
-                 max_batch_sequences: int = 256) -> None:
+                 max_batch_sequences: int = 256, tool_parser_name: str | None = "hermes",
+                 on_echo_mismatch: str = "new_segment") -> None:
         if max_tokens < 1 or not 0 <= temperature <= 2 or not 0 < top_p <= 1 or top_k < 0:
             raise ValueError(f"bad sampling defaults: max_tokens={max_tokens} (>= 1), temperature={temperature} "
                              f"(0..2), top_p={top_p} (0 < p <= 1), top_k={top_k} (>= 0)")
+        if on_echo_mismatch not in ("new_segment", "error"):
+            raise ValueError(f"on_echo_mismatch must be 'new_segment' or 'error', got {on_echo_mismatch!r}")
+        self.parser, self.on_echo_mismatch = tool_parser(tool_parser_name), on_echo_mismatch
         self.engine, self.tokenizer, self.model_name = engine, engine.tokenizer, model_name
         self.max_tokens, self.temperature, self.top_p, self.top_k = max_tokens, temperature, top_p, top_k
         self.fixed_sampling = fixed_sampling
@@ -254,6 +270,7 @@ class AgentProxy:
             completion_text=self.tokenizer.decode(seg.ids[seg.prompt_len:], skip_special_tokens=False),
             metadata={**ep.info, "episode_id": ep.id, "calls": ep.calls, "segments": len(ep.segments), "segment": k,
                       "turns": len(seg.spans), "reward_status": "ok", "finish_reasons": list(seg.finish_reasons),
+                      "echo_mismatches": ep.echo_mismatches,
                       "temperatures": sorted(set(seg.temperatures))},
             token_versions=seg.versions, turn_spans=seg.spans,
         )
@@ -261,25 +278,26 @@ class AgentProxy:
     # ------------------------------------------------------------------ one chat call
     async def chat(self, episode_id: str, req: ChatCompletionRequest) -> dict[str, Any]:
         _check_request(req)
+        use = ToolUse.of(req.tool_schemas(), req.tool_choice_value(), req.parallel_tool_calls, self.parser)
         messages = [_message(m) for m in req.messages or []]
-        plan = await asyncio.to_thread(self._plan, episode_id, messages, req.tools)
+        plan = await asyncio.to_thread(self._plan, episode_id, messages, req.tool_schemas(), use.prefix)
         try:
-            params, temperature = self._params(req, len(plan.prompt))
+            params, temperature = self._params(req, len(plan.prompt), use.stops())
             job = Job([plan.prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
             gens, tops = await asyncio.wrap_future(self.worker.submit(job))
         except BaseException:
             self._release(plan)
             raise
         gen = gens[0]
-        text = _strip_stop(gen.text, params.stop) if gen.finish_reason == "stop" else gen.text
-        segment, call = self._commit(plan, messages, gen, text, temperature)
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": gen.finish_reason,
+        message, finish = use.reply(use.visible_text(gen.text, gen.finish_reason, req.stop_list()), gen.finish_reason)
+        segment, call = self._commit(plan, messages, gen, message, temperature)
+        choice = {"index": 0, "message": message, "finish_reason": finish,
                   "logprobs": {"content": self._logprobs(gen, tops[0])} if req.logprobs else None,
                   "prompt_token_ids": plan.prompt, "token_ids": gen.token_ids}
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice], "usage": _usage([plan.prompt], [gen]),
                 "reinforge": {"episode_id": episode_id, "segment": segment, "call": call,
-                              "policy_version": gen.version}}
+                              "policy_version": gen.version, "echo_mismatch": plan.echo_mismatch}}
 
     def _splicer(self, tools: list[dict[str, Any]] | None) -> tuple[ChatSplicer, str]:
         key = repr(tools) if tools else "null"
@@ -290,34 +308,52 @@ class AgentProxy:
                 raise APIError(400, f"tools: the chat template cannot render these tools: {e}", param="tools") from None
         return self._splicers[key], key
 
-    def _plan(self, episode_id: str, messages: list[Message], tools: list[dict[str, Any]] | None) -> _Plan:
-        """Claim the segment this call extends (if any) and build its prompt (runs off the event loop)."""
+    def _plan(self, episode_id: str, messages: list[Message], tools: list[dict[str, Any]] | None,
+              prefix: str = "") -> _Plan:
+        """Claim the segment this call extends (if any) and build its prompt, ending with the text a
+        tool_choice forces (runs off the event loop)."""
         with self._template_lock:
             splicer, key = self._splicer(tools)
         with self._lock:
             ep = self._episode_for_call(episode_id)
-            seg = next((s for s in reversed(ep.segments)
-                        if not s.busy and s.tools_key == key and _extends(messages, s.tip)), None)
+            candidates = [s for s in reversed(ep.segments) if not s.busy and s.tools_key == key and _follows(messages, s.tip)]
+            seg = next((s for s in candidates if same_reply(messages[len(s.tip) - 1], s.tip[-1]) is None), None)
+            mismatch = None if seg is not None or not candidates else same_reply(messages[len(candidates[0].tip) - 1],
+                                                                              candidates[0].tip[-1])
+            if mismatch is not None:
+                ep.echo_mismatches += 1
             if seg is not None:
                 seg.busy = True
             ep.in_flight += 1
-        plan = _Plan(ep, seg, key, [], [])
+        plan = _Plan(ep, seg, key, [], [], mismatch and f"messages.{len(candidates[0].tip) - 1}: the echoed assistant "
+                                                      f"turn is not the reply returned: {mismatch}")
+        if plan.echo_mismatch is not None:
+            self._echo_mismatch(plan)
         try:
             with self._template_lock:
+                forced = splicer.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
                 if seg is not None:
                     try:
                         plan.context = (splicer.close_turn_ids(seg.last_completion)
-                                        + splicer.observation_ids(messages[len(seg.tip):]))
+                                        + splicer.observation_ids(template_messages(messages[len(seg.tip):])) + forced)
                         plan.prompt = seg.ids + plan.context
                         return plan
                     except ChatTemplateError:  # cannot append exactly: start a new segment instead
                         with self._lock:
                             seg.busy, plan.segment = False, None
-                plan.context = plan.prompt = splicer.prompt_ids(messages)
+                plan.context = plan.prompt = splicer.prompt_ids(template_messages(messages)) + forced
             return plan
         except Exception as e:
             self._release(plan)
             raise APIError(400, f"messages: the chat template failed: {e}", param="messages") from None
+
+    def _echo_mismatch(self, plan: _Plan) -> None:
+        """Report an echoed turn that differs from the reply: a 400, or a warning and a new segment."""
+        if self.on_echo_mismatch == "error":
+            self._release(plan)
+            raise APIError(400, f"{plan.echo_mismatch} (on_echo_mismatch=error)", param="messages",
+                           code="echo_mismatch")
+        log.warning("episode %s: %s; the call starts a new segment", plan.episode.id, plan.echo_mismatch)
 
     def _episode_for_call(self, episode_id: str) -> _Episode:
         ep = self._episodes.get(episode_id)
@@ -337,7 +373,7 @@ class AgentProxy:
                 plan.segment.busy = False
             plan.episode.in_flight -= 1
 
-    def _commit(self, plan: _Plan, messages: list[Message], gen: Generation, text: str,
+    def _commit(self, plan: _Plan, messages: list[Message], gen: Generation, reply: Message,
                 temperature: float) -> tuple[int, int]:
         with self._lock:
             ep, seg = plan.episode, plan.segment
@@ -347,12 +383,13 @@ class AgentProxy:
             else:
                 seg.append_context(plan.context)
                 seg.busy = False
-            seg.append_call(gen, messages, text, temperature)
+            seg.append_call(gen, messages, reply, temperature)
             ep.calls += 1
             ep.in_flight -= 1
             return next(i for i, s in enumerate(ep.segments) if s is seg), ep.calls - 1
 
-    def _params(self, req: ChatCompletionRequest, prompt_len: int) -> tuple[SamplingParams, float]:
+    def _params(self, req: ChatCompletionRequest, prompt_len: int,
+                extra_stops: tuple[str, ...] = ()) -> tuple[SamplingParams, float]:
         given = set() if self.fixed_sampling else req.model_fields_set
         temperature = req.temperature if "temperature" in given else self.temperature
         top_p = req.top_p if "top_p" in given else self.top_p
@@ -365,7 +402,7 @@ class AgentProxy:
                                 f"({max_tokens}) exceeds the model's context of {self.max_positions} tokens",
                            param="max_tokens", code="context_length_exceeded")
         params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature or 1.0, top_p=top_p, top_k=top_k,
-                                greedy=temperature == 0, stop=req.stop_list())
+                                greedy=temperature == 0, stop=req.stop_list() + extra_stops)
         return params, temperature
 
     def _logprobs(self, gen: Generation, top: list[list[tuple[int, float]]]) -> list[dict[str, Any]]:

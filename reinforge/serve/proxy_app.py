@@ -48,12 +48,10 @@ def _message(m: ChatMessage) -> Message:
     return out
 
 
-def _extends(messages: list[Message], tip: list[Message]) -> bool:
-    """``messages`` = ``tip`` (earlier messages exactly, then the assistant reply we returned) + new ones."""
-    if not tip or len(messages) <= len(tip) or messages[: len(tip) - 1] != tip[:-1]:
-        return False
-    reply, ours = messages[len(tip) - 1], tip[-1]
-    return reply.get("role") == "assistant" and reply.get("content", "") == ours["content"] and not reply.get("tool_calls")
+def _follows(messages: list[Message], tip: list[Message]) -> bool:
+    """``messages`` = ``tip``'s earlier messages exactly, then an assistant turn in the place of the
+    reply (``same_reply`` checks it is the reply), then at least one new message."""
+    return bool(tip) and len(messages) > len(tip) and messages[: len(tip) - 1] == tip[:-1]
 
 
 def _build_app(proxy: Any) -> FastAPI:

@@ -10,9 +10,10 @@ multi-turn trainer never re-tokenises (token-in/token-out).
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_TOP_LOGPROBS = 20
 
@@ -105,11 +106,41 @@ class CompletionRequest(_Sampling):
         return self
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not valid JSON ({e})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("must be a JSON object (a string such as '{\"expr\": \"2*3\"}')")
+        return value
+
+
+class ToolCallItem(BaseModel):
+    """One entry of an assistant message's ``tool_calls``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: str | None = None
 
     @model_validator(mode="after")
     def _text_parts_only(self) -> ChatMessage:
@@ -117,7 +148,29 @@ class ChatMessage(BaseModel):
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ValueError(f"content.{i}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
                                  f"supported, got type {part.get('type')!r}")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls: only assistant messages carry tool calls, not {self.role!r} messages")
         return self
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=64)
+
+
+class ToolSpec(BaseModel):
+    """One entry of ``tools``: ``{"type": "function", "function": {"name", "description", "parameters"}}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: FunctionTool
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionTool
 
 
 class ChatCompletionRequest(_Sampling):
@@ -125,7 +178,9 @@ class ChatCompletionRequest(_Sampling):
     prompt_token_ids: list[int] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -136,4 +191,32 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("messages: must not be empty")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs=true")
+        self._check_tool_choice()
+        self._check_tool_answers()
         return self
+
+    def _check_tool_choice(self) -> None:
+        names = [t.function.name for t in self.tools or []]
+        choice = self.tool_choice
+        if choice in ("required",) or isinstance(choice, NamedToolChoice):
+            if not names:
+                raise ValueError("tool_choice: a tool must be called, but the request has no tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice: function {choice.function.name!r} is not among the tools ({', '.join(names)})")
+
+    def _check_tool_answers(self) -> None:
+        """A ``tool`` message's ``tool_call_id`` must answer a call of an earlier assistant message."""
+        called: set[str] = set()
+        for i, m in enumerate(self.messages or []):
+            called.update(c.id for c in m.tool_calls or [])
+            if m.role == "tool" and m.tool_call_id is not None and m.tool_call_id not in called:
+                raise ValueError(f"messages.{i}.tool_call_id: {m.tool_call_id!r} answers no tool call of an earlier "
+                                 "assistant message")
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """``tools`` as plain dicts (every field the client sent), for the chat template."""
+        return [t.model_dump() for t in self.tools] if self.tools else None
+
+    def tool_choice_value(self) -> str | dict[str, Any] | None:
+        c = self.tool_choice
+        return c.model_dump() if isinstance(c, NamedToolChoice) else c
