@@ -320,7 +320,8 @@ class _Server:
             message, finish = use.reply(use.visible_text(g.text, g.finish_reason, req.stop_list()), g.finish_reason)
             calls = message.get("tool_calls") or []
             rest = (message["content"] or "")[emitted[row]:]
-            yield self._chunk(meta, obj, row, rest, None if calls else finish, pending[row], want_logprobs, chat)
+            if rest or not calls or (want_logprobs and pending[row]):
+                yield self._chunk(meta, obj, row, rest, None if calls else finish, pending[row], want_logprobs, chat)
             for k, call in enumerate(calls):
                 yield {**meta, "object": obj, "choices": [
                     {"index": row, "delta": {"tool_calls": [{"index": k, **call}]}, "logprobs": None, "finish_reason": None}]}

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_TOP_LOGPROBS = 20
+TOOL_CHOICES = ("none", "auto", "required")
 
 
 class APIError(Exception):
@@ -179,7 +180,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[ToolSpec] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -194,6 +195,14 @@ class ChatCompletionRequest(_Sampling):
         self._check_tool_choice()
         self._check_tool_answers()
         return self
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _choice(cls, value: Any) -> Any:
+        if value is None or value in TOOL_CHOICES or isinstance(value, dict):
+            return value
+        raise ValueError(f"must be one of {', '.join(TOOL_CHOICES)} or "
+                         f'{{"type": "function", "function": {{"name": ...}}}}, got {value!r}')
 
     def _check_tool_choice(self) -> None:
         names = [t.function.name for t in self.tools or []]
