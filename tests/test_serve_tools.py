@@ -139,3 +139,16 @@ def test_bad_tool_requests_get_a_400_naming_the_field(server, body, param):
     error = r.json()["error"]
     assert param in error["message"] and (error["param"] in (None, param) or param.startswith(error["param"]))
     assert _post(server, {"messages": ASK}).status_code == 200  # the server keeps answering
+
+
+def test_the_tool_parser_is_chosen_by_name():
+    from fastapi.testclient import TestClient
+
+    from reinforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tool_parser: unknown tool-call parser 'qwen9'; allowed: none, hermes"):
+        build_server_app(MODEL, tool_parser="qwen9")
+    with TestClient(build_server_app(MODEL, tool_parser="none")) as plain:  # replies are never parsed
+        r = plain.post("/v1/chat/completions", json={"messages": ASK, **GREEDY}).json()["choices"][0]
+    assert r["finish_reason"] == "stop" and r["message"]["content"].startswith("<tool_call>")
+    assert "tool_calls" not in r["message"]

@@ -6,7 +6,7 @@ from reinforge.errors import ReinforgeError
 
 
 def build_server_app(model: str, served_name: str | None = None, device: str = "cpu", dtype: str = "float32",
-                     max_batch_sequences: int = 256, seed: int = 0, limits=None):
+                     max_batch_sequences: int = 256, seed: int = 0, limits=None, tool_parser: str | None = "hermes"):
     try:
         from reinforge.serve.app import create_app
     except ImportError as e:
@@ -19,4 +19,4 @@ def build_server_app(model: str, served_name: str | None = None, device: str = "
     path = resolve_eval_model(model)
     engine = TorchRolloutEngine(load_model(path, dtype, device), load_tokenizer(path), device, seed=seed,
                                 max_batch_sequences=max_batch_sequences)
-    return create_app(engine, served_name or model, max_batch_sequences, limits)
+    return create_app(engine, served_name or model, max_batch_sequences, limits, tool_parser)
