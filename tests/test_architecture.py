@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "reinforge"
 OTHER_MEANINGS = {
     ("rewards/reward_model.py", "none"),  # reward.reward_model normalise: none | running
     ("train/prepare.py", "entropy"),  # the context field an estimator declares it needs, not the loss term
+    ("serve/tool_calls.py", "none"),  # OpenAI's tool_choice "none" and the tool parser "none", not a mismatch mode
 }
 
 
