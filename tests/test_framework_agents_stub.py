@@ -158,6 +158,19 @@ def test_bad_arguments_are_an_error_result(server, agent_module):
     assert requests[2]["messages"][3]["tool_calls"][0]["function"]["arguments"] == '{"expr": "482*37"'  # raw, both
 
 
+@pytest.mark.parametrize("arguments", ["[1]", '"482*37"'])
+def test_arguments_not_an_object(server, agent_module, arguments):
+    """JSON arguments that are no object: the SDK answers with an error result and goes on; LangChain
+    cannot build its AIMessage (pydantic ValidationError), which the agent scores 0."""
+    reward, requests, posted = _play(server, agent_module, tool_call_reply("", arguments=arguments),
+                                     text_reply("17834"))
+    if agent_module.__name__ == "openai_agents_calculator":
+        assert reward == 1.0 and requests[1]["messages"][-1]["content"].startswith("error: ")
+    else:
+        assert reward == 0.0 and len(requests) == 1
+    assert posted == [{"reward": reward, "info": {"correct": reward == 1.0}}]
+
+
 @pytest.mark.parametrize("reply", [
     text_reply('<tool_call>{"name": "calc", "arguments": {"expr": "17834"}</tool_call>'),  # malformed call text
     text_reply('<tool_call>{"name": "calc", "arguments": {"expr": "482*37"}}</tool_call>'),  # unparsed call text

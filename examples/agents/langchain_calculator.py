@@ -2,7 +2,7 @@
 through reinforge's agent proxy: ``ChatOpenAI(...).bind_tools([calc])``, invoked by hand.
 
 Train it (the shipped tiny-agent and the calculator task of the ``agent_calculator`` recipe; the
-proxy replaces the built-in environment, so the recipe's ``env.params`` are dropped)::
+agent replaces the built-in environment, whose ``env.params`` the recipe sets: clear them)::
 
     PYTHONPATH=examples/agents reinforge train agent_calculator env.name=agent env.params={} \\
         env.agent=langchain_calculator:agent env.agent_workers=16
@@ -16,7 +16,8 @@ else 0.0; it is posted to the proxy with ``info.correct`` (for the ``reward/accu
 and returned.
 
 Model misbehaviour ends the episode with reward 0 and never raises: no final answer within
-``MAX_TURNS`` calls or a context overflow (the proxy's 400 ``context_length_exceeded``). Any other error of the proxy
+``MAX_TURNS`` calls, tool-call arguments that are JSON but not an object (LangChain fails to
+build the reply's ``AIMessage``) or a context overflow (the proxy's 400 ``context_length_exceeded``). Any other error of the proxy
 propagates: the batch fails loudly. Bad tool arguments, an unknown tool and arguments that are not
 JSON (LangChain's ``invalid_tool_calls``) become an ``error: ...`` tool result, as in the built-in
 environment.
@@ -39,6 +40,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langsmith import tracing_context
 from openai import BadRequestError
+from pydantic import ValidationError
 
 from reinforge.envs.calculator import evaluate, last_integer
 from reinforge.envs.tools import ToolError
@@ -88,6 +90,8 @@ def play(base_url: str, messages: list[BaseMessage]) -> str | None:
             if e.code == "context_length_exceeded":
                 return None
             raise
+        except ValidationError:  # LangChain cannot build the AIMessage: tool-call arguments that are JSON but no object
+            return None
         if not reply.tool_calls and not reply.invalid_tool_calls:
             return reply.text
         messages.append(reply)  # echoed with its tool_calls, the invalid ones included (their raw arguments)

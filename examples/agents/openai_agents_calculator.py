@@ -2,7 +2,7 @@
 reinforge's agent proxy: an ``Agent`` with a ``calc`` function tool on ``OpenAIChatCompletionsModel``.
 
 Train it (the shipped tiny-agent and the calculator task of the ``agent_calculator`` recipe; the
-proxy replaces the built-in environment, so the recipe's ``env.params`` are dropped)::
+agent replaces the built-in environment, whose ``env.params`` the recipe sets: clear them)::
 
     PYTHONPATH=examples/agents reinforge train agent_calculator env.name=agent env.params={} \\
         env.agent=openai_agents_calculator:agent env.agent_workers=16
