@@ -57,7 +57,9 @@ set_tracing_disabled(True)
 
 
 def _tool_error(ctx, error: Exception) -> str:
-    return f"error: {error}"
+    """Arguments the SDK cannot read or validate: an ``error: ...`` result the model sees (the SDK's
+    default is a fixed text without the reason)."""
+    return f"error: {str(error).splitlines()[0]}"
 
 
 @function_tool(failure_error_function=_tool_error)
@@ -73,9 +75,6 @@ def calc(expr: str) -> str:
         return f"error: {e}"
 
 
-AGENT_NAME = "calculator"
-
-
 def score(text: str | None, answer: str) -> bool:
     """The final answer is right: its last integer is the answer, and it is not a (malformed) tool call."""
     text = text or ""
@@ -85,7 +84,7 @@ def score(text: str | None, answer: str) -> bool:
 async def play(base_url: str, prompt) -> str | None:
     """One episode; the final answer's text, or None when the model misbehaved."""
     async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
-        agent = Agent(name=AGENT_NAME, instructions=None, tools=[calc],
+        agent = Agent(name="calculator", instructions=None, tools=[calc],
                       model=OpenAIChatCompletionsModel(model="policy", openai_client=client))
         try:
             result = await Runner.run(agent, prompt, max_turns=MAX_TURNS,
