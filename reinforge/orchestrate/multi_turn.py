@@ -8,6 +8,14 @@ are never re-tokenised, so the learner trains on exactly the ids the rollout pro
 
 All active episodes advance together: one batched ``engine.generate`` call per turn (per distinct
 token budget); a group whose G episodes start from the same prompt is prefilled once (``n`` = G).
+Then the environment steps of the turn run concurrently (``EnvCalls``: at most ``concurrency`` at
+once, each with a timeout; ``async def`` environments too) and are applied in episode order, so
+the trajectories are the same whether the calls overlap or run one at a time. Turn by turn (not
+each episode on its own) keeps the generation batches, and so the samples, independent of how
+long each tool took: the price is that a turn waits for its slowest call.
+An environment call that times out ends its episode (``metadata["truncated"] = "env_timeout"``,
+reward 0 for that turn); one that raises stops the run, or with ``on_error="zero"`` ends its
+episode the same way (``"env_error"``), as ``reward.on_error`` does for reward calls.
 Limits: ``max_turns`` model turns, ``max_total_tokens`` for the whole sequence (prompt included),
 ``max_turn_tokens`` per model turn. An episode stopped by a limit is truncated: ``finish_reason``
 "length" and ``metadata["truncated"]`` names the limit.
@@ -18,11 +26,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.errors import ReinforgeError
+from reinforge.orchestrate.env_calls import EnvCalls, EnvOutcome
 from reinforge.rewards.pool import VerifierError
 from reinforge.rollout.chat_splice import ChatSplicer
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
@@ -99,21 +109,16 @@ class _Splicers:
 
 def run_episodes(
     tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams,
-    limits: EpisodeLimits, seed: int, group_offset: int = 0,
+    limits: EpisodeLimits, seed: int, group_offset: int = 0, env_calls: EnvCalls | None = None,
+    on_error: str | Callable[[], str] = "raise",
 ) -> list[Trajectory]:
     """``params.n`` episodes per task (one group per task), played to the end; trajectories in
-    task order, episode index fastest."""
+    task order, episode index fastest. ``env_calls`` runs the environments' calls (default: 64 at
+    once, 60 s each); ``on_error`` ("raise" or "zero", or a function giving it) is the policy for an
+    environment that raises."""
+    calls = env_calls or EnvCalls()
     splicers = _Splicers(engine.tokenizer)
-    episodes: list[_Episode] = []
-    for t, task in enumerate(tasks):
-        for j in range(params.n):
-            env = make_env()
-            messages = env.reset(task, seed * 1_000_003 + t * 997 + j)
-            if isinstance(messages, str):
-                messages = [{"role": "user", "content": messages}]
-            splicer = splicers.for_env(env)
-            ids = splicer.prompt_ids(messages)
-            episodes.append(_Episode(task, t, env, splicer, ids, len(ids)))
+    episodes = _start(tasks, make_env, params.n, seed, splicers, calls)
     limit = _context_limit(engine, limits)
     for ep in episodes:
         if ep.prompt_len >= limit:
@@ -124,11 +129,31 @@ def run_episodes(
         active = [ep for ep in episodes if not ep.done]
         if not active:
             break
+        played: list[tuple[_Episode, Generation]] = []
         for budget, eps in _by_budget(active, limit, limits.max_turn_tokens).items():
             gens = _generate(engine, eps, dataclasses.replace(turn_params, max_new_tokens=budget), first=turn == 0)
-            for ep, gen in zip(eps, gens, strict=True):
-                _advance(ep, gen, limit, last_turn=turn == limits.max_turns - 1)
+            played += zip(eps, gens, strict=True)
+        _step_all(played, calls, limit, turn == limits.max_turns - 1, on_error)
     return [_trajectory(ep, group_offset, engine.tokenizer) for ep in episodes]
+
+
+def _start(tasks: Sequence[Task], make_env: Callable[[], Environment], n: int, seed: int, splicers: _Splicers,
+           calls: EnvCalls) -> list[_Episode]:
+    """``n`` fresh environments per task, reset concurrently (a reset that fails or times out stops the run)."""
+    envs = [(t, j, make_env()) for t in range(len(tasks)) for j in range(n)]
+    outcomes = calls.run([partial(env.reset, tasks[t], seed * 1_000_003 + t * 997 + j) for t, j, env in envs])
+    episodes = []
+    for (t, _, env), outcome in zip(envs, outcomes, strict=True):
+        if outcome.error is not None or outcome.timed_out:
+            why = f"timed out after {calls.timeout_s:g} s" if outcome.timed_out else repr(outcome.error)
+            raise ReinforgeError(f"environment {type(env).__name__}: reset on task {tasks[t].id!r} {why}") from outcome.error
+        messages = outcome.value
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        splicer = splicers.for_env(env)
+        ids = splicer.prompt_ids(messages)
+        episodes.append(_Episode(tasks[t], t, env, splicer, ids, len(ids)))
+    return episodes
 
 
 def _context_limit(engine, limits: EpisodeLimits) -> int:
@@ -166,17 +191,44 @@ def _generate(engine, eps: list[_Episode], params: SamplingParams, first: bool) 
     return engine.generate([GenerationRequest(list(ep.ids), ep.task.id) for ep in eps], params)
 
 
-def _advance(ep: _Episode, gen: Generation, limit: int, last_turn: bool) -> None:
-    ep.append_turn(gen, len(gen.token_ids))
-    text = gen.text
-    ep.texts.append(text)
-    try:
-        result = ep.env.step({"role": "assistant", "content": text})
-    except VerifierError:  # the reward pool's on_error policy said stop (rewards/pool.py)
-        raise
-    except Exception as e:  # an environment bug must fail loudly, not train on a broken episode
+def _step_all(played: list[tuple[_Episode, Generation]], calls: EnvCalls, limit: int, last_turn: bool,
+              on_error: str | Callable[[], str]) -> None:
+    """Record every episode's turn, run the environments' steps concurrently, apply them in order."""
+    for ep, gen in played:
+        ep.append_turn(gen, len(gen.token_ids))
+        ep.texts.append(gen.text)
+    outcomes = calls.run([partial(ep.env.step, {"role": "assistant", "content": gen.text}) for ep, gen in played])
+    for (ep, gen), outcome in zip(played, outcomes, strict=True):
+        _advance(ep, gen, outcome, limit, last_turn, on_error, calls.timeout_s)
+
+
+def _failed(ep: _Episode, outcome: EnvOutcome, on_error: str | Callable[[], str], timeout_s: float) -> bool:
+    """End the episode of a step that timed out (or raised, under ``on_error="zero"``); True if it ended."""
+    if outcome.timed_out:
+        ep.turn_rewards.append(0.0)
+        ep.info["env_error"] = f"step timed out after {timeout_s:g} s"
+        ep.end("env_timeout")
+        return True
+    e = outcome.error
+    if e is None:
+        return False
+    if isinstance(e, VerifierError):  # the reward pool's on_error policy said stop (rewards/pool.py)
+        raise e
+    text = ep.texts[-1]
+    if (on_error() if callable(on_error) else on_error) != "zero":  # an environment bug fails loudly
         raise ReinforgeError(f"environment {type(ep.env).__name__} raised {type(e).__name__}: {e} on task "
                              f"{ep.task.id!r}, turn {len(ep.turn_rewards) + 1}, assistant text {text!r}") from e
+    ep.turn_rewards.append(0.0)
+    ep.info["env_error"] = f"{type(e).__name__}: {e}"
+    ep.end("env_error")
+    return True
+
+
+def _advance(ep: _Episode, gen: Generation, outcome: EnvOutcome, limit: int, last_turn: bool,
+             on_error: str | Callable[[], str], timeout_s: float) -> None:
+    if _failed(ep, outcome, on_error, timeout_s):
+        return
+    result = outcome.value
     ep.turn_rewards.append(float(result.reward))
     ep.info.update(result.info)
     if result.done:

@@ -25,10 +25,11 @@ import contextlib
 import logging
 import multiprocessing as mp
 import pickle
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
@@ -172,60 +173,61 @@ class VerifierPool:
 
 
 class _ThreadBackend:
+    """Each call runs in a daemon thread of its own, at most ``workers`` at once: the slots are shared
+    by every batch, also by batches from several threads at once (environments scoring inside
+    concurrent steps). A call past its timeout frees its slot; its thread is left behind (Python
+    cannot kill it) and its late result is dropped."""
+
     def __init__(self, verifier: Verifier, workers: int, name: str) -> None:
         self.verifier, self.workers, self.name = verifier, workers, name
-        self._executor = self._new_executor()
-
-    def _new_executor(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=f"verifier-{self.name}")
+        self._slots = threading.Semaphore(workers)
 
     def run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
         """The timeout counts from when a call starts running, not from submission."""
-        starts: list[float | None] = [None] * len(items)
-        futures: dict[Future, int] = {self._executor.submit(self._call, i, t, c, starts): i
-                                      for i, (t, c) in enumerate(items)}
+        results: queue.Queue = queue.Queue()
         raw: list[_Raw | None] = [None] * len(items)
-        pending, stuck = set(futures), False
-        try:
-            while pending:
-                now = time.monotonic()
-                for future in [f for f in pending if not f.done()]:
-                    start = starts[futures[future]]
-                    if start is not None and now - start > timeout_s:
-                        pending.discard(future)
-                        stuck = True
-                        raw[futures[future]] = ("timeout", f"no result after {timeout_s:g}s", now - start, None)
-                deadlines = [starts[futures[f]] + timeout_s for f in pending if starts[futures[f]] is not None]
-                wait_s = max(min(deadlines) - now, 0.0) if deadlines else 0.01
-                done, _ = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
-                for future in done:
-                    pending.discard(future)
-                    exc = future.exception()
-                    if exc is not None:
-                        raw[futures[future]] = ("error", f"{type(exc).__name__}: {exc}", 0.0, exc)
-                    else:
-                        result, seconds = future.result()
-                        raw[futures[future]] = ("ok", result, seconds, None)
-        finally:
-            for future in pending:
-                future.cancel()
-            if stuck:  # leave the stuck threads behind; the next batch gets fresh ones
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = self._new_executor()
+        running: dict[int, float] = {}
+        next_item = 0
+        while next_item < len(items) or running:
+            while next_item < len(items) and self._slots.acquire(blocking=False):
+                running[next_item] = time.monotonic()
+                threading.Thread(target=self._call, args=(next_item, *items[next_item], results), daemon=True,
+                                 name=f"verifier-{self.name}").start()
+                next_item += 1
+            now = time.monotonic()
+            wait_s = min((start + timeout_s - now for start in running.values()), default=0.01)
+            if next_item < len(items):
+                wait_s = min(wait_s, 0.01)  # waiting for a free slot
+            try:
+                i, reply = results.get(timeout=max(wait_s, 0.0))
+                if running.pop(i, None) is not None:
+                    raw[i] = reply
+                    self._slots.release()
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            for i, start in list(running.items()):
+                if now - start > timeout_s:
+                    del running[i]
+                    raw[i] = ("timeout", f"no result after {timeout_s:g}s", now - start, None)
+                    self._slots.release()
         return raw  # type: ignore[return-value]
 
     def wait_ready(self) -> None:
         pass
 
-    def _call(self, i: int, task: Task, completion: str, starts: list[float | None]) -> tuple[RewardResult, float]:
-        starts[i] = start = time.monotonic()
-        result = self.verifier(task, completion)
-        if not isinstance(result, RewardResult):
-            raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
-        return result, time.monotonic() - start
+    def _call(self, i: int, task: Task, completion: str, results: queue.Queue) -> None:
+        start = time.monotonic()
+        try:
+            result = self.verifier(task, completion)
+            if not isinstance(result, RewardResult):
+                raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
+            results.put((i, ("ok", result, time.monotonic() - start, None)))
+        except Exception as exc:
+            results.put((i, ("error", f"{type(exc).__name__}: {exc}", 0.0, exc)))
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        pass
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,7 +287,9 @@ class _Worker:
 class _ProcessBackend:
     """One call in flight per worker process, so a call's timeout counts from its start; a call past
     its timeout (or whose worker died) kills that worker and a fresh one takes its place. A worker
-    takes calls once it reports ready (its start-up does not count against any call's timeout)."""
+    takes calls once it reports ready (its start-up does not count against any call's timeout).
+    Batches from several threads at once (environments scoring inside concurrent steps) take turns:
+    the workers' pipes carry one batch at a time."""
 
     STARTUP_TIMEOUT_S = 120.0
 
@@ -297,6 +301,7 @@ class _ProcessBackend:
                              "(use kind='thread', or a module-level function)") from exc
         self._ctx = mp.get_context("spawn")  # never fork a process that runs torch threads
         self._workers = [self._start() for _ in range(workers)]
+        self._batch_lock = threading.Lock()
 
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe()
@@ -317,6 +322,10 @@ class _ProcessBackend:
         return fresh
 
     def run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
+        with self._batch_lock:
+            return self._run(items, timeout_s, on_error)
+
+    def _run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
         raw: list[_Raw | None] = [None] * len(items)
         queue = deque(range(len(items)))
         idle = [w for w in self._workers if w.ready]
