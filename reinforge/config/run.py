@@ -10,6 +10,7 @@ from reinforge.config.algo import AlgoConfig
 from reinforge.config.base import GroupSamplerConfig, _check_registered, _Strict
 from reinforge.config.demonstrations import DemonstrationsConfig, PreferencesConfig
 from reinforge.config.task import AgentTaskConfig, ArithmeticTaskConfig, RewardConfig, TaskConfig
+from reinforge.envs.latency import LatencySettings
 
 
 class LoraConfig(_Strict):
@@ -155,6 +156,12 @@ class EnvConfig(_Strict):
     agent: str | None = Field(None, description="env.name=agent: 'module:function' taking (base_url, task) and "
                               "returning the episode's reward (or posting it to the proxy)")
     agent_workers: int = Field(8, ge=1, description="env.name=agent: agent episodes run concurrently")
+    concurrency: int = Field(64, ge=1, description="environment calls (steps, resets) of a turn run at once; "
+                             "1 = one after another (the trajectories are the same either way)")
+    step_timeout_s: float = Field(60.0, ge=0, description="an environment call running longer ends its episode "
+                                  "(truncated: env_timeout); 0 = no limit")
+    latency: LatencySettings | None = Field(None, description="add a delay to every environment step "
+                                            "(benchmarks, tests): {dist: fixed|lognormal, mean_s, sigma}")
 
     @field_validator("name")
     @classmethod

@@ -85,12 +85,12 @@ class WorkerBatches:
             kept, dropped = split_stale(result.trajectories, step, self.control)
             self.dropped_groups += dropped
             offset = rounds.out.rounds * n
-            rounds.add(Round(kept, result.baseline, result.generate_s, 0.0), offset)
+            rounds.add(Round(kept, result.baseline, result.generate_s, 0.0, 0.0, result.metrics), offset)
             if rounds.done():
                 break
             self._submit(RolloutRequest(step, self.sampler.next_batch(n), seed=step, round=rounds.out.rounds + 1,
                                         group_offset=rounds.out.rounds * n))
-        rounds.out.metrics = self._metrics(step, results, time.perf_counter() - t0)
+        rounds.out.metrics.update(self._metrics(step, results, time.perf_counter() - t0))
         return rounds.out
 
     def published(self, model: torch.nn.Module, version: int) -> None:
@@ -143,7 +143,8 @@ class WorkerBatches:
         lags = [self.control.lag(step, t.version) for r in results for t in r.trajectories]
         return {
             "async/wait_s": wait_s, "async/worker_generate_s": sum(r.generate_s for r in results),
-            "async/worker_reward_s": sum(r.reward_s for r in results), "async/lag_mean": sum(lags) / max(len(lags), 1),
+            "async/worker_reward_s": sum(r.reward_s for r in results),
+            "async/worker_env_s": sum(r.env_s for r in results), "async/lag_mean": sum(lags) / max(len(lags), 1),
             "async/lag_max": float(max(lags, default=0)), "async/dropped_groups": float(self.dropped_groups),
             "async/worker_restarts": float(self.workers.restarts),
             "async/in_flight": float(len(self.in_flight)),

@@ -38,18 +38,22 @@ class Rollout:
     baseline: list[float] | None = None
     rounds: int = 0
     reward_s: float = 0.0
+    env_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class Round:
     """One collection of groups (a request's worth): trajectories, per-task greedy baselines (or
-    None) and the seconds spent generating and scoring."""
+    None), the seconds spent generating, scoring and waiting on environments, and the environment
+    calls' counters."""
 
     trajectories: list[Trajectory]
     baseline: list[float] | None = None
     generate_s: float = 0.0
     reward_s: float = 0.0
+    env_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class PromptBaseline(Protocol):
@@ -79,7 +83,8 @@ def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingPa
     else:
         baseline = greedy_baseline(collector, tasks, params, seed) if with_baseline else None
     total = time.perf_counter() - t0
-    return Round(collected.trajectories, baseline, total - collected.reward_s, collected.reward_s)
+    return Round(collected.trajectories, baseline, total - collected.reward_s - collected.env_s, collected.reward_s,
+                 collected.env_s, collected.metrics)
 
 
 class Rounds:
@@ -100,6 +105,8 @@ class Rounds:
                     if round_.baseline is not None else None)
         out.rounds += 1
         out.reward_s += round_.reward_s
+        out.env_s += round_.env_s
+        merge_counters(out.metrics, round_.metrics)
         out.sampled += trajs
         take = set(sorted(groups_with_spread(trajs))[:self.room()]) if algo.dynamic_sampling else None
         keep = [take is None or t.group_id in take for t in trajs]
@@ -171,3 +178,9 @@ class LocalBatches:
 
     def close(self) -> None:
         pass
+
+
+def merge_counters(into: dict[str, float], more: dict[str, float]) -> None:
+    """Add per-round counters into a step's: ``*_max`` keys take the maximum, the others add up."""
+    for key, value in more.items():
+        into[key] = max(into.get(key, value), value) if key.endswith("_max") else into.get(key, 0.0) + value

@@ -26,6 +26,7 @@ import numpy as np
 from reinforge.config import EnvConfig, RolloutConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
+from reinforge.orchestrate.env_calls import EnvCalls
 from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
 from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
 from reinforge.rewards.pool import VerifierPool
@@ -37,11 +38,14 @@ EVAL_SEED = 0  # environments of held-out episodes are reset from this seed
 
 @dataclass
 class Collected:
-    """What one collection produced: trajectories (group id = ``group_offset`` + task index) and the
-    seconds spent scoring them outside generation (0 when rewards interleave with generation)."""
+    """What one collection produced: trajectories (group id = ``group_offset`` + task index), the
+    seconds spent scoring them outside generation (0 when rewards interleave with generation) and
+    waiting on environments, and the environment calls' counters (``EnvCallStats.metrics``)."""
 
     trajectories: list[Trajectory] = field(default_factory=list)
     reward_s: float = 0.0
+    env_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Collector(Protocol):
@@ -87,15 +91,22 @@ class SingleTurn:
 
 
 class MultiTurn:
-    """Episodes of model turns and environment steps, all active episodes advancing together."""
+    """Episodes of model turns and environment steps, all active episodes advancing together; the
+    environments' calls run through ``env_calls`` (concurrent, with timeouts) under the reward pool's
+    ``on_error`` policy (when a pool is given)."""
 
-    def __init__(self, engine, make_env: Callable[[], Environment], limits: EpisodeLimits) -> None:
+    def __init__(self, engine, make_env: Callable[[], Environment], limits: EpisodeLimits,
+                 env_calls: EnvCalls | None = None, pool: VerifierPool | None = None) -> None:
         self.engine, self.make_env, self.limits = engine, make_env, limits
+        self.env_calls, self.pool = env_calls or EnvCalls(), pool
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
-        return Collected(run_episodes(tasks, self.engine, self.make_env, params, self.limits, seed,
-                                      group_offset=group_offset))
+        on_error = (lambda: self.pool.on_error) if self.pool is not None else "raise"
+        trajectories = run_episodes(tasks, self.engine, self.make_env, params, self.limits, seed,
+                                    group_offset=group_offset, env_calls=self.env_calls, on_error=on_error)
+        stats = self.env_calls.take_stats()
+        return Collected(trajectories, env_s=stats.wait_s, metrics=stats.metrics())
 
     def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
         """Correct when the environment said so at the end; the answer is the final assistant text."""
@@ -146,6 +157,10 @@ def build_collector(env: EnvConfig, rollout: RolloutConfig, engine, make_env: Ca
 
     spec = environment_spec(env.name)
     limits = episode_limits(env, rollout, model_context)
+    if env.latency is not None:
+        from reinforge.envs.latency import with_latency
+
+        make_env = with_latency(make_env, env.latency)
     if spec.agent_driven:
         from reinforge.orchestrate.agent_episodes import AgentRunner
 
@@ -154,7 +169,7 @@ def build_collector(env: EnvConfig, rollout: RolloutConfig, engine, make_env: Ca
                                        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                        workers=env.agent_workers))
     if spec.multi_turn:
-        return MultiTurn(engine, make_env, limits)
+        return MultiTurn(engine, make_env, limits, EnvCalls(env.concurrency, env.step_timeout_s), pool)
     return SingleTurn(engine, make_env, pool, rollout.group_sampler)
 
 

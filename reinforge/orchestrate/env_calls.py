@@ -48,8 +48,9 @@ class EnvCallStats:
     call_s: float = 0.0  # the calls' own durations, summed (> wait_s when they overlapped)
 
     def metrics(self) -> dict[str, float]:
+        """Per-step metrics; those that depend on timing are under ``time/`` and ``perf/``."""
         return {"env/calls": float(self.calls), "env/timeouts": float(self.timeouts), "env/errors": float(self.errors),
-                "env/in_flight_max": float(self.in_flight_max), "env/call_s": self.call_s}
+                "perf/env_in_flight_max": float(self.in_flight_max), "time/env_call_s": self.call_s}
 
 
 @dataclass

@@ -51,6 +51,8 @@ class RolloutResult:
     trajectories: list[Trajectory] = field(default_factory=list)
     generate_s: float = 0.0
     reward_s: float = 0.0
+    env_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     baseline: list[float] | None = None  # per task: its greedy reward, when the advantage needs a baseline
     round: int = 1
@@ -108,8 +110,8 @@ class RolloutWorkerCore:
             self.engine.generator.manual_seed(request_seed(self.cfg.seed, request.update, request.round))
             r = sample_round(self.collector, request.tasks, self.params, request.seed, request.group_offset,
                              self.with_baseline)
-            return RolloutResult(request.update, self.worker_id, r.trajectories, r.generate_s, r.reward_s,
-                                 baseline=r.baseline, round=request.round)
+            return RolloutResult(request.update, self.worker_id, r.trajectories, r.generate_s, r.reward_s, r.env_s,
+                                 r.metrics, baseline=r.baseline, round=request.round)
         except Exception:
             return RolloutResult(request.update, self.worker_id, error=traceback.format_exc(), round=request.round)
 

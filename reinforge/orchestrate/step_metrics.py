@@ -105,7 +105,7 @@ def step_record(step: int, version: int, rollout, bstats: BatchStats, adv: Any, 
     trajs, (t_start, t_gen, t_end) = rollout.sampled, clock
     n_groups = max(len({t.group_id for t in trajs}), 1)
     generated = sum(t.num_generated for t in trajs)
-    generate_s = t_gen - t_start - rollout.reward_s
+    generate_s = t_gen - t_start - rollout.reward_s - rollout.env_s
     metrics: dict[str, Any] = {"step": step, "policy_version": version}
     if peak is not None:
         metrics["memory/peak_mb"] = peak
@@ -119,6 +119,7 @@ def step_record(step: int, version: int, rollout, bstats: BatchStats, adv: Any, 
         "rollout/sampled": float(len(trajs)),
         "time/generate_s": generate_s,
         "time/reward_s": rollout.reward_s,
+        "time/env_s": rollout.env_s,
         "time/train_s": t_end - t_gen,
         "time/step_s": t_end - t_start,
         "perf/tokens_per_s": generated / max(t_end - t_start, 1e-9),
