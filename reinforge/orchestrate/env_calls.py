@@ -16,11 +16,12 @@ which call finished first:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,9 +117,13 @@ async def _awaitable(call: Callable[[], Any]) -> Any:
 
     def target() -> None:
         try:
-            future.set_result(call())
+            value = call()
         except BaseException as e:
-            future.set_exception(e)
+            value, error = None, e
+        else:
+            error = None
+        with contextlib.suppress(InvalidStateError):  # a call past its timeout was abandoned: drop its late result
+            future.set_exception(error) if error is not None else future.set_result(value)
 
     threading.Thread(target=target, name="reinforge-env-call", daemon=True).start()
     value = await asyncio.wrap_future(future)
