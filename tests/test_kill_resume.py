@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 from reinforge.track.jsonl import read_jsonl
 
 STEPS = 10
-MACHINE_DEPENDENT = ("time/", "perf/", "memory/", "async/wait_s", "async/worker_generate_s", "async/worker_reward_s")
+MACHINE_DEPENDENT = ("time/", "perf/", "memory/", "async/wait_s", "async/worker_generate_s", "async/worker_reward_s",
+                     "async/worker_env_s")
 COMMON = [f"train.steps={STEPS}", "checkpoint.every=2", "checkpoint.keep=10", "rollout.prompts_per_step=4",
           "rollout.group_size=4", "task.heldout_size=8", "eval.every=0", "eval.final_samples=0", "log.report=false",
           "train.time_limit_s=0", "train.lr_schedule=cosine", "train.minibatches=2", "log.console_every=1"]

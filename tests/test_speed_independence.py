@@ -33,7 +33,10 @@ def test_slow_machine_makes_the_same_steps_until_the_time_limit_says_it_cut(tmp_
         return step(self, n)
 
     monkeypatch.setattr(Loop, "train_step", slow_step)
-    slow = train(_cfg(tmp_path, "slow", "train.time_limit_s=2.5"))
+    # the limit: the fast run's whole time (this machine's speed now, however loaded) + 2.5 s, which
+    # the slowed run (1 s more per step) reaches between step 3 (s per step ~0) and 7 (~3 s per step)
+    fast_s = read_jsonl(fast.run_dir / "metrics.jsonl")[-1]["time/elapsed_s"]
+    slow = train(_cfg(tmp_path, "slow", f"train.time_limit_s={fast_s + 2.5}"))
     assert fast.steps == 8 and 2 <= slow.steps < 8
     a = read_jsonl(fast.run_dir / "metrics.jsonl")
     b = read_jsonl(slow.run_dir / "metrics.jsonl")

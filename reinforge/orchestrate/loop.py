@@ -125,6 +125,7 @@ class Loop:
                     time.perf_counter() - t0 > cfg.train.time_limit_s)
                 last = step == cfg.train.steps or out_of_time
                 if main:
+                    metrics["time/elapsed_s"] = time.perf_counter() - t0  # wall clock since the run (re)started
                     if out_of_time:
                         metrics.update(time_limit_metrics(cfg.train.steps))
                     if (cfg.eval.every and step % cfg.eval.every == 0) or last:
