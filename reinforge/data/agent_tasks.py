@@ -2,6 +2,7 @@
 
 - ``calculator``: ``"482*37="`` with the exact integer answer, operands with exactly the given
   digit counts (products the tiny model cannot do in its head: use `CalculatorEnv`'s ``calc``).
+- ``code_interpreter`` and ``search``: `reinforge.data.code_tasks` and `reinforge.data.search_corpus`.
 - ``guessing``: prompt ``"guess 1-32"``, answer the secret (for `GuessingEnv`). With ``repeats=1``
   there is one task per secret and train / held-out never share a secret; with ``repeats=R > 1``
   each secret is R tasks (episodes), so both splits draw secrets uniformly from the whole range and
@@ -21,6 +22,8 @@ from functools import partial
 import numpy as np
 
 from reinforge.data.base import IndexedSplit, Task, TaskSplits
+from reinforge.data.code_tasks import code_splits
+from reinforge.data.search_corpus import search_splits
 
 CALC_OPERATORS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 MAX_GRID = 3_000_000  # problems per source (the seeded permutation holds one int64 each)
@@ -96,4 +99,6 @@ def guessing_splits(
     return _split(total, heldout_size, seed, partial(guessing_task, low=low, high=high), name)
 
 
-AGENT_TASK_SOURCES: dict[str, Callable[..., TaskSplits]] = {"calculator": calculator_splits, "guessing": guessing_splits}
+AGENT_TASK_SOURCES: dict[str, Callable[..., TaskSplits]] = {
+    "calculator": calculator_splits, "guessing": guessing_splits, "code_interpreter": code_splits, "search": search_splits,
+}
