@@ -164,8 +164,8 @@ SETUPS = {
     "retry": EnvSetup("retry", {"max_attempts": 3}, EpisodeLimits(3, MAX_POSITIONS, 5),
                       lambda: arithmetic_splits(digits=2, ops="+", heldout_size=500, seed=1234)),
     "code_interpreter": EnvSetup("code_interpreter", {"max_tool_calls": 2, "max_output_chars": 40},
-                                 EpisodeLimits(3, MAX_POSITIONS, 64), lambda: code_splits(heldout_size=200, seed=1234)),
-    "search": EnvSetup("search", {"k": 2, "max_tool_calls": 2}, EpisodeLimits(3, MAX_POSITIONS, 64),
+                                 EpisodeLimits(3, MAX_POSITIONS, 96), lambda: code_splits(heldout_size=200, seed=1234)),
+    "search": EnvSetup("search", {"k": 2, "max_tool_calls": 2}, EpisodeLimits(3, MAX_POSITIONS, 96),
                        lambda: search_splits(countries=200, heldout_size=100, seed=1234)),
 }
 

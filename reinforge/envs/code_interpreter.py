@@ -20,6 +20,7 @@ from reinforge.envs.calculator import CalculatorEnv
 from reinforge.envs.tools import Toolbox, python_tool
 from reinforge.sandbox import SandboxLimits
 
+OUTPUT_BYTES = 64 << 10  # the sandbox kills a program printing more
 TOOLBOX_GRACE_S = 2.0  # the toolbox waits this much longer than the sandbox, so the sandbox ends a long run
 
 
@@ -34,8 +35,8 @@ def code_toolbox(timeout_s: float = 3.0, memory_mb: int = 256, max_output_chars:
     """A toolbox with one ``python(code)`` tool run in the sandbox (``timeout_s`` wall and CPU seconds,
     ``memory_mb`` of address space); its stdout without trailing newlines, cut at ``max_output_chars``.
     Shared between environments (cached): it holds the limits and the sandbox backend, no episode state."""
-    limits = SandboxLimits(timeout_s=timeout_s, cpu_s=timeout_s, memory_mb=memory_mb, output_bytes=64 << 10)
-    run = python_tool(limits, max_output_chars=max_output_chars)
+    limits = SandboxLimits(timeout_s=timeout_s, cpu_s=timeout_s, memory_mb=memory_mb, output_bytes=OUTPUT_BYTES)
+    run = python_tool(limits, max_output_chars=OUTPUT_BYTES)  # the toolbox cuts the result, once
     return Toolbox([_stripped(run)], timeout_s=timeout_s + TOOLBOX_GRACE_S, max_output_chars=max_output_chars)
 
 

@@ -91,6 +91,16 @@ def _guessing(verifier: Verifier | None, system_prompt: str | None, max_guesses:
     return GuessingEnv(max_guesses=max_guesses, system_prompt=system_prompt)
 
 
+@register_environment("retry", uses_verifier=True,
+                      description="single-turn verifier task with 'wrong, try again' and more attempts")
+def _retry(
+    verifier: Verifier | None, system_prompt: str | None, max_attempts: int = 3,
+    feedback: str = "wrong, try again", decay: float = 1.0,
+) -> Environment:
+    assert verifier is not None  # checked by build_environment
+    return RetryEnv(SingleTurnEnv(verifier, system_prompt), max_attempts=max_attempts, feedback=feedback, decay=decay)
+
+
 @register_environment("code_interpreter", task_kinds=("code_interpreter", "calculator", "arithmetic"),
                       paper="ReTool (Feng et al. 2025)",
                       description="python tool calls run in the sandbox, then a final integer answer (last integer == task.answer)")
@@ -107,16 +117,6 @@ def _search(
     verifier: Verifier | None, system_prompt: str | None, k: int = 3, max_tool_calls: int = 3, max_query_chars: int = 200,
 ) -> Environment:
     return SearchEnv(k, max_tool_calls, max_query_chars, system_prompt)
-
-
-@register_environment("retry", uses_verifier=True,
-                      description="single-turn verifier task with 'wrong, try again' and more attempts")
-def _retry(
-    verifier: Verifier | None, system_prompt: str | None, max_attempts: int = 3,
-    feedback: str = "wrong, try again", decay: float = 1.0,
-) -> Environment:
-    assert verifier is not None  # checked by build_environment
-    return RetryEnv(SingleTurnEnv(verifier, system_prompt), max_attempts=max_attempts, feedback=feedback, decay=decay)
 
 
 @register_environment(AGENT, agent_driven=True, description="a black-box agent written for the OpenAI API (env.agent), through the "
