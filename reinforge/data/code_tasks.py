@@ -11,7 +11,7 @@ here in Python, never by the model's sandbox):
 Every kind contributes the same number of problems (the smallest kind's grid, ``KIND_SIZE``);
 a larger grid is walked with a stride coprime to its size, so its problems spread over the whole
 range. Index ``i`` is kind ``kinds[i % K]``; as for the calculator, a seeded random subset of
-indices is the held-out split (`reinforge.data.agent_tasks._split`), so splits never overlap.
+indices is the held-out split (`reinforge.data.grid.grid_splits`), so splits never overlap.
 ``metadata`` holds the kind and its numbers (the scripted policies of scripts/build_tiny_agent.py
 write their code from it).
 """
@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from reinforge.data.base import Task, TaskSplits
+from reinforge.data.grid import grid_splits
 
 POWMOD_MODULI = (97, 1000, 10007)
 
@@ -78,11 +79,9 @@ def code_splits(
 ) -> TaskSplits:
     """Disjoint train / held-out splits of code-interpreter problems of ``kinds`` (names of ``CODE_KINDS``,
     a list or a comma-separated string), ``KIND_SIZE`` problems of each kind (seeded split)."""
-    from reinforge.data.agent_tasks import _split  # agent_tasks lists this source
-
     names = tuple(k.strip() for k in kinds.split(",")) if isinstance(kinds, str) else tuple(kinds)
     unknown = [k for k in names if k not in CODE_KINDS]
     if not names or unknown or len(set(names)) != len(names):
         raise ValueError(f"kinds must be distinct names from {', '.join(CODE_KINDS)}, got {kinds!r}")
-    return _split(len(names) * KIND_SIZE, heldout_size, seed, partial(code_task, kinds=names),
+    return grid_splits(len(names) * KIND_SIZE, heldout_size, seed, partial(code_task, kinds=names),
                   f"code_interpreter(kinds={','.join(names)})")

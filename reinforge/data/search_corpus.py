@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cache, partial
 
 from reinforge.data.base import Task, TaskSplits
+from reinforge.data.grid import grid_splits
 
 RELATIONS = ("capital", "leader", "currency")
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "tr", "qu", "sh")
@@ -91,8 +92,6 @@ def search_splits(
 ) -> TaskSplits:
     """One question per country and relation in ``relations`` (``hops=2``: about the country whose leader is
     named; ``leader`` is then not asked), split by question (seeded)."""
-    from reinforge.data.agent_tasks import _split  # agent_tasks lists this source
-
     names = tuple(r.strip() for r in relations.split(",")) if isinstance(relations, str) else tuple(relations)
     if not names or any(r not in RELATIONS for r in names) or len(set(names)) != len(names):
         raise ValueError(f"relations must be distinct names from {', '.join(RELATIONS)}, got {relations!r}")
@@ -103,6 +102,6 @@ def search_splits(
         if not names:
             raise ValueError("hops=2 asks about the country of a named leader: relations needs capital or currency")
     corpus(countries, corpus_seed)  # checks countries
-    return _split(countries * len(names), heldout_size, seed,
+    return grid_splits(countries * len(names), heldout_size, seed,
                   partial(search_task, countries=countries, corpus_seed=corpus_seed, hops=hops, relations=names),
                   f"search(countries={countries}, corpus_seed={corpus_seed}, hops={hops}, relations={','.join(names)})")
