@@ -22,8 +22,8 @@
    first answer, then new ones), and, when ``--mix`` names them (the shipped model's mixture does not),
    (e) code_interpreter episodes (a ``python`` program written from the task, run in the sandbox) and
    (f) search episodes (a ``search`` query, the value copied from the passage asked about). Every
-   ``--eval-every`` steps the model plays the held-out split of every environment in the mixture greedily with reinforge's rollout engine and ``episode_player`` (as the recipes
-   evaluate); training stops at the first evaluation where every environment's success is in
+   ``--eval-every`` steps the model plays the held-out split of every environment in the mixture
+   greedily with reinforge's rollout engine and ``episode_player`` (as the recipes evaluate); training stops at the first evaluation where every environment's success is in
    ``[--low, --high]``, so the base is non-trivial but imperfect and RL has room on each.
 4. ``save_pretrained`` of both, ``build_stats.json`` and a model card with the figures.
 
