@@ -461,6 +461,8 @@ def main() -> None:
     p.add_argument("--final-samples", type=int, default=4, help="sampled episodes per held-out task at the end")
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--show", action="store_true", help="print a few greedy held-out episodes at every evaluation")
+    p.add_argument("--save-evals", action="store_true",
+                   help="also write the model and tokenizer to --out/step-<N> at every evaluation (candidates to compare)")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -508,6 +510,9 @@ def main() -> None:
                   f"[data {t_data:.0f}s, train {t_train:.0f}s, eval {t_eval:.0f}s]", flush=True)
             if args.show:
                 show_episodes(engine, active)
+            if args.save_evals:
+                model.save_pretrained(args.out / f"step-{step}")
+                tok.save_pretrained(args.out / f"step-{step}")
             if all(args.low <= v <= args.high for v in greedy.values()):
                 break
     else:
