@@ -56,7 +56,8 @@ def corpus(countries: int = 200, corpus_seed: int = 0) -> tuple[tuple[Country, .
     """``countries`` fictional countries and their passages (one per country and relation, in that order).
 
     Names never repeat and none is a word of another fact's text, so every fact has exactly one
-    passage and one answer. Deterministic in ``(countries, corpus_seed)``; cached.
+    passage and one answer. Deterministic in ``(countries, corpus_seed)`` (a larger corpus extends a
+    smaller one of the same seed); cached.
     """
     if isinstance(countries, bool) or not isinstance(countries, int) or not 2 <= countries <= MAX_COUNTRIES:
         raise ValueError(f"countries must be an integer in 2..{MAX_COUNTRIES}, got {countries!r}")
