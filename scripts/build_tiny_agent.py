@@ -19,9 +19,11 @@
    rendered token-exactly as the training loop builds them (``ChatSplicer`` pieces): (a) again,
    (b) calculator episodes (``calc`` tool calls; train split of ``calculator_splits``), (c) guessing
    episodes (train-split secrets of ``guessing_splits``), (d) retry episodes on arithmetic (a wrong
-   first answer, then new ones). Every ``--eval-every`` steps the model plays the held-out split of
-   every environment greedily with reinforge's rollout engine and ``episode_player`` (as the recipes
-   evaluate); training stops at the first evaluation where every environment's success is in
+   first answer, then new ones), and, when ``--mix`` names them (the shipped model's mixture does not),
+   (e) code_interpreter episodes (a ``python`` program written from the task, run in the sandbox) and
+   (f) search episodes (a ``search`` query, the value copied from the passage asked about). Every
+   ``--eval-every`` steps the model plays the held-out split of every environment in the mixture
+   greedily with reinforge's rollout engine and ``episode_player`` (as the recipes evaluate); training stops at the first evaluation where every environment's success is in
    ``[--low, --high]``, so the base is non-trivial but imperfect and RL has room on each.
 4. ``save_pretrained`` of both, ``build_stats.json`` and a model card with the figures.
 
@@ -55,6 +57,8 @@ from reinforge.assets import resolve_model_path  # noqa: E402
 from reinforge.data.agent_tasks import calculator_splits, guessing_splits  # noqa: E402
 from reinforge.data.arithmetic import arithmetic_splits  # noqa: E402
 from reinforge.data.base import Task  # noqa: E402
+from reinforge.data.code_tasks import code_splits  # noqa: E402
+from reinforge.data.search_corpus import RELATIONS, search_splits  # noqa: E402
 from reinforge.envs.registry import build_environment  # noqa: E402
 from reinforge.envs.tools import CLOSE_TAG, OPEN_TAG  # noqa: E402
 from reinforge.eval.heldout import evaluate  # noqa: E402
@@ -161,6 +165,10 @@ SETUPS = {
                          lambda: guessing_splits(low=1, high=32, heldout_size=8, seed=1234)),
     "retry": EnvSetup("retry", {"max_attempts": 3}, EpisodeLimits(3, MAX_POSITIONS, 5),
                       lambda: arithmetic_splits(digits=2, ops="+", heldout_size=500, seed=1234)),
+    "code_interpreter": EnvSetup("code_interpreter", {"max_tool_calls": 2, "max_output_chars": 40},
+                                 EpisodeLimits(3, MAX_POSITIONS, 96), lambda: code_splits(heldout_size=200, seed=1234)),
+    "search": EnvSetup("search", {"k": 2, "max_tool_calls": 2}, EpisodeLimits(3, MAX_POSITIONS, 96),
+                       lambda: search_splits(countries=200, heldout_size=100, seed=1234)),
 }
 
 
@@ -201,6 +209,12 @@ class Noise:
     guess_inconsistent: float = 0.1  # guess anywhere in the range, ignoring the hints (else: uniform in the interval)
     retry_first_right: float = 0.0  # retry episodes: the first answer is wrong (their point is the second try)
     retry_later_right: float = 0.6  # each later answer (always a new one) is right with this probability
+    code_direct: float = 0.15  # code_interpreter: answer without running code (a wrong guess)
+    code_typo: float = 0.15  # one digit of a number in the program copied wrong
+    code_result_typo: float = 0.10  # one digit of the program's output copied wrong
+    search_direct: float = 0.15  # search: answer a made-up name without searching
+    search_query_typo: float = 0.10  # one letter of the country's name in the query wrong
+    search_wrong_passage: float = 0.15  # copy the value from another returned passage than the one asked about
 
 
 def calculator_policy(task: Task, noise: Noise, rng: random.Random):
@@ -216,6 +230,52 @@ def calculator_policy(task: Task, noise: Noise, rng: random.Random):
     observation = yield tool_call_text(f"{a}*{b}")
     result = observation[0]["content"]
     yield _change_digit(result, rng) if rng.random() < noise.calc_result_typo and result.isdigit() else result
+
+
+def program(task: Task, rng: random.Random | None = None) -> str:
+    """The program that solves a code_interpreter task; with ``rng``, one of its numbers has a digit changed."""
+    m = task.metadata
+    numbers = {"prod": ("a", "b"), "sum": ("a", "b"), "count": ("n", "k"), "powmod": ("a", "e", "m")}[m["kind"]]
+    values = {key: str(m[key]) for key in numbers}
+    if rng is not None:
+        key = rng.choice(numbers)
+        values[key] = _change_digit(values[key], rng)
+    templates = {"prod": "print({a}*{b})", "sum": "print(sum(range({a},{b}+1)))", "count": "print({n}//{k})",
+                 "powmod": "print(pow({a},{e},{m}))"}
+    return templates[m["kind"]].format(**values)
+
+
+def code_policy(task: Task, noise: Noise, rng: random.Random):
+    if rng.random() < noise.code_direct:
+        yield _change_digit(_change_digit(task.answer, rng), rng) if len(task.answer) > 1 else str(int(task.answer) + 1)
+        return
+    code = program(task, rng if rng.random() < noise.code_typo else None)
+    observation = yield OPEN_TAG + json.dumps({"name": "python", "arguments": {"code": code}}) + CLOSE_TAG
+    result = observation[0]["content"]
+    yield _change_digit(result, rng, False) if rng.random() < noise.code_result_typo and result.isdigit() else result
+
+
+def _change_letter(word: str, rng: random.Random) -> str:
+    i = rng.randrange(1, len(word))
+    return word[:i] + rng.choice([c for c in "aeioukmnrst" if c != word[i]]) + word[i + 1:]
+
+
+def search_policy(task: Task, noise: Noise, rng: random.Random):
+    relation, country = task.metadata["relation"], task.metadata["country"]
+    if rng.random() < noise.search_direct:
+        yield _change_letter(_change_letter(task.answer, rng), rng)
+        return
+    name = _change_letter(country, rng) if rng.random() < noise.search_query_typo else country
+    query = f"{relation} of {name}"
+    observation = yield OPEN_TAG + json.dumps({"name": "search", "arguments": {"query": query}}) + CLOSE_TAG
+    passages = [line.rstrip(".").split() for line in observation[0]["content"].split("\n")]
+    passages = [w for w in passages if len(w) >= 6 and w[1] in RELATIONS]  # The <relation> of <country> is [the] <value>
+    right = [w[-1] for w in passages if w[1] == relation and w[3] == name]
+    wrong = [w[-1] for w in passages if not (w[1] == relation and w[3] == name)]
+    if wrong and (not right or rng.random() < noise.search_wrong_passage):
+        yield wrong[0] if not right else rng.choice(wrong)  # after a bad query: the top passage's value
+    else:
+        yield right[0] if right else "no idea"
 
 
 def guessing_policy(task: Task, noise: Noise, rng: random.Random):
@@ -284,8 +344,10 @@ class Mixture:
         self.tok, self.noise, self.rng = tok, noise, random.Random(seed)
         self.kinds, self.weights = list(weights), list(weights.values())
         train = {name: setup.splits().train for name, setup in SETUPS.items()}
-        calc, retry = SETUPS["calculator"], SETUPS["retry"]
+        calc, retry, code, search = (SETUPS[k] for k in ("calculator", "retry", "code_interpreter", "search"))
         splice_calc = ChatSplicer(tok, calc.make_env()().tools.schemas)
+        splice_code = ChatSplicer(tok, code.make_env()().tools.schemas)
+        splice_search = ChatSplicer(tok, search.make_env()().tools.schemas)
         splice_plain = ChatSplicer(tok)
         single = build_environment("single_turn", VERIFIERS.get("exact_match"), None)
         self.sources = {
@@ -293,6 +355,8 @@ class Mixture:
             "calculator": (calc.make_env(), splice_calc, train["calculator"], calculator_policy),
             "guessing": (SETUPS["guessing"].make_env(), splice_plain, train["guessing"], guessing_policy),
             "retry": (retry.make_env(), splice_plain, train["retry"], retry_policy),
+            "code_interpreter": (code.make_env(), splice_code, train["code_interpreter"], code_policy),
+            "search": (search.make_env(), splice_search, train["search"], search_policy),
         }
         self.count = 0
 
@@ -351,20 +415,20 @@ def train_step(model, opt, examples, pad_id: int, token_budget: int) -> float:
     return loss_sum
 
 
-def show_episodes(engine: TorchRolloutEngine, per_env: int = 2) -> None:
-    """Print a few greedy held-out episodes of every environment (``--show``)."""
-    for setup in SETUPS.values():
+def show_episodes(engine: TorchRolloutEngine, names: list[str], per_env: int = 2) -> None:
+    """Print a few greedy held-out episodes of the environments ``names`` (``--show``)."""
+    for setup in (SETUPS[n] for n in names):
         tasks = setup.splits().heldout[:per_env]
         for t in run_episodes(tasks, engine, setup.make_env(), SamplingParams(greedy=True), setup.limits, seed=0):
             print(f"  {setup.name:10s} {t.reward:.0f} {t.completion_text!r}")
 
 
-def env_success(engine: TorchRolloutEngine, samples: int = 0) -> dict[str, dict[str, float]]:
-    """Held-out success on each environment, played exactly as the recipes' evaluation plays it (the sync
+def env_success(engine: TorchRolloutEngine, names: list[str], samples: int = 0) -> dict[str, dict[str, float]]:
+    """Held-out success on the environments ``names``, played exactly as the recipes' evaluation plays it (the sync
     loop's ``evaluate`` with an ``episode_player``): greedy, and with ``samples`` > 0 also mean@samples and
     pass@samples at temperature 1."""
     out = {}
-    for name, setup in SETUPS.items():
+    for name, setup in ((n, SETUPS[n]) for n in names):
         player = episode_player(engine, setup.make_env(), setup.limits)
         result = evaluate(engine, setup.splits().heldout, None, setup.limits.max_turn_tokens, samples=samples,
                           ks=[samples] if samples else (), player=player)
@@ -397,6 +461,8 @@ def main() -> None:
     p.add_argument("--final-samples", type=int, default=4, help="sampled episodes per held-out task at the end")
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--show", action="store_true", help="print a few greedy held-out episodes at every evaluation")
+    p.add_argument("--save-evals", action="store_true",
+                   help="also write the model and tokenizer to --out/step-<N> at every evaluation (candidates to compare)")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -411,6 +477,7 @@ def main() -> None:
     weights = {k: float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
     noise = Noise()
     mixture = Mixture(tok, weights, noise, args.seed)
+    active = [name for name in SETUPS if weights.get(name, 0) > 0]  # evaluated and in the stopping rule
     engine = TorchRolloutEngine(copy.deepcopy(model), tok, "cpu", seed=args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
@@ -419,7 +486,7 @@ def main() -> None:
 
     greedy: dict[str, float] = {}
     history = []
-    counts = dict.fromkeys(SETUPS, 0) | {"arithmetic": 0}
+    counts = dict.fromkeys(active, 0) | {"arithmetic": 0}
     step, t_data, t_train, t_eval = 0, 0.0, 0.0, 0.0
     for step in range(1, args.max_steps + 1):
         t0 = time.time()
@@ -436,13 +503,16 @@ def main() -> None:
         t_data, t_train = t_data + t1 - t0, t_train + t2 - t1
         if step % args.eval_every == 0:
             engine.update_weights(model, step)
-            greedy = {name: r["greedy"] for name, r in env_success(engine).items()}
+            greedy = {name: r["greedy"] for name, r in env_success(engine, active).items()}
             t_eval += time.time() - t2
             history.append({"step": step, "loss": round(loss, 4), **greedy})
             print(f"step {step:5d}  loss {loss:.4f}  held-out greedy success {greedy}  "
                   f"[data {t_data:.0f}s, train {t_train:.0f}s, eval {t_eval:.0f}s]", flush=True)
             if args.show:
-                show_episodes(engine)
+                show_episodes(engine, active)
+            if args.save_evals:
+                model.save_pretrained(args.out / f"step-{step}")
+                tok.save_pretrained(args.out / f"step-{step}")
             if all(args.low <= v <= args.high for v in greedy.values()):
                 break
     else:
@@ -450,7 +520,7 @@ def main() -> None:
 
     torch.manual_seed(args.seed + 1)
     engine.generator.manual_seed(args.seed + 1)
-    final = env_success(engine, samples=args.final_samples)
+    final = env_success(engine, active, samples=args.final_samples)
     arith_tasks = list(SETUPS["retry"].splits().heldout)
     arith_greedy = heldout_accuracy(model, tok, arith_tasks)
     elapsed = time.time() - start
@@ -459,7 +529,7 @@ def main() -> None:
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(args.out)
     tok.save_pretrained(args.out)
-    check_saved(args.out, greedy)
+    check_saved(args.out, greedy, active)
     stats = {
         "command": "python scripts/build_tiny_agent.py " + " ".join(sys.argv[1:]),
         "seed": args.seed,
@@ -483,7 +553,7 @@ def main() -> None:
         "heldout_single_turn_arithmetic_greedy": round(arith_greedy, 4),
         "environments": {name: {"env": s.name, "params": s.params, "max_turns": s.limits.max_turns,
                                 "max_turn_tokens": s.limits.max_turn_tokens,
-                                "heldout_tasks": len(s.splits().heldout)} for name, s in SETUPS.items()},
+                                "heldout_tasks": len(s.splits().heldout)} for name, s in SETUPS.items() if name in active},
         "history": history,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -495,12 +565,12 @@ def main() -> None:
                      indent=2))
 
 
-def check_saved(out: Path, greedy: dict[str, float]) -> None:
+def check_saved(out: Path, greedy: dict[str, float], names: list[str]) -> None:
     """Reload what was written, with reinforge's own loaders, and play again: the same greedy success."""
     from reinforge.models.loading import load_model, load_tokenizer
 
     tok, model = load_tokenizer(str(out)), load_model(str(out))
-    again = {name: r["greedy"] for name, r in env_success(TorchRolloutEngine(model, tok, "cpu")).items()}
+    again = {name: r["greedy"] for name, r in env_success(TorchRolloutEngine(model, tok, "cpu"), names).items()}
     if again != greedy:
         sys.exit(f"the saved model plays differently: {again} != {greedy}")
 

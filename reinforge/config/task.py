@@ -124,9 +124,10 @@ class ReasoningGymTaskConfig(TaskConfigBase):
 class AgentTaskConfig(TaskConfigBase):
     """Procedural tasks played in a multi-turn environment of the same name."""
 
-    kind: Literal["calculator", "guessing"]
+    kind: Literal["calculator", "guessing", "code_interpreter", "search"]
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task source: "
-                                   "calculator: digits, ops; guessing: low, high, repeats")
+                                   "calculator: digits, ops; guessing: low, high, repeats; code_interpreter: kinds; "
+                                   "search: countries, corpus_seed, hops, relations")
 
 
 TASK_KINDS: tuple[type[TaskConfigBase], ...] = (

@@ -2,6 +2,7 @@
 
 - ``calculator``: ``"482*37="`` with the exact integer answer, operands with exactly the given
   digit counts (products the tiny model cannot do in its head: use `CalculatorEnv`'s ``calc``).
+- ``code_interpreter`` and ``search``: `reinforge.data.code_tasks` and `reinforge.data.search_corpus`.
 - ``guessing``: prompt ``"guess 1-32"``, answer the secret (for `GuessingEnv`). With ``repeats=1``
   there is one task per secret and train / held-out never share a secret; with ``repeats=R > 1``
   each secret is R tasks (episodes), so both splits draw secrets uniformly from the whole range and
@@ -18,23 +19,12 @@ import operator
 from collections.abc import Callable
 from functools import partial
 
-import numpy as np
-
-from reinforge.data.base import IndexedSplit, Task, TaskSplits
+from reinforge.data.base import Task, TaskSplits
+from reinforge.data.code_tasks import code_splits
+from reinforge.data.grid import MAX_GRID, grid_splits
+from reinforge.data.search_corpus import search_splits
 
 CALC_OPERATORS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
-MAX_GRID = 3_000_000  # problems per source (the seeded permutation holds one int64 each)
-
-
-def _split(total: int, heldout_size: int, seed: int, make: Callable[[int], Task], name: str) -> TaskSplits:
-    if isinstance(heldout_size, bool) or not isinstance(heldout_size, int) or not 0 < heldout_size < total:
-        raise ValueError(f"heldout_size must be in 1..{total - 1}, got {heldout_size!r}")
-    perm = np.random.default_rng(seed).permutation(total)
-    return TaskSplits(
-        train=IndexedSplit(np.sort(perm[heldout_size:]), make),
-        heldout=IndexedSplit(np.sort(perm[:heldout_size]), make),
-        name=name,
-    )
 
 
 def calculator_task(index: int, digits: tuple[int, int], ops: str) -> Task:
@@ -63,7 +53,7 @@ def calculator_splits(
     total = len(ops) * 81 * 10 ** (digits[0] + digits[1] - 2)
     if total > MAX_GRID:
         raise ValueError(f"digits={digits} with ops={ops!r} makes {total} problems; at most {MAX_GRID} are supported")
-    return _split(total, heldout_size, seed, partial(calculator_task, digits=digits, ops=ops),
+    return grid_splits(total, heldout_size, seed, partial(calculator_task, digits=digits, ops=ops),
                   f"calculator(digits={digits}, ops={ops})")
 
 
@@ -93,7 +83,9 @@ def guessing_splits(
     if total > MAX_GRID:
         raise ValueError(f"[{low}, {high}] x {repeats} repeats makes {total} tasks; at most {MAX_GRID} are supported")
     name = f"guessing({low}-{high})" if repeats == 1 else f"guessing({low}-{high}, repeats={repeats})"
-    return _split(total, heldout_size, seed, partial(guessing_task, low=low, high=high), name)
+    return grid_splits(total, heldout_size, seed, partial(guessing_task, low=low, high=high), name)
 
 
-AGENT_TASK_SOURCES: dict[str, Callable[..., TaskSplits]] = {"calculator": calculator_splits, "guessing": guessing_splits}
+AGENT_TASK_SOURCES: dict[str, Callable[..., TaskSplits]] = {
+    "calculator": calculator_splits, "guessing": guessing_splits, "code_interpreter": code_splits, "search": search_splits,
+}

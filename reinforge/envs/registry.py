@@ -16,8 +16,10 @@ from typing import Any
 
 from reinforge.envs.base import Environment
 from reinforge.envs.calculator import CalculatorEnv
+from reinforge.envs.code_interpreter import CodeInterpreterEnv
 from reinforge.envs.guessing import GuessingEnv
 from reinforge.envs.retry import RetryEnv
+from reinforge.envs.search import SearchEnv
 from reinforge.envs.single_turn import SingleTurnEnv
 from reinforge.errors import ConfigError
 from reinforge.registry import Registry, kind
@@ -97,6 +99,24 @@ def _retry(
 ) -> Environment:
     assert verifier is not None  # checked by build_environment
     return RetryEnv(SingleTurnEnv(verifier, system_prompt), max_attempts=max_attempts, feedback=feedback, decay=decay)
+
+
+@register_environment("code_interpreter", task_kinds=("code_interpreter", "calculator", "arithmetic"),
+                      paper="ReTool (Feng et al. 2025)",
+                      description="python tool calls run in the sandbox, then a final integer answer (last integer == task.answer)")
+def _code_interpreter(
+    verifier: Verifier | None, system_prompt: str | None, max_tool_calls: int = 3, timeout_s: float = 3.0,
+    memory_mb: int = 256, max_output_chars: int = 300,
+) -> Environment:
+    return CodeInterpreterEnv(max_tool_calls, timeout_s, memory_mb, max_output_chars, system_prompt)
+
+
+@register_environment("search", task_kinds=("search",), paper="Search-R1 (Jin et al. 2025), ZeroSearch (Sun et al. 2025)",
+                      description="search tool calls (BM25 top-k over the task's corpus), then an exact-match answer")
+def _search(
+    verifier: Verifier | None, system_prompt: str | None, k: int = 3, max_tool_calls: int = 3, max_query_chars: int = 200,
+) -> Environment:
+    return SearchEnv(k, max_tool_calls, max_query_chars, system_prompt)
 
 
 @register_environment(AGENT, agent_driven=True, description="a black-box agent written for the OpenAI API (env.agent), through the "
