@@ -62,7 +62,8 @@ def run(setting: str, latency: float, args, workdir: Path, repeat: int) -> dict:
     rows = [r for r in json.loads(proc.stdout.split("RESULT ", 1)[1]) if "time/step_s" in r]
     steps = rows[1:]
     return {"steps_per_s": len(steps) / (rows[-1]["time/elapsed_s"] - rows[0]["time/elapsed_s"]),
-            "env_s": statistics.median(r.get("time/env_s", r.get("async/worker_env_s", 0.0)) for r in steps),
+            "env_s": statistics.median(r["async/worker_env_s"] if "async/worker_env_s" in r else r.get("time/env_s", 0.0)
+                                       for r in steps),  # async: the workers' waiting, hidden from the learner
             "env_calls": statistics.median(r.get("env/calls", 0.0) for r in steps)}
 
 
@@ -93,7 +94,7 @@ def main() -> None:
                     print(f"repeat {repeat} latency {latency} {setting}: {r['steps_per_s']:.3f} steps/s "
                           f"(env wait {r['env_s']:.2f} s/step, {r['env_calls']:.0f} calls/step)", flush=True)
     print(f"\n{args.prompts} prompts x {args.group} episodes per step, {args.steps} steps, {args.repeats} repeats\n")
-    print("| latency per step | setting | steps/s | x sequential | env wait s/step |")
+    print("| latency per step | setting | steps/s | x sequential | env wait s/step (async: in the workers) |")
     print("|---|---|---|---|---|")
     for latency in latencies:
         base = [r["steps_per_s"] for r in results["sequential", latency]]
