@@ -123,7 +123,7 @@ class CalculatorEnv:
         text = assistant.get("content") or ""
         calls = parse_tool_calls(text)
         if not calls:
-            correct = last_integer(text) == self.answer
+            correct = self.is_correct(text)
             return self._end(float(correct), correct)
         self.calls += len(calls)
         if self.calls > self.max_tool_calls:
@@ -134,6 +134,10 @@ class CalculatorEnv:
             self.errors += not result.ok
             observation.append(tool_message(result, call))
         return StepResult(observation, 0.0, False, self._info())
+
+    def is_correct(self, text: str) -> bool:
+        """The final turn is right: its last integer is the task's answer."""
+        return last_integer(text) == self.answer
 
     def _info(self, **extra: Any) -> dict[str, Any]:
         return {"tool_calls": self.calls, "tool_errors": self.errors, **extra}

@@ -31,9 +31,9 @@ import numpy as np
 
 from reinforge.data.base import Task
 from reinforge.data.search_corpus import corpus
-from reinforge.envs.base import Message, StepResult
-from reinforge.envs.calculator import task_messages
-from reinforge.envs.tools import Toolbox, ToolError, parse_tool_calls, tool_message
+from reinforge.envs.base import Message
+from reinforge.envs.calculator import CalculatorEnv, task_messages
+from reinforge.envs.tools import Toolbox, ToolError
 
 _ANSWER_SPAN = re.compile(r"<answer>(.*?)</answer>", re.S)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -84,23 +84,21 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-class SearchEnv:
+class SearchEnv(CalculatorEnv):
     """Question answering with a ``search`` tool over the task's corpus, scored by exact match.
 
-    ``info``: ``tool_calls`` and ``tool_errors`` on every step; ``correct`` on the last, and ``reason``
-    when the tool-call limit ended it. A task must carry ``countries`` and ``corpus_seed`` in its
+    The episode, limits and ``info`` are `CalculatorEnv`'s (``tool_calls`` and ``tool_errors`` on every
+    step; ``correct`` on the last, and ``reason`` when the tool-call limit ended it); the tool and
+    the scoring differ. A task must carry ``countries`` and ``corpus_seed`` in its
     metadata (`reinforge.data.search_corpus.search_splits` tasks do).
     """
 
     def __init__(self, k: int = 3, max_tool_calls: int = 3, max_query_chars: int = 200,
                  system_prompt: str | None = None) -> None:
-        if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int) or max_tool_calls < 0:
-            raise ValueError(f"max_tool_calls must be an integer >= 0, got {max_tool_calls!r}")
         self.k, self.max_query_chars = _positive_int("k", k), _positive_int("max_query_chars", max_query_chars)
-        self.max_tool_calls, self.system_prompt = max_tool_calls, system_prompt
-        self.tools = Toolbox([self.search], timeout_s=10.0, max_output_chars=100 * k + 200)
-        self.task: Task | None = None
         self.index: SearchIndex | None = None
+        super().__init__(Toolbox([self.search], timeout_s=10.0, max_output_chars=100 * k + 200), max_tool_calls,
+                         system_prompt)
 
     def search(self, query: str) -> str:
         """Search the knowledge base and return the best matching passages, one per line.
@@ -125,27 +123,6 @@ class SearchEnv:
         self.calls, self.errors, self.done = 0, 0, False
         return task_messages(task, self.system_prompt)
 
-    def step(self, assistant: Message) -> StepResult:
-        if self.task is None or self.done:
-            raise RuntimeError("step() needs a running episode: call reset() first")
-        text = assistant.get("content") or ""
-        calls = parse_tool_calls(text)
-        if not calls:
-            correct = normalize_answer(final_answer(text)) == self.answer
-            return self._end(float(correct), correct)
-        self.calls += len(calls)
-        if self.calls > self.max_tool_calls:
-            return self._end(0.0, False, reason=f"too many tool calls: {self.calls} > max_tool_calls={self.max_tool_calls}")
-        observation = []
-        for call in calls:
-            result = self.tools.call(call)
-            self.errors += not result.ok
-            observation.append(tool_message(result, call))
-        return StepResult(observation, 0.0, False, self._info())
-
-    def _info(self, **extra: Any) -> dict[str, Any]:
-        return {"tool_calls": self.calls, "tool_errors": self.errors, **extra}
-
-    def _end(self, reward: float, correct: bool, **extra: Any) -> StepResult:
-        self.done = True
-        return StepResult([], reward, True, self._info(correct=correct, **extra))
+    def is_correct(self, text: str) -> bool:
+        """Exact match of the final answer (its ``<answer>`` span, if any) after normalisation."""
+        return normalize_answer(final_answer(text)) == self.answer
