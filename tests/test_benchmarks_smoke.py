@@ -12,6 +12,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 SMOKE = {
+    "bench_agent_latency.py": ["--latencies", "0.01", "--steps", "2", "--repeats", "1", "--prompts", "1", "--group", "2"],
     "bench_async.py": ["--steps", "2", "--repeats", "1", "--eval-every", "1", "--heldout", "8", "--staleness", "1"],
     "bench_memory.py": ["--quick", "--repeats", "1"],
     "bench_learner.py": ["--prompts", "2", "--group", "2", "--repeats", "1"],
