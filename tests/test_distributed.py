@@ -216,6 +216,39 @@ def test_config_refusals():
     assert distributed.world() == 1 and distributed.is_main() and distributed.shard(5) == (0, 5)
 
 
+def _finish_rank(index: int, world: int, port: int, out_dir: str) -> None:
+    """Rank 0 works 1.5 s longer after the last collective (as it evaluates and checkpoints at the end
+    of a run); each rank records when ``finish()`` returned and whether the group is gone after it."""
+    import time
+
+    from reinforge.train import distributed
+
+    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=index, world_size=world)
+    distributed.all_reduce([1.0])
+    if index == 0:
+        time.sleep(1.5)
+    done_working = time.time()
+    distributed.finish()
+    Path(out_dir, f"finish{index}.json").write_text(json.dumps(
+        {"worked_until": done_working, "left": time.time(), "initialized": distributed.initialized()}))
+
+
+def test_finish_waits_for_every_rank_then_destroys_the_group(tmp_path):
+    """A rank that ends its run leaves the group only when every rank has (a rank tearing gloo down while
+    rank 0 still worked aborted now and then: "terminate called without an active exception")."""
+    import torch.multiprocessing as mp
+
+    from reinforge.train.distributed import free_port
+
+    mp.spawn(_finish_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"finish{r}.json").read_text()) for r in range(2))
+    assert r1["left"] >= r0["worked_until"] - 0.05  # rank 1 waited for rank 0's extra work
+    assert r1["left"] - r1["worked_until"] > 1.0
+    assert not r0["initialized"] and not r1["initialized"]
+
+
 def _train_cli(tmp_path: Path, launcher: list[str], *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run([*launcher, "-m", "reinforge.cli", "train", *args], capture_output=True, text=True, env=env,

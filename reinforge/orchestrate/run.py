@@ -41,7 +41,7 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
         run_dir = None
     if distributed.needs_spawn(cfg):
         return spawn_train(cfg, resume, overrides, progress_every)
-    distributed.init(cfg)  # joins torchrun's process group; a no-op with one process
+    joined = distributed.init(cfg)  # joins torchrun's process group; a no-op with one process
     c = build_components(cfg)
     run_dir = run_dir or distributed.from_main(lambda: create_run_dir(cfg))
     start = _restore(c, run_dir) if resume is not None else 0
@@ -54,7 +54,10 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
         source = partial(demonstration_batches, inner=source if cfg.demonstrations.mix else None)
     if cfg.preferences.path is not None:  # offline preference pairs (DPO)
         source = preference_batches
-    return Loop(c, run_dir, start, progress_every or cfg.log.console_every, source).run()
+    result = Loop(c, run_dir, start, progress_every or cfg.log.console_every, source).run()
+    if joined:
+        distributed.finish()
+    return result
 
 
 def worker_batches(c: Components, collector: Collector, run_dir: Path, start: int):

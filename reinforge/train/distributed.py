@@ -121,9 +121,11 @@ def needs_spawn(cfg: RunConfig) -> bool:
     return cfg.train.world_size > 1 and not initialized() and not under_torchrun()
 
 
-def init(cfg: RunConfig) -> None:
+def init(cfg: RunConfig) -> bool:
     """Join the process group: torchrun's (from its environment variables), or the one a spawned
-    worker set up. A no-op with one process. Sets this rank's device and torch threads."""
+    worker set up. A no-op with one process. Sets this rank's device and torch threads. True when
+    this call joined torchrun's group: the caller then ends it with ``finish()``."""
+    joined = False
     if not initialized() and under_torchrun():
         env_world = int(os.environ["WORLD_SIZE"])
         if cfg.train.world_size not in (1, env_world):
@@ -131,11 +133,11 @@ def init(cfg: RunConfig) -> None:
         cfg.train.world_size = env_world  # the saved config says how the run was trained
         check(cfg)
         _init_group(cfg)
-        atexit.register(shutdown)
-    if not initialized():
-        return
-    if world() != cfg.train.world_size:
+        atexit.register(shutdown)  # after an error; a finished run leaves through finish()
+        joined = True
+    if initialized() and world() != cfg.train.world_size:
         raise ConfigError(f"train.world_size={cfg.train.world_size}, but the process group has {world()} ranks")
+    return joined
 
 
 def _init_group(cfg: RunConfig) -> None:
@@ -146,7 +148,18 @@ def _init_group(cfg: RunConfig) -> None:
     _dist().init_process_group(name)
 
 
+def finish() -> None:
+    """Leave the process group after a finished run: wait until every rank is done (rank 0 evaluates
+    and checkpoints after the others' last collective), then destroy the group while the interpreter
+    is fully alive. A rank that tore its connections down while another still worked, or left them to
+    interpreter teardown, aborted now and then in gloo ("terminate called without an active exception")."""
+    if initialized():
+        _dist().barrier()
+    shutdown()
+
+
 def shutdown() -> None:
+    """Destroy the process group without waiting for the other ranks (after an error); a no-op without one."""
     if torch.distributed.is_available() and _dist().is_initialized():
         _dist().destroy_process_group()
 
@@ -178,6 +191,7 @@ def _worker(index: int, w: int, port: int, cfg: RunConfig, fn: Callable[..., Any
     _init_group(cfg)
     try:
         fn(*args)
+        finish()
     finally:
         shutdown()
 
