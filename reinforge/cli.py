@@ -19,7 +19,7 @@ app = typer.Typer(
 def _fail(message: str) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(2)
 
 

@@ -3,8 +3,9 @@ import os
 import pytest
 import torch
 
-# 2 threads unless REINFORGE_TEST_THREADS says otherwise (`make test` re-runs the numerics tests with 1)
-TEST_THREADS = int(os.environ.get("REINFORGE_TEST_THREADS", "2"))
+# 2 threads unless REINFORGE_TEST_THREADS says otherwise (`make test` re-runs the numerics tests with 1);
+# 1 in each pytest-xdist worker (`make test` runs 2 workers, which already share the cores)
+TEST_THREADS = int(os.environ.get("REINFORGE_TEST_THREADS", "1" if "PYTEST_XDIST_WORKER" in os.environ else "2"))
 torch.set_num_threads(TEST_THREADS)
 
 

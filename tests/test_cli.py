@@ -34,10 +34,12 @@ def test_bad_override_fails_before_work_with_one_message(tmp_path):
 def test_missing_model_and_bad_data_messages(tmp_path):
     out = _run("train", "model.path=/no/such/model", cwd=tmp_path)
     assert out.returncode == 2 and "model.path" in out.stderr and "Traceback" not in out.stderr
-    bad = tmp_path / "d.jsonl"
+    deep = tmp_path / ("a_long_directory_name_" * 5)  # a message longer than a terminal line is not wrapped
+    deep.mkdir()
+    bad = deep / "d.jsonl"
     bad.write_text('{"prompt": "1+1=", "answer": "2"}\n[1, 2]\n')
     out = _run("train", "task.kind=jsonl", f"task.path={bad}", "task.heldout_size=1", cwd=tmp_path)
-    assert out.returncode == 2 and "d.jsonl:2" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and f"{bad}:2" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_algos_lists_registered_parts():

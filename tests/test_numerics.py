@@ -42,7 +42,9 @@ def test_the_exact_tolerance_sees_a_float32_rounding():
 
 @pytest.mark.numerics
 def test_runs_under_the_kernel_set_and_thread_count_asked_for():
-    assert torch.get_num_threads() == int(os.environ.get("REINFORGE_TEST_THREADS", "2"))
+    from conftest import TEST_THREADS
+
+    assert torch.get_num_threads() == TEST_THREADS
     wanted = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
     if wanted in ("avx2", "default") and platform.machine().lower() in ("x86_64", "amd64"):
         assert torch.backends.cpu.get_cpu_capability().lower() == wanted

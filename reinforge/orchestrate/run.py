@@ -117,4 +117,4 @@ def _train_rank(cfg: RunConfig, resume: Path | None, overrides: list[str] | None
 def _warn(message: str) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[yellow]warning:[/yellow] {message}", highlight=False)
