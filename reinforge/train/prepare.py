@@ -8,7 +8,7 @@ teacher's full next-token log-distributions on the loss mask's positions ([N, L,
 ``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
 (``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
 batch (all ranks' rows), and a critic's returns are GAE's. An estimator that declares it needs
-``entropy``, ``old_logp`` or ``ref_logp`` gets them from these passes (pi_old's pass then runs even
+``entropy``, ``old_logp``, ``ref_logp`` or ``sampling_logp`` gets them from these passes (pi_old's pass then runs even
 with a single update, and keeps the per-token entropy of the same forward).
 """
 
@@ -120,7 +120,8 @@ class PreparesBatches:
             "demo": batch.demo,
         }
         if inputs is not None:  # what the estimator declares it needs from the no-grad passes
-            extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs}
+            extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs,
+                     "sampling_logp": batch.sampling_logprobs}
             inputs.update({k: v for k, v in extra.items() if k in ADVANTAGES.needs(self.algo.advantage)})
         inputs = self.parallel.gather_rows(inputs)
         if batch is None:
