@@ -112,8 +112,8 @@ def test_vtrace_settings_are_validated(option, value):
 
 
 def test_a_recipe_names_vtrace_with_its_options():
-    from reinforge.config import config_from_dict
     from reinforge.algo.objective import required_inputs
+    from reinforge.config import config_from_dict
 
     cfg = config_from_dict({"algo": {"advantage": {"name": "vtrace", "rho_bar": 2.0}}})
     assert {"values", "old_logp", "sampling_logp"} <= required_inputs(cfg.algo)  # the loop builds a critic
