@@ -354,3 +354,25 @@ def test_compare_aggregates_classic_runs(tmp_path):
     text = run_compare([f"ppo={tmp_path / 'ppo' / 's0'},{tmp_path / 'ppo' / 's1'}", f"other={tmp_path / 'other'}"],
                        "episode/return_mean", None, 1, None, False, 5, 0.05, n_boot=200)
     assert "| ppo | 2 |" in text and "| other | 1 |" in text and "| ppo | other |" in text  # P(ppo > other)
+
+
+def test_target_kl_stops_the_epochs_early():
+    envs = make_vec_env(EnvConfig(num_envs=2), 0.99, seed=0)
+    agent = PPO(PPOConfig(num_steps=16, num_minibatches=2, update_epochs=10, lr=0.05, target_kl=1e-9), envs, seed=0)
+    calls = []
+    step = agent.minibatch_step
+    agent.minibatch_step = lambda mb: calls.append(1) or step(mb)
+    agent.update(agent.collect())
+    assert len(calls) == 2  # the first epoch's two mini-batches move the policy past the tiny target: stop
+
+
+def test_async_vectorisation_and_its_limit():
+    envs = make_vec_env(EnvConfig(num_envs=2, vectorization="async"), 0.99, seed=0)
+    try:
+        obs, _ = envs.reset(seed=0)
+        obs, reward, *_ = envs.step(np.zeros(2, dtype=np.int64))
+        assert obs.shape == (2, 4) and reward.tolist() == [1.0, 1.0]
+    finally:
+        envs.close()
+    with pytest.raises(ConfigError, match="classic.env: .*normalize_obs needs vectorization: sync"):
+        classic_config_from_dict({"classic": {"env": {"vectorization": "async", "normalize_obs": True}}})

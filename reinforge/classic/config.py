@@ -34,6 +34,13 @@ class EnvConfig(_Strict):
     clip_reward: float = Field(10.0, gt=0, description="clip normalised rewards to [-clip_reward, clip_reward]")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
 
+    @model_validator(mode="after")
+    def _statistics_readable(self) -> EnvConfig:
+        if self.normalize_obs and self.vectorization == "async":
+            raise ValueError("normalize_obs needs vectorization: sync (the evaluation and the checkpoints read "
+                             "the observation statistics from the environments in this process)")
+        return self
+
 
 class PPOConfig(_Strict):
     """PPO's hyper-parameters (CleanRL ppo.py's defaults)."""

@@ -12,7 +12,8 @@ the next observation, r_{T-1} <- r_{T-1} + gamma V(s_T), after which every step 
 or the rollout ends its row, so GAE's recursion A_t = delta_t + gamma lam A_{t+1} stops there. This
 gives CleanRL's advantages exactly except on truncation, where CleanRL's ppo.py treats the time limit
 as a termination (no bootstrap; SB3 bootstraps as we do). ``approx_kl`` is ppo_clip_loss's k3
-estimate (exp(-x) - 1 + x, x = log pi/pi_old); CleanRL logs (r - 1) - log r.
+estimate (exp(-x) - 1 + x, x = log pi/pi_old; CleanRL logs (r - 1) - log r), and ``target_kl`` stops
+the update after an epoch whose mean of it exceeds the target (CleanRL tests the epoch's last mini-batch).
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ class PPO:
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.generator = torch.Generator().manual_seed(seed)
         obs, _ = envs.reset(seed=seed)
-        self.obs = self._tensor(obs)
+        self.obs = self.obs_tensor(obs)
 
     @staticmethod
-    def _tensor(obs: Any) -> Tensor:
+    def obs_tensor(obs: Any) -> Tensor:
         array = np.asarray(obs, dtype=np.float32)
         return torch.from_numpy(array.reshape(array.shape[0], -1))
 
@@ -85,7 +86,7 @@ class PPO:
         act = action.numpy() if not self.net.action.discrete else action.numpy().astype(np.int64)
         obs, reward, terminated, truncated, info = self.envs.step(act)
         reward = torch.as_tensor(np.asarray(reward), dtype=torch.float32)
-        return self._tensor(obs), reward, torch.as_tensor(terminated), torch.as_tensor(truncated), info
+        return self.obs_tensor(obs), reward, torch.as_tensor(terminated), torch.as_tensor(truncated), info
 
     def _bootstrap(self, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]) -> Tensor:
         """r + gamma V(s_final) for the environments truncated in this step (not the terminated ones)."""
@@ -93,7 +94,7 @@ class PPO:
         keep = [k for k, i in enumerate(index) if truncated[i] and not terminated[i]]
         if keep:
             with torch.no_grad():
-                v = self.net.value(self._tensor(final[keep]))
+                v = self.net.value(self.obs_tensor(final[keep]))
             reward = reward.clone()
             reward[torch.as_tensor(index[keep])] += self.cfg.gamma * v
         return reward
@@ -135,12 +136,14 @@ class PPO:
         sums: dict[str, float] = {}
         steps = 0
         for _ in range(cfg.update_epochs):
-            order = torch.randperm(n, generator=self.generator)
+            order, epoch_kl = torch.randperm(n, generator=self.generator), []
             for mb in order.chunk(cfg.num_minibatches):
-                for k, v in self.minibatch_step({k: t[mb] for k, t in batch.items()}).items():
+                step = self.minibatch_step({k: t[mb] for k, t in batch.items()})
+                for k, v in step.items():
                     sums[k] = sums.get(k, 0.0) + v
+                epoch_kl.append(step["train/approx_kl"])
                 steps += 1
-            if cfg.target_kl is not None and sums["train/approx_kl"] / steps > cfg.target_kl:
+            if cfg.target_kl is not None and float(np.mean(epoch_kl)) > cfg.target_kl:
                 break
         metrics = {k: v / steps for k, v in sums.items()}
         metrics["train/explained_variance"] = explained_variance(batch["values"], batch["returns"], torch.ones(n))

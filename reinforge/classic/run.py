@@ -88,7 +88,7 @@ def evaluate(cfg: ClassicConfig, agent: PPO) -> dict[str, Any]:
     returns: list[float] = []
     lengths: list[int] = []
     while len(returns) < c.eval.episodes:
-        action, _, _ = agent.net.act(agent._tensor(obs), agent.generator, deterministic=c.eval.deterministic)
+        action, _, _ = agent.net.act(agent.obs_tensor(obs), agent.generator, deterministic=c.eval.deterministic)
         act = action.numpy().astype(np.int64) if agent.net.action.discrete else action.numpy()
         obs, _, _, _, info = env.step(act)
         for r, n in finished_episodes(info):
