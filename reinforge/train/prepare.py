@@ -8,8 +8,9 @@ teacher's full next-token log-distributions on the loss mask's positions ([N, L,
 ``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
 (``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
 batch (all ranks' rows), and a critic's returns are GAE's. An estimator that declares it needs
-``entropy``, ``old_logp``, ``ref_logp`` or ``sampling_logp`` gets them from these passes (pi_old's pass then runs even
-with a single update, and keeps the per-token entropy of the same forward).
+``entropy``, ``old_logp`` or ``ref_logp`` gets them from these passes (pi_old's pass then runs even
+with a single update, and keeps the per-token entropy of the same forward), and one that declares
+``sampling_logp`` (V-trace's behaviour policy) the rollout engine's log-probs from the batch.
 """
 
 from __future__ import annotations
