@@ -48,12 +48,13 @@ def test_vtrace_truncation_levels_hand_values():
     assert vs[0, 0].item() == pytest.approx(3.66)
 
 
-def test_vtrace_on_policy_is_gae_lambda_one():
+@pytest.mark.parametrize("bar", [1.0, 2.5])
+def test_vtrace_on_policy_is_gae_lambda_one(bar):
     """All ratios 1, no clipping: v_s is the TD(1) return (GAE(1)'s return), A_s GAE(1)'s advantage."""
     g = torch.Generator().manual_seed(0)
     r, v = torch.randn(4, 7, generator=g, dtype=D), torch.randn(4, 7, generator=g, dtype=D)
     mask = (torch.rand(4, 7, generator=g) > 0.3).to(D)  # non-contiguous rows: skipped positions
-    vs, adv = vtrace_returns(r, v, torch.zeros_like(r), mask, 0.97, rho_bar=1.0, c_bar=1.0)
+    vs, adv = vtrace_returns(r, v, torch.zeros_like(r), mask, 0.97, rho_bar=bar, c_bar=bar)
     gae_adv, gae_ret = gae_advantages_and_returns(r, v, mask, 0.97, 1.0)
     assert_close(vs, gae_ret)
     assert_close(adv, gae_adv)
@@ -101,6 +102,16 @@ def test_registered_vtrace_estimator_reads_the_context():
                     {"gamma": 0.9}, old_logp=old, sampling_logp=sampling, token_rewards=token_rewards)
     assert_close(adv, torch.tensor([[0.0, 1.76, 0.4, 0.5]], dtype=D))
     assert ADVANTAGES.needs("vtrace") == {"values", "old_logp", "sampling_logp"}
+    # no gradient flows into the critic or the policy through the advantages
+    grad_values, grad_old = values.clone().requires_grad_(), old.clone().requires_grad_()
+    adv = advantage("vtrace", torch.tensor([2.0], dtype=D), torch.zeros(1, dtype=torch.long), mask, grad_values,
+                    {"gamma": 0.9}, old_logp=grad_old, sampling_logp=sampling, token_rewards=token_rewards)
+    assert not adv.requires_grad
+    # without the behaviour policy's log-probs mu = pi: on-policy, GAE(1)'s advantages
+    on = advantage("vtrace", torch.tensor([2.0], dtype=D), torch.zeros(1, dtype=torch.long), mask, values,
+                   {"gamma": 0.9}, old_logp=old, token_rewards=token_rewards)
+    r_tok = torch.tensor([[0.0, 1.0, 0.0, 2.0]], dtype=D)
+    assert_close(on, gae_advantages_and_returns(r_tok, values, mask, 0.9, 1.0)[0])
     with pytest.raises(ValueError, match="needs values"):
         advantage("vtrace", torch.tensor([2.0], dtype=D), torch.zeros(1, dtype=torch.long), mask, None, {})
 
