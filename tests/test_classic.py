@@ -376,3 +376,11 @@ def test_async_vectorisation_and_its_limit():
         envs.close()
     with pytest.raises(ConfigError, match="classic.env: .*normalize_obs needs vectorization: sync"):
         classic_config_from_dict({"classic": {"env": {"vectorization": "async", "normalize_obs": True}}})
+
+
+def test_every_logged_classic_metric_is_documented(tmp_path):
+    from test_docs_metrics import _undocumented
+
+    run, _ = _train(tmp_path, "m", 0)
+    keys = {k for line in (run / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
+    assert len(keys) > 12 and _undocumented(keys) == set()
