@@ -2,8 +2,8 @@
 training, evaluation, checkpoints), validated by pydantic with errors that name the dotted field.
 
 Defaults are CleanRL's ``ppo.py`` (Huang et al. 2022, "CleanRL: High-quality Single-file
-Implementations of Deep Reinforcement Learning Algorithms", JMLR 23(274)); the continuous recipes set
-``ppo_continuous_action.py``'s values in their YAML.
+Implementations of Deep Reinforcement Learning Algorithms", JMLR 23(274)); a recipe writes its own
+(``pendulum_ppo``: normalisation wrappers and an update shape for continuous control).
 """
 
 from __future__ import annotations
