@@ -131,3 +131,29 @@ def test_a_recipe_names_vtrace_with_its_options():
     assert cfg.algo.advantage == "vtrace" and cfg.algo.advantage.settings.rho_bar == 2.0
     with pytest.raises(ConfigError, match="algo.advantage.c_bar"):
         config_from_dict({"algo": {"advantage": {"name": "vtrace", "c_bar": 0}}})
+
+
+@pytest.mark.slow
+def test_vtrace_trains_in_the_llm_loop(tmp_path, monkeypatch):
+    """The loop provides what vtrace declares: a critic's values, pi_old's log-probs and the engine's."""
+    import reinforge.algo.vtrace as vtrace_module
+    from reinforge.config import load_config
+    from reinforge.orchestrate.run import train
+
+    seen = []
+    real = vtrace_module.vtrace_returns
+
+    def spy(rewards, values, log_rhos, mask, *args, **kwargs):
+        seen.append(float(log_rhos[mask != 0].abs().max()))
+        return real(rewards, values, log_rhos, mask, *args, **kwargs)
+
+    monkeypatch.setattr(vtrace_module, "vtrace_returns", spy)
+    short = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "task.heldout_size=8",
+             "eval.final_samples=0", "log.report=false", "train.time_limit_s=0", "checkpoint.every=0", "eval.every=0"]
+    result = train(load_config(None, [f"output_dir={tmp_path}", *short, "algo.advantage=vtrace",
+                                      "algo.policy_loss=reinforce"]))
+    records = result.metrics()
+    assert len(seen) == 2 and all(math.isfinite(x) for x in seen)
+    trained = [r for r in records if "train/pg_loss" in r]
+    assert len(trained) == 2 and all(math.isfinite(r["train/pg_loss"]) for r in trained)
+    assert all("train/critic/value_loss" in r for r in trained)  # the critic vtrace declared was built
