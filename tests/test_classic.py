@@ -384,3 +384,13 @@ def test_every_logged_classic_metric_is_documented(tmp_path):
     run, _ = _train(tmp_path, "m", 0)
     keys = {k for line in (run / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
     assert len(keys) > 12 and _undocumented(keys) == set()
+
+
+def test_time_limit_stops_the_run(tmp_path):
+    from reinforge.classic.run import train_classic
+
+    cfg = load_classic_config("cartpole_ppo", [f"output_dir={tmp_path}", "name=t", "classic.train.time_limit_s=1e-6",
+                                               "classic.eval.episodes=0"])
+    result = train_classic(cfg)
+    assert (result.stopped, result.updates, result.eval_return) == ("time", 1, None)
+    assert not (result.run_dir / "eval.json").exists() and (result.run_dir / "checkpoints" / "step_1").is_dir()
