@@ -52,6 +52,8 @@ def train(
         _fail(f"expected at most one recipe, got {recipes}; overrides look like key.path=value")
     if resume is not None and recipes:
         _fail("--resume continues a run with its saved config; give overrides only, not a recipe")
+    if recipes and _train_classic(recipes[0], overrides):
+        return
 
     def go() -> None:
         from rich.console import Console
@@ -73,6 +75,28 @@ def train(
         )
 
     _run_guarded(go)
+
+
+def _train_classic(recipe: str, overrides: list[str]) -> bool:
+    """Run ``recipe`` if it is a classic one (a top-level ``classic:`` section: Gymnasium agents,
+    docs/classic.md); False leaves it to the LLM path."""
+    from reinforge.classic.config import classic_recipe_path
+
+    path = _run_guarded(classic_recipe_path, recipe)
+    if path is None:
+        return False
+
+    def go() -> None:
+        from reinforge.classic.config import load_classic_config
+        from reinforge.classic.run import train_classic
+
+        result = train_classic(load_classic_config(path, overrides))
+        ret = f"{result.eval_return:.1f}" if result.eval_return is not None else "n/a"
+        typer.echo(f"\ndone after {result.updates} updates ({result.env_steps} environment steps, stopped by "
+                   f"{result.stopped}). evaluation return: {ret}\nrun directory: {result.run_dir}")
+
+    _run_guarded(go)
+    return True
 
 
 @app.command(context_settings={"allow_extra_args": False})

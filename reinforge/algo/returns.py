@@ -125,3 +125,27 @@ def gae_advantages_and_returns(
         next_v = torch.where(m, v[:, t], next_v)
     returns = torch.where(live, adv + v, 0.0)
     return adv.to(values.dtype), returns.to(values.dtype)
+
+
+def episode_rows(ends: Tensor) -> tuple[Tensor, Tensor, int, int]:
+    """Time-major trajectories cut at their episode ends, laid out as rows of the [N, T] convention.
+
+    ``ends`` [E, T] (bool) marks the last step of an episode (termination, truncation or the end of
+    the collected segment) in each of E environments' T steps. Every segment between ends becomes its
+    own row, so the row estimators (``gae_advantages_and_returns``, ``vtrace_returns``) see episode
+    ends as row ends. Returns (row [E, T], col [E, T], n_rows, width): step (e, t) sits at
+    ``[row[e, t], col[e, t]]`` of an [n_rows, width] layout; ``x_rows = zeros(n_rows, width);
+    x_rows[row, col] = x`` lays a tensor out, ``y_rows[row, col]`` reads it back.
+    """
+    e, t = ends.shape
+    ends = ends.to(torch.bool)
+    seg = torch.cumsum(ends.to(torch.int64), 1) - ends.to(torch.int64)  # segments ended before step t
+    per_env = seg[:, -1] + 1 if t else torch.zeros(e, dtype=torch.int64)
+    row = (torch.cumsum(per_env, 0) - per_env)[:, None] + seg
+    starts = torch.zeros_like(ends)
+    starts[:, :1] = True
+    starts[:, 1:] = ends[:, :-1]
+    steps = torch.arange(t).expand(e, t)
+    col = steps - torch.cummax(torch.where(starts, steps, 0), dim=1).values
+    width = int(col.max()) + 1 if col.numel() else 0
+    return row, col, int(per_env.sum()), width

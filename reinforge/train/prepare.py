@@ -9,7 +9,8 @@ teacher's full next-token log-distributions on the loss mask's positions ([N, L,
 (``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
 batch (all ranks' rows), and a critic's returns are GAE's. An estimator that declares it needs
 ``entropy``, ``old_logp`` or ``ref_logp`` gets them from these passes (pi_old's pass then runs even
-with a single update, and keeps the per-token entropy of the same forward).
+with a single update, and keeps the per-token entropy of the same forward), and one that declares
+``sampling_logp`` (V-trace's behaviour policy) the rollout engine's log-probs from the batch.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class PreparesBatches:
             "demo": batch.demo,
         }
         if inputs is not None:  # what the estimator declares it needs from the no-grad passes
-            extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs}
+            extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs,
+                     "sampling_logp": batch.sampling_logprobs}
             inputs.update({k: v for k, v in extra.items() if k in ADVANTAGES.needs(self.algo.advantage)})
         inputs = self.parallel.gather_rows(inputs)
         if batch is None:

@@ -1,0 +1,113 @@
+"""Gymnasium environments for the classic agents: any registered id, vectorised with Gymnasium's vector
+API (``gymnasium.make_vec``, sync or async), with Gymnasium's own wrappers on each environment (as
+CleanRL's ``make_env``): ``RecordEpisodeStatistics`` always, ``ClipAction`` for Box actions (the agent
+keeps the unclipped sample and its log-prob), optionally ``NormalizeObservation`` and
+``NormalizeReward``, each followed by a clip (``TransformObservation`` / ``TransformReward``).
+
+The vector environment resets a finished environment in the same step (``AutoresetMode.SAME_STEP``):
+the step that ends an episode returns the next episode's first observation, the finished one's last
+observation in ``info["final_obs"]`` (the agent bootstraps a truncated episode from it) and its
+statistics in ``info["final_info"]["episode"]``. Environment i is seeded ``seed + i`` at the first
+reset; the action space with ``seed``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from reinforge.classic.config import EnvConfig
+from reinforge.errors import ConfigError, ReinforgeError
+
+
+def require_gymnasium() -> ModuleType:
+    """``gymnasium``, or an error that says how to install it."""
+    try:
+        import gymnasium
+    except ImportError:
+        raise ReinforgeError("classic RL needs gymnasium: pip install 'reinforge[classic]'") from None
+    return gymnasium
+
+
+def _clip_action(env: Any) -> Any:
+    from gymnasium.spaces import Box
+    from gymnasium.wrappers import ClipAction
+
+    return ClipAction(env) if isinstance(env.action_space, Box) else env
+
+
+def _normalize_obs(env: Any, clip: float) -> Any:
+    from gymnasium.wrappers import NormalizeObservation, TransformObservation
+
+    env = NormalizeObservation(env)
+    return TransformObservation(env, lambda o: np.clip(o, -clip, clip), env.observation_space)
+
+
+def _normalize_reward(env: Any, gamma: float, clip: float) -> Any:
+    from gymnasium.wrappers import NormalizeReward, TransformReward
+
+    return TransformReward(NormalizeReward(env, gamma=gamma), lambda r: float(np.clip(r, -clip, clip)))
+
+
+def env_wrappers(cfg: EnvConfig, gamma: float) -> list[Callable[[Any], Any]]:
+    """The wrappers of each environment, innermost first."""
+    from gymnasium.wrappers import RecordEpisodeStatistics
+
+    out: list[Callable[[Any], Any]] = [RecordEpisodeStatistics, _clip_action]
+    if cfg.normalize_obs:
+        out.append(functools.partial(_normalize_obs, clip=cfg.clip_obs))
+    if cfg.normalize_reward:
+        out.append(functools.partial(_normalize_reward, gamma=gamma, clip=cfg.clip_reward))
+    return out
+
+
+def make_vec_env(cfg: EnvConfig, gamma: float, seed: int, num_envs: int | None = None) -> Any:
+    """``cfg.num_envs`` (or ``num_envs``) wrapped copies of ``cfg.id`` as one vector environment."""
+    gym = require_gymnasium()
+    from gymnasium.vector import AutoresetMode
+
+    try:
+        envs = gym.make_vec(cfg.id, num_envs=num_envs or cfg.num_envs, vectorization_mode=cfg.vectorization,
+                            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                            wrappers=env_wrappers(cfg, gamma), **cfg.kwargs)
+    except gym.error.Error as e:
+        raise ConfigError(f"classic.env.id: cannot make {cfg.id!r}: {e}") from None
+    envs.action_space.seed(seed)
+    return envs
+
+
+def finished_episodes(info: dict[str, Any]) -> list[tuple[float, int]]:
+    """(return, length) of every episode that ended in this step (``RecordEpisodeStatistics``; the
+    returns are the environment's own rewards, before any reward normalisation)."""
+    final = info.get("final_info") or {}
+    stats = final.get("episode")
+    if stats is None:
+        return []
+    done = np.asarray(final.get("_episode", np.ones(len(stats["r"]), dtype=bool)))
+    return [(float(r), int(n)) for r, n, d in zip(stats["r"], stats["l"], done, strict=True) if d]
+
+
+def final_observations(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of the environments whose episode ended in this step and their last observations."""
+    mask = info.get("_final_obs")
+    if mask is None or not np.any(mask):
+        return np.zeros(0, dtype=np.int64), np.zeros((0,))
+    index = np.flatnonzero(mask)
+    return index, np.stack([np.asarray(info["final_obs"][i]) for i in index])
+
+
+def obs_normalizers(envs: Any) -> list[Any]:
+    """The ``NormalizeObservation`` wrapper of each environment of a sync vector env (empty without)."""
+    from gymnasium.wrappers import NormalizeObservation
+
+    found = []
+    for env in getattr(envs, "envs", []):
+        while env is not None and not isinstance(env, NormalizeObservation):
+            env = getattr(env, "env", None)
+        if env is not None:
+            found.append(env)
+    return found

@@ -1,0 +1,163 @@
+"""A classic run: ``runs/<name>/`` with ``config.yaml``, ``metrics.jsonl`` (one record per update),
+atomic checkpoints (``train/checkpoint.py``'s writer) and a final ``eval.json``: the run-directory
+format of the LLM side, so ``reinforge compare`` aggregates classic runs (docs/classic.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from rich.console import Console
+
+from reinforge.classic.config import ClassicConfig
+from reinforge.classic.envs import finished_episodes, make_vec_env, obs_normalizers
+from reinforge.classic.ppo import PPO
+from reinforge.errors import ConfigError
+from reinforge.track.jsonl import JsonlSink
+from reinforge.train.checkpoint import save_checkpoint
+
+
+@dataclass
+class ClassicResult:
+    run_dir: Path
+    updates: int
+    env_steps: int
+    eval_return: float | None
+    stopped: str  # why the run ended: steps, return, time
+
+
+def create_classic_run_dir(cfg: ClassicConfig) -> Path:
+    root = Path(cfg.output_dir)
+    if cfg.name:
+        path = root / cfg.name
+        if path.exists():
+            raise ConfigError(f"name: run directory {path} already exists; choose another name")
+    else:
+        base = f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.classic.env.id}-{cfg.classic.agent}"
+        path, i = root / base, 1
+        while path.exists():
+            i += 1
+            path = root / f"{base}-{i}"
+    path.mkdir(parents=True)
+    return path
+
+
+class _Weights:
+    """The agent's network for ``save_checkpoint``: ``save_pretrained`` writes ``model.safetensors``."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        self.net = net
+
+    def save_pretrained(self, path: Path, safe_serialization: bool = True) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous() for k, v in self.net.state_dict().items()}, str(Path(path) / "model.safetensors"))
+
+
+class _NoTokenizer:
+    """A classic agent has no tokenizer; the checkpoint writer's call writes nothing."""
+
+    def save_pretrained(self, path: Path) -> None:
+        return None
+
+
+def _checkpoint(run_dir: Path, agent: PPO, update: int, env_steps: int, keep: int) -> None:
+    norms = obs_normalizers(agent.envs)
+    state = {"optimizer": agent.optimizer.state_dict(), "update": update, "env_steps": env_steps,
+             "obs_rms": [(n.obs_rms.mean, n.obs_rms.var, n.obs_rms.count) for n in norms]}
+    save_checkpoint(run_dir, update, _Weights(agent.net), _NoTokenizer(), state, agent.generator,
+                    {"env_steps": env_steps}, keep)
+
+
+def evaluate(cfg: ClassicConfig, agent: PPO) -> dict[str, Any]:
+    """``eval.episodes`` episodes of the policy (its mode if ``eval.deterministic``) on a fresh environment
+    seeded ``seed + 10_000``, with the training environments' observation statistics (frozen)."""
+    c = cfg.classic
+    env = make_vec_env(c.env.model_copy(update={"vectorization": "sync", "normalize_reward": False}),
+                       c.ppo.gamma, cfg.seed + 10_000, num_envs=1)
+    for mine, theirs in zip(obs_normalizers(env), obs_normalizers(agent.envs)[:1], strict=False):
+        mine.obs_rms = theirs.obs_rms
+        mine.update_running_mean = False
+    obs, _ = env.reset(seed=cfg.seed + 10_000)
+    returns: list[float] = []
+    lengths: list[int] = []
+    while len(returns) < c.eval.episodes:
+        action, _, _ = agent.net.act(agent.obs_tensor(obs), agent.generator, deterministic=c.eval.deterministic)
+        act = action.numpy().astype(np.int64) if agent.net.action.discrete else action.numpy()
+        obs, _, _, _, info = env.step(act)
+        for r, n in finished_episodes(info):
+            returns.append(r)
+            lengths.append(n)
+    env.close()
+    return {"eval/return_mean": float(np.mean(returns)), "eval/return_std": float(np.std(returns)),
+            "eval/length_mean": float(np.mean(lengths)), "eval/episodes": len(returns),
+            "eval/deterministic": c.eval.deterministic, "returns": returns}
+
+
+def _record(update: int, env_steps: int, episodes: list[tuple[float, int]], metrics: dict[str, float],
+            start: float, rollout_s: float) -> dict[str, Any]:
+    elapsed = time.perf_counter() - start
+    record: dict[str, Any] = {"step": update, "env_steps": env_steps}
+    if episodes:
+        record["episode/return_mean"] = float(np.mean([r for r, _ in episodes]))
+        record["episode/length_mean"] = float(np.mean([n for _, n in episodes]))
+        record["episode/count"] = len(episodes)
+    record.update(metrics)
+    record["time/elapsed_s"] = elapsed
+    record["time/rollout_s"] = rollout_s
+    record["perf/env_steps_per_s"] = env_steps / max(elapsed, 1e-9)
+    return record
+
+
+def _line(record: dict[str, Any], total: int, recent: list[float]) -> str:
+    ret = f"{np.mean(recent):8.1f}" if recent else "     -  "
+    return (f"update {record['step']:5d}/{total} | env steps {record['env_steps']:8d} | return (last {len(recent)}) "
+            f"{ret} | {record['perf/env_steps_per_s']:6.0f} steps/s")
+
+
+def train_classic(cfg: ClassicConfig, console: Console | None = None) -> ClassicResult:
+    """Train ``cfg.classic.agent`` on ``cfg.classic.env`` to ``train.total_env_steps`` (or an early stop)."""
+    c, console = cfg.classic, console or Console()
+    torch.set_num_threads(c.train.threads)
+    envs = make_vec_env(c.env, c.ppo.gamma, cfg.seed)
+    run_dir = create_classic_run_dir(cfg)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    sink = JsonlSink(run_dir / "metrics.jsonl")
+    agent = PPO(c.ppo, envs, cfg.seed)
+    per_update = c.ppo.num_steps * c.env.num_envs
+    total = max(1, c.train.total_env_steps // per_update)
+    start, env_steps, recent, stopped = time.perf_counter(), 0, [], "steps"
+    update = 0
+    for update in range(1, total + 1):
+        t0 = time.perf_counter()
+        ro = agent.collect()
+        rollout_s = time.perf_counter() - t0
+        env_steps += per_update
+        metrics = agent.update(ro, 1.0 - (update - 1) / total if c.ppo.anneal_lr else 1.0)
+        recent = (recent + [r for r, _ in ro.episodes])[-c.train.return_window:]
+        record = _record(update, env_steps, ro.episodes, metrics, start, rollout_s)
+        sink.write(record)
+        if update % c.train.log_every == 0 or update == total:
+            console.print(_line(record, total, recent), highlight=False, soft_wrap=True)
+        if c.checkpoint.every and update % c.checkpoint.every == 0:
+            _checkpoint(run_dir, agent, update, env_steps, c.checkpoint.keep)
+        if c.train.stop_at_return is not None and len(recent) == c.train.return_window \
+                and np.mean(recent) >= c.train.stop_at_return:
+            stopped = "return"
+            break
+        if c.train.time_limit_s and record["time/elapsed_s"] >= c.train.time_limit_s:
+            stopped = "time"
+            break
+    _checkpoint(run_dir, agent, update, env_steps, c.checkpoint.keep)
+    result = evaluate(cfg, agent) if c.eval.episodes else None
+    envs.close()
+    if result is not None:
+        result.update({"step": update, "env_steps": env_steps, "stopped": stopped})
+        (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    return ClassicResult(run_dir, update, env_steps, result["eval/return_mean"] if result else None, stopped)
