@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from reinforge.data.base import Task
@@ -57,33 +56,50 @@ class InsightSettings(Settings):
         return self
 
 
-def _betaln(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.lgamma(a) + torch.lgamma(b) - torch.lgamma(a + b)
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
 
 
-def beta_binomial_information(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
-    """I(p; y) in nats for p ~ Beta(a, b), y | p ~ Bin(k, p), per element of ``a``, ``b`` (float64).
+def digamma(x: np.ndarray) -> np.ndarray:
+    """psi(x) for x > 0: the recurrence psi(x) = psi(x + 1) - 1/x up to x >= 10, then the asymptotic
+    series ln x - 1/(2x) - 1/(12x^2) + 1/(120x^4) - 1/(252x^6) + 1/(240x^8) (error < 1e-13)."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    shift = np.zeros_like(x)
+    for _ in range(10):
+        small = x < 10
+        shift -= np.where(small, 1 / x, 0.0)
+        x = np.where(small, x + 1, x)
+    inv2 = 1 / (x * x)
+    series = np.log(x) - 0.5 / x - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 / 240)))
+    return series + shift
+
+
+def _betaln(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _lgamma(a) + _lgamma(b) - _lgamma(a + b)
+
+
+def beta_binomial_information(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """I(p; y) in nats for p ~ Beta(a, b), y | p ~ Bin(k, p), per element of ``a``, ``b``.
 
     H[y] from the Beta-Binomial pmf; E_p H[y | p] = -sum_y P(y) [ln C(k, y) + y (psi(a + y) - psi(a + b + k))
     + (k - y) (psi(b + k - y) - psi(a + b + k))], using E[p^y (1-p)^(k-y) ln p] = B(a+y, b+k-y) / B(a, b)
-    * (psi(a + y) - psi(a + b + k))."""
-    a, b = a.to(torch.float64)[:, None], b.to(torch.float64)[:, None]
-    y = torch.arange(k + 1, dtype=torch.float64)
-    log_choose = math.lgamma(k + 1) - torch.lgamma(y + 1) - torch.lgamma(k - y + 1)
+    * (psi(a + y) - psi(a + b + k)). NumPy, not torch: the sampler must not touch the learner's
+    allocator or thread pools (a float32 update can then differ in its last bits between runs)."""
+    a, b = np.asarray(a, dtype=np.float64)[:, None], np.asarray(b, dtype=np.float64)[:, None]
+    y = np.arange(k + 1, dtype=np.float64)
+    log_choose = math.lgamma(k + 1) - _lgamma(y + 1) - _lgamma(k - y + 1)
     log_pmf = log_choose + _betaln(a + y, b + k - y) - _betaln(a, b)
-    pmf = log_pmf.exp()
+    pmf = np.exp(log_pmf)
     entropy = -(pmf * log_pmf).sum(-1)
-    psi_n = torch.special.digamma(a + b + k)
-    expected_log_lik = log_choose + y * (torch.special.digamma(a + y) - psi_n) + (k - y) * (
-        torch.special.digamma(b + k - y) - psi_n)
+    psi_n = digamma(a + b + k)
+    expected_log_lik = log_choose + y * (digamma(a + y) - psi_n) + (k - y) * (digamma(b + k - y) - psi_n)
     return entropy + (pmf * expected_log_lik).sum(-1)
 
 
-def insight_scores(a: torch.Tensor, b: torch.Tensor, k: int, target: float, width: float) -> torch.Tensor:
+def insight_scores(a: np.ndarray, b: np.ndarray, k: int, target: float, width: float) -> np.ndarray:
     """w(mu) * I_k(a, b) with w(mu) = exp(-(mu - target)^2 / (2 width^2)), mu = a / (a + b)."""
-    a, b = a.to(torch.float64), b.to(torch.float64)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     mu = a / (a + b)
-    return torch.exp(-((mu - target) ** 2) / (2 * width**2)) * beta_binomial_information(a, b, k)
+    return np.exp(-((mu - target) ** 2) / (2 * width**2)) * beta_binomial_information(a, b, k)
 
 
 @TASK_SAMPLERS.register(
@@ -111,9 +127,9 @@ class InsightSampler(StatsSampler):
         rng = np.random.default_rng([self.seed, 11, self.draws])
         pool = rng.choice(len(self.tasks), size=size, replace=False)
         candidates = [self.tasks[int(i)] for i in pool]
-        ab = torch.tensor([self.posterior(t.id) for t in candidates], dtype=torch.float64)
+        ab = np.array([self.posterior(t.id) for t in candidates], dtype=np.float64)
         scores = insight_scores(ab[:, 0], ab[:, 1], self.rollouts(), self.cfg.target, self.cfg.width)
-        best = torch.argsort(-scores, stable=True)[:n].tolist()  # ties: the pool's (random) order
+        best = np.argsort(-scores, kind="stable")[:n].tolist()  # ties: the pool's (random) order
         out = [candidates[i] for i in best]
         while len(out) < n:  # a split smaller than the batch: the ranking again, as the uniform sampler repeats
             out += [candidates[i] for i in best][: n - len(out)]
