@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_docs_metrics import _undocumented
 
 from reinforge.config import load_config
 from reinforge.data.arithmetic import arithmetic_splits
@@ -298,6 +299,18 @@ def test_default_recipe_trains_and_resumes_exactly(tmp_path, monkeypatch, sample
     a, b = untimed(straight), untimed(resumed)
     assert a == b and [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert any(k.startswith("sampler/") for k in a[-1]) and a[-1]["sampler/prompts_seen"] > 6
+    assert _undocumented({k for r in a for k in r}) == set()  # docs/metrics.md lists the sampler/... keys
     wa = load_file(straight.run_dir / "checkpoints/step_4/model.safetensors")
     wb = load_file(resumed.run_dir / "checkpoints/step_4/model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_docs_strategies_lists_every_task_sampler_with_its_formula():
+    from pathlib import Path
+
+    from reinforge.parts import all_kinds
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "strategies.md").read_text().replace("\\|", "|")
+    for entry in all_kinds()["task_sampler"].entries():
+        assert f"| `{entry.name}` | `{entry.formula}` |" in doc, entry.name
+        assert entry.paper == "-" or f"arXiv:{entry.paper}" in doc, entry.name
