@@ -314,3 +314,32 @@ def test_docs_strategies_lists_every_task_sampler_with_its_formula():
     for entry in all_kinds()["task_sampler"].entries():
         assert f"| `{entry.name}` | `{entry.formula}` |" in doc, entry.name
         assert entry.paper == "-" or f"arXiv:{entry.paper}" in doc, entry.name
+
+
+@pytest.mark.slow
+def test_async_mode_draws_ahead_and_resumes_the_same_batches(tmp_path):
+    """Async RL draws up to max_staleness steps ahead of the statistics; a resume from the step-2 checkpoint
+    (requests for steps 3 and 4 in flight) trains on the same tasks and ends in the same sampler state."""
+    import shutil
+
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    overrides = [f"output_dir={tmp_path}", "orchestrate.mode=async", "orchestrate.max_staleness=2", "eval.every=0",
+                 "eval.final_samples=0", "task.heldout_size=16", "train.time_limit_s=0", "log.report=false",
+                 "rollout.prompts_per_step=8", "rollout.group_size=4", "train.steps=4", "checkpoint.every=2",
+                 "checkpoint.keep=5", "log.samples_per_step=100",
+                 "task.sampler={name: dump, params: {bucket_key: difficulty}}"]
+    full = train(load_config(None, ["name=full", *overrides]))
+
+    def drawn(run):
+        return {s: sorted(r["task_id"] for r in read_jsonl(run.run_dir / "samples.jsonl") if r["step"] == s)
+                for s in (3, 4)}
+
+    tasks = drawn(full)
+    final = json.loads((full.run_dir / "checkpoints" / "step_4" / "state.json").read_text())["sampler"]
+    shutil.rmtree(full.run_dir / "checkpoints" / "step_4")
+    resumed = train(resume=full.run_dir)
+    assert drawn(resumed) == tasks
+    again = json.loads((resumed.run_dir / "checkpoints" / "step_4" / "state.json").read_text())["sampler"]
+    assert again == final and again["stats"]["step"] == 4
