@@ -68,7 +68,7 @@ class FilterSettings(Settings):
 
 @TASK_SAMPLERS.register(
     "difficulty_filter",
-    formula="skip x while its last w groups had std_g(r) = 0 (all right / all wrong), re-check it after "
+    formula="skip x while its last w groups were all correct (or all wrong), re-check it after "
             "recheck_after epochs or steps",
     paper="2506.02177", settings=FilterSettings)
 class DifficultyFilterSampler(StatsSampler):
