@@ -28,13 +28,11 @@ from reinforge.registry import Settings
 class StatsSampler:
     """Base of the samplers here: the tasks, the seed, the settings and the run's ``PromptStats``."""
 
-    history = 8  # group outcomes kept per prompt
-
-    def __init__(self, tasks: Sequence[Task], seed: int, cfg: Any) -> None:
+    def __init__(self, tasks: Sequence[Task], seed: int, cfg: Any, history: int = 8) -> None:
         if len(tasks) == 0:
             raise ValueError("cannot sample from an empty task split")
         self.tasks, self.seed, self.cfg = tasks, seed, cfg
-        self.stats = PromptStats(history=max(self.history, getattr(cfg, "window", 1)))
+        self.stats = PromptStats(history=history)  # the last `history` group outcomes of each prompt
         self.draws = 0  # next_batch calls so far: the key of each draw's random stream
 
     def observe(self, trajectories: Sequence[Any]) -> None:
@@ -81,7 +79,8 @@ class DifficultyFilterSampler(StatsSampler):
     whole pass would be skipped, they are drawn anyway (the run never stalls)."""
 
     def __init__(self, tasks: Sequence[Task], seed: int, cfg: FilterSettings | None = None) -> None:
-        super().__init__(tasks, seed, cfg or FilterSettings())
+        cfg = cfg or FilterSettings()
+        super().__init__(tasks, seed, cfg, history=max(8, cfg.window))
         self.order = TaskSampler(tasks, seed)
         self.drawn_epoch: dict[str, int] = {}  # the epoch each prompt was last drawn in
         self.skipped = 0  # prompts skipped since the last metrics() call
