@@ -4,7 +4,11 @@ A task sampler is a class built as ``cls(tasks, seed[, cfg])`` (its settings as 
 ``next_batch(n) -> list[Task]``, ``observe(trajectories)`` (the loop hands it every scored
 trajectory of a step, the place for curricula and per-prompt statistics) and
 ``state_dict()``/``load_state_dict()`` (saved in checkpoints, so a resumed run draws what the
-uninterrupted one would have).
+uninterrupted one would have). An optional ``metrics() -> dict[str, float]`` adds the sampler's
+own ``sampler/...`` keys to each step's record (docs/metrics.md).
+
+Built in: ``uniform`` (here), ``difficulty_filter`` and ``dump`` (data/curriculum.py), ``insight``
+(data/insight.py); per-prompt statistics in data/prompt_stats.py (docs/strategies.md).
 """
 
 from __future__ import annotations

@@ -166,6 +166,7 @@ class Loop:
         reset_peak(self.cfg.model.device)
         rollout = self.source.collect(step)  # tasks -> rollout -> rewards (shaped)
         self.observe(rollout.sampled)  # the task sampler learns from every scored sample
+        rollout.metrics.update(getattr(c.sampler, "metrics", dict)())  # a sampler's own sampler/... metrics
         t_gen = time.perf_counter()
         batch, counts = build_batch(rollout.kept, self.cfg.algo, c.engine.pad_id, rollout.baseline)
         if distributed.any_rank(batch is not None):  # with several ranks, one without rows joins in too
