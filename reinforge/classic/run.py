@@ -18,7 +18,7 @@ from rich.console import Console
 from reinforge.classic.config import ClassicConfig
 from reinforge.classic.envs import finished_episodes, make_vec_env, obs_normalizers
 from reinforge.classic.ppo import PPO
-from reinforge.errors import ConfigError
+from reinforge.orchestrate.run_dir import new_run_dir
 from reinforge.track.jsonl import JsonlSink
 from reinforge.train.checkpoint import save_checkpoint
 
@@ -33,19 +33,7 @@ class ClassicResult:
 
 
 def create_classic_run_dir(cfg: ClassicConfig) -> Path:
-    root = Path(cfg.output_dir)
-    if cfg.name:
-        path = root / cfg.name
-        if path.exists():
-            raise ConfigError(f"name: run directory {path} already exists; choose another name")
-    else:
-        base = f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.classic.env.id}-{cfg.classic.agent}"
-        path, i = root / base, 1
-        while path.exists():
-            i += 1
-            path = root / f"{base}-{i}"
-    path.mkdir(parents=True)
-    return path
+    return new_run_dir(Path(cfg.output_dir), cfg.name, f"{cfg.classic.env.id}-{cfg.classic.agent}")
 
 
 class _Weights:
