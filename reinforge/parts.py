@@ -18,6 +18,8 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.algo.losses_offpolicy  # noqa: F401  (bapo, m2po)
     import reinforge.algo.objective  # noqa: F401
     import reinforge.algo.regression  # noqa: F401  (registers the astar_po and pacs policy losses)
+    import reinforge.classic.dqn  # noqa: F401  (classic agents: dqn)
+    import reinforge.classic.ppo  # noqa: F401  (classic agents: ppo)
     import reinforge.data.curriculum  # noqa: F401  (difficulty_filter, dump task samplers)
     import reinforge.data.insight  # noqa: F401  (insight task sampler)
     import reinforge.data.samplers  # noqa: F401

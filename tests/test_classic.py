@@ -19,7 +19,6 @@ pytest.importorskip("gymnasium")
 
 from reinforge.classic.config import (  # noqa: E402
     EnvConfig,
-    PPOConfig,
     classic_config_from_dict,
     classic_recipe_names,
     classic_recipe_path,
@@ -27,7 +26,7 @@ from reinforge.classic.config import (  # noqa: E402
 )
 from reinforge.classic.envs import finished_episodes, make_vec_env, obs_normalizers  # noqa: E402
 from reinforge.classic.networks import ActionSpec, ActorCritic  # noqa: E402
-from reinforge.classic.ppo import PPO, gae_with_ends  # noqa: E402
+from reinforge.classic.ppo import PPO, PPOSettings, gae_with_ends  # noqa: E402
 from reinforge.errors import ConfigError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,21 +36,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_classic_recipes_load():
-    assert {"cartpole_ppo", "acrobot_ppo", "pendulum_ppo"} <= set(classic_recipe_names())
+    assert {"cartpole_ppo", "acrobot_ppo", "pendulum_ppo", "cartpole_dqn"} <= set(classic_recipe_names())
     for name in classic_recipe_names():
         path = classic_recipe_path(name)
         assert path is not None and path.read_text().startswith("# ")
         load_classic_config(name)
-    assert load_classic_config("cartpole_ppo").classic.ppo == PPOConfig()  # the recipe spells out the defaults
+    cartpole = load_classic_config("cartpole_ppo").classic.agent
+    assert cartpole == "ppo" and cartpole.settings == PPOSettings()  # the recipe spells out the defaults
     assert classic_recipe_path("default") is None  # the LLM recipes are not classic
 
 
 @pytest.mark.parametrize(("override", "field"), [
-    ("classic.ppo.lr=-1", "classic.ppo.lr"),
+    ("classic.agent.lr=-1", "classic.agent.lr"),
     ("classic.env.num_envs=0", "classic.env.num_envs"),
-    ("classic.ppo.gamma=1.5", "classic.ppo.gamma"),
-    ("classic.ppo.clip_cof=0.1", "classic.ppo.clip_cof"),
-    ("classic.agent=dqn", "classic.agent"),
+    ("classic.agent.gamma=1.5", "classic.agent.gamma"),
+    ("classic.agent.clip_cof=0.1", "classic.agent.clip_cof"),
+    ("classic.agent=sarsa", "classic.agent"),
     ("classic.env.vectorization=threads", "classic.env.vectorization"),
 ])
 def test_config_errors_name_the_field(override, field):
@@ -60,8 +60,11 @@ def test_config_errors_name_the_field(override, field):
 
 
 def test_minibatches_must_fit_in_the_rollout():
-    with pytest.raises(ConfigError, match="num_minibatches"):
-        classic_config_from_dict({"classic": {"env": {"num_envs": 1}, "ppo": {"num_steps": 2, "num_minibatches": 4}}})
+    cfg = classic_config_from_dict({"classic": {"env": {"num_envs": 1},
+                                                "agent": {"name": "ppo", "num_steps": 2, "num_minibatches": 4}}})
+    envs = make_vec_env(cfg.classic.env, 0.99, 0)
+    with pytest.raises(ConfigError, match="classic.agent.num_minibatches"):
+        PPO(envs, 0, cfg.classic.agent.settings)
 
 
 def test_an_unknown_environment_is_a_config_error():
@@ -249,7 +252,7 @@ class _FixedEnvs:
 
 
 def test_collect_folds_the_truncation_and_rollout_end_bootstraps():
-    agent = PPO(PPOConfig(num_steps=3, num_minibatches=1, gamma=0.5), _FixedEnvs(), seed=0)
+    agent = PPO(_FixedEnvs(), 0, PPOSettings(num_steps=3, num_minibatches=1, gamma=0.5))
     ro = agent.collect()
     with torch.no_grad():
         v_final, v_next = agent.net.value(torch.tensor([[9.0], [3.0]]))
@@ -266,7 +269,7 @@ def test_first_minibatch_step_hand_values_and_direction():
     """On-policy first step: ratio 1, so clip_frac 0, approx_kl 0, the surrogate -mean(A_norm) = 0 and the
     value loss 0.5 mean((V - R)^2); the step raises pi(a) where the advantage is positive."""
     torch.manual_seed(0)
-    agent = PPO(PPOConfig(num_steps=4, num_minibatches=1, ent_coef=0.0, lr=1e-2), _FixedEnvs(), seed=0)
+    agent = PPO(_FixedEnvs(), 0, PPOSettings(num_steps=4, num_minibatches=1, ent_coef=0.0, lr=1e-2))
     obs = torch.zeros(4, 1)
     actions = torch.tensor([0, 1, 0, 1])
     with torch.no_grad():
@@ -285,7 +288,7 @@ def test_first_minibatch_step_hand_values_and_direction():
 
 def test_update_runs_epochs_and_reports_metrics():
     envs = make_vec_env(EnvConfig(num_envs=2), 0.99, seed=0)
-    agent = PPO(PPOConfig(num_steps=16, num_minibatches=2, update_epochs=3), envs, seed=0)
+    agent = PPO(envs, 0, PPOSettings(num_steps=16, num_minibatches=2, update_epochs=3))
     before = [p.detach().clone() for p in agent.net.parameters()]
     metrics = agent.update(agent.collect())
     for key in ("train/policy_loss", "train/value_loss", "train/entropy", "train/approx_kl", "train/clip_frac",
@@ -358,7 +361,7 @@ def test_compare_aggregates_classic_runs(tmp_path):
 
 def test_target_kl_stops_the_epochs_early():
     envs = make_vec_env(EnvConfig(num_envs=2), 0.99, seed=0)
-    agent = PPO(PPOConfig(num_steps=16, num_minibatches=2, update_epochs=10, lr=0.05, target_kl=1e-9), envs, seed=0)
+    agent = PPO(envs, 0, PPOSettings(num_steps=16, num_minibatches=2, update_epochs=10, lr=0.05, target_kl=1e-9))
     calls = []
     step = agent.minibatch_step
     agent.minibatch_step = lambda mb: calls.append(1) or step(mb)

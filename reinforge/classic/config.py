@@ -9,57 +9,18 @@ Implementations of Deep Reinforcement Learning Algorithms", JMLR 23(274)); a rec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
-from reinforge.config.base import _Strict
+from reinforge.classic.envs import EnvConfig
+from reinforge.config.base import Part, PartRef, _Strict
 from reinforge.config.recipes import RECIPES_DIR, apply_overrides
 from reinforge.errors import ConfigError
 
 CLASSIC_RECIPES_DIR = RECIPES_DIR / "classic"
 SECTION = "classic"  # the top-level key that makes a recipe a classic one
-
-
-class EnvConfig(_Strict):
-    id: str = Field("CartPole-v1", min_length=1, description="any registered Gymnasium environment id")
-    num_envs: int = Field(4, ge=1, description="environments stepped together (Gymnasium's vector API)")
-    vectorization: Literal["sync", "async"] = Field("sync", description="sync (one process) or async "
-                               "(a process per environment)")
-    normalize_obs: bool = Field(False, description="gymnasium.wrappers.NormalizeObservation per environment")
-    normalize_reward: bool = Field(False, description="gymnasium.wrappers.NormalizeReward per environment "
-                                   "(scales by the std of a discounted return, gamma = ppo.gamma)")
-    clip_obs: float = Field(10.0, gt=0, description="clip normalised observations to [-clip_obs, clip_obs]")
-    clip_reward: float = Field(10.0, gt=0, description="clip normalised rewards to [-clip_reward, clip_reward]")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
-
-    @model_validator(mode="after")
-    def _statistics_readable(self) -> EnvConfig:
-        if self.normalize_obs and self.vectorization == "async":
-            raise ValueError("normalize_obs needs vectorization: sync (the evaluation and the checkpoints read "
-                             "the observation statistics from the environments in this process)")
-        return self
-
-
-class PPOConfig(_Strict):
-    """PPO's hyper-parameters (CleanRL ppo.py's defaults)."""
-
-    num_steps: int = Field(128, ge=1, description="steps per environment per rollout")
-    lr: float = Field(2.5e-4, gt=0, description="Adam learning rate (eps 1e-5)")
-    anneal_lr: bool = Field(True, description="decay the learning rate linearly to 0 over the run")
-    gamma: float = Field(0.99, ge=0, le=1, description="discount")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
-    num_minibatches: int = Field(4, ge=1, description="mini-batches per epoch")
-    update_epochs: int = Field(4, ge=1, description="passes over each rollout")
-    norm_adv: bool = Field(True, description="whiten the advantages per mini-batch")
-    clip_coef: float = Field(0.2, ge=0, description="PPO clip range epsilon")
-    clip_vloss: bool = Field(True, description="clip the value loss around the old values (range clip_coef)")
-    ent_coef: float = Field(0.01, ge=0, description="entropy bonus coefficient")
-    vf_coef: float = Field(0.5, ge=0, description="value loss coefficient")
-    max_grad_norm: float = Field(0.5, gt=0, description="global gradient-norm clip")
-    target_kl: float | None = Field(None, gt=0, description="stop the epochs of an update once approx_kl exceeds it")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1, description="MLP widths (tanh)")
 
 
 class TrainConfig(_Strict):
@@ -83,19 +44,13 @@ class CheckpointConfig(_Strict):
 
 
 class ClassicSection(_Strict):
-    agent: Literal["ppo"] = Field("ppo", description="the agent (ppo; more to come: docs/classic.md)")
+    agent: Annotated[PartRef, Part("classic_agent")] = Field(
+        "ppo", validate_default=True, description="the agent, a registered classic agent with its options inline: "
+        "ppo, dqn (`{name: dqn, lr: 1e-3}`; docs/classic.md)")
     env: EnvConfig = Field(default_factory=EnvConfig)
-    ppo: PPOConfig = Field(default_factory=PPOConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-
-    @model_validator(mode="after")
-    def _minibatches_fit(self) -> ClassicSection:
-        if self.env.num_envs * self.ppo.num_steps < self.ppo.num_minibatches:
-            raise ValueError(f"ppo.num_minibatches ({self.ppo.num_minibatches}) exceeds the rollout's "
-                             f"env.num_envs * ppo.num_steps = {self.env.num_envs * self.ppo.num_steps} steps")
-        return self
 
 
 class ClassicConfig(_Strict):

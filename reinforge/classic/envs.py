@@ -16,12 +16,37 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
 
-from reinforge.classic.config import EnvConfig
 from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.registry import Settings
+
+
+class EnvConfig(Settings):
+    """``classic.env``: which Gymnasium environment, how many, and the wrappers."""
+
+    id: str = Field("CartPole-v1", min_length=1, description="any registered Gymnasium environment id")
+    num_envs: int = Field(4, ge=1, description="environments stepped together (Gymnasium's vector API)")
+    vectorization: Literal["sync", "async"] = Field("sync", description="sync (one process) or async "
+                               "(a process per environment)")
+    normalize_obs: bool = Field(False, description="gymnasium.wrappers.NormalizeObservation per environment")
+    normalize_reward: bool = Field(False, description="gymnasium.wrappers.NormalizeReward per environment "
+                                   "(scales by the std of a discounted return, gamma = ppo.gamma)")
+    clip_obs: float = Field(10.0, gt=0, description="clip normalised observations to [-clip_obs, clip_obs]")
+    clip_reward: float = Field(10.0, gt=0, description="clip normalised rewards to [-clip_reward, clip_reward]")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
+
+    @model_validator(mode="after")
+    def _statistics_readable(self) -> EnvConfig:
+        if self.normalize_obs and self.vectorization == "async":
+            raise ValueError("normalize_obs needs vectorization: sync (the evaluation and the checkpoints read "
+                             "the observation statistics from the environments in this process)")
+        return self
 
 
 def require_gymnasium() -> ModuleType:
@@ -98,6 +123,12 @@ def final_observations(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, dtype=np.int64), np.zeros((0,))
     index = np.flatnonzero(mask)
     return index, np.stack([np.asarray(info["final_obs"][i]) for i in index])
+
+
+def obs_tensor(obs: Any) -> Tensor:
+    """A batch of observations as a float32 [B, D] tensor (each observation flattened)."""
+    array = np.asarray(obs, dtype=np.float32)
+    return torch.from_numpy(array.reshape(array.shape[0], -1))
 
 
 def obs_normalizers(envs: Any) -> list[Any]:

@@ -18,20 +18,43 @@ the update after an epoch whose mean of it exceeds the target (CleanRL tests the
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from reinforge.algo.losses import ClipSettings, ppo_clip_loss
 from reinforge.algo.returns import episode_rows, gae_advantages_and_returns
 from reinforge.algo.value import clipped_value_loss, explained_variance
-from reinforge.classic.config import PPOConfig
-from reinforge.classic.envs import final_observations, finished_episodes
+from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
+from reinforge.classic.envs import final_observations, finished_episodes, obs_tensor
 from reinforge.classic.networks import ActorCritic, action_spec
 from reinforge.errors import ConfigError
+from reinforge.registry import Settings
+
+
+class PPOSettings(Settings):
+    """PPO's hyper-parameters (CleanRL ppo.py's defaults)."""
+
+    num_steps: int = Field(128, ge=1, description="steps per environment per rollout")
+    lr: float = Field(2.5e-4, gt=0, description="Adam learning rate (eps 1e-5)")
+    anneal_lr: bool = Field(True, description="decay the learning rate linearly to 0 over the run")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    num_minibatches: int = Field(4, ge=1, description="mini-batches per epoch")
+    update_epochs: int = Field(4, ge=1, description="passes over each rollout")
+    norm_adv: bool = Field(True, description="whiten the advantages per mini-batch")
+    clip_coef: float = Field(0.2, ge=0, description="PPO clip range epsilon")
+    clip_vloss: bool = Field(True, description="clip the value loss around the old values (range clip_coef)")
+    ent_coef: float = Field(0.01, ge=0, description="entropy bonus coefficient")
+    vf_coef: float = Field(0.5, ge=0, description="value loss coefficient")
+    max_grad_norm: float = Field(0.5, gt=0, description="global gradient-norm clip")
+    target_kl: float | None = Field(None, gt=0, description="stop the epochs of an update once approx_kl exceeds it")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1, description="MLP widths (tanh)")
 
 
 @dataclass
@@ -60,11 +83,18 @@ def gae_with_ends(rewards: Tensor, values: Tensor, ends: Tensor, gamma: float, l
     return adv[row, col].T.to(values.dtype), ret[row, col].T.to(values.dtype)
 
 
+@CLASSIC_AGENTS.register(
+    "ppo", formula="max_theta E[min(r A, clip(r, 1-eps, 1+eps) A)] - c_v L_V + c_H H, r = pi/pi_old, A = GAE",
+    paper="1707.06347", settings=PPOSettings)
 class PPO:
     """The agent: its network, optimizer and the environments' current observations."""
 
-    def __init__(self, cfg: PPOConfig, envs: Any, seed: int) -> None:
+    def __init__(self, envs: Any, seed: int, cfg: PPOSettings) -> None:
         self.cfg, self.envs = cfg, envs
+        self.steps_per_iteration = cfg.num_steps * envs.num_envs
+        if self.steps_per_iteration < cfg.num_minibatches:
+            raise ConfigError(f"classic.agent.num_minibatches ({cfg.num_minibatches}) exceeds the rollout's "
+                              f"env.num_envs * num_steps = {self.steps_per_iteration} steps")
         try:
             spec = action_spec(envs.single_action_space)
         except ValueError as e:
@@ -75,18 +105,24 @@ class PPO:
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.generator = torch.Generator().manual_seed(seed)
         obs, _ = envs.reset(seed=seed)
-        self.obs = self.obs_tensor(obs)
+        self.obs = obs_tensor(obs)
 
-    @staticmethod
-    def obs_tensor(obs: Any) -> Tensor:
-        array = np.asarray(obs, dtype=np.float32)
-        return torch.from_numpy(array.reshape(array.shape[0], -1))
+    def iterate(self, progress: float) -> Iteration:
+        """A rollout, then its update (the learning rate decayed linearly to 0 if ``anneal_lr``)."""
+        t0 = time.perf_counter()
+        ro = self.collect()
+        rollout_s = time.perf_counter() - t0
+        metrics = self.update(ro, 1.0 - progress if self.cfg.anneal_lr else 1.0)
+        return Iteration(ro.episodes, metrics, rollout_s)
+
+    def act(self, obs: Tensor, deterministic: bool) -> Tensor:
+        return self.net.act(obs, self.generator, deterministic=deterministic)[0]
 
     def _env_step(self, action: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         act = action.numpy() if not self.net.action.discrete else action.numpy().astype(np.int64)
         obs, reward, terminated, truncated, info = self.envs.step(act)
         reward = torch.as_tensor(np.asarray(reward), dtype=torch.float32)
-        return self.obs_tensor(obs), reward, torch.as_tensor(terminated), torch.as_tensor(truncated), info
+        return obs_tensor(obs), reward, torch.as_tensor(terminated), torch.as_tensor(truncated), info
 
     def _bootstrap(self, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]) -> Tensor:
         """r + gamma V(s_final) for the environments truncated in this step (not the terminated ones)."""
@@ -94,7 +130,7 @@ class PPO:
         keep = [k for k, i in enumerate(index) if truncated[i] and not terminated[i]]
         if keep:
             with torch.no_grad():
-                v = self.net.value(self.obs_tensor(final[keep]))
+                v = self.net.value(obs_tensor(final[keep]))
             reward = reward.clone()
             reward[torch.as_tensor(index[keep])] += self.cfg.gamma * v
         return reward

@@ -15,9 +15,9 @@ import torch
 import yaml
 from rich.console import Console
 
+from reinforge.classic.agents import ClassicAgent, Iteration, build_agent
 from reinforge.classic.config import ClassicConfig
-from reinforge.classic.envs import finished_episodes, make_vec_env, obs_normalizers
-from reinforge.classic.ppo import PPO
+from reinforge.classic.envs import finished_episodes, make_vec_env, obs_normalizers, obs_tensor
 from reinforge.orchestrate.run_dir import new_run_dir
 from reinforge.track.jsonl import JsonlSink
 from reinforge.train.checkpoint import save_checkpoint
@@ -55,30 +55,29 @@ class _NoTokenizer:
         return None
 
 
-def _checkpoint(run_dir: Path, agent: PPO, update: int, env_steps: int, keep: int) -> None:
-    norms = obs_normalizers(agent.envs)
-    state = {"optimizer": agent.optimizer.state_dict(), "update": update, "env_steps": env_steps,
+def _checkpoint(run_dir: Path, agent: ClassicAgent, envs: Any, update: int, env_steps: int, keep: int) -> None:
+    norms = obs_normalizers(envs)
+    state = {"optimizer": agent.optimizer.state_dict(),  # type: ignore[attr-defined] "update": update, "env_steps": env_steps,
              "obs_rms": [(n.obs_rms.mean, n.obs_rms.var, n.obs_rms.count) for n in norms]}
-    save_checkpoint(run_dir, update, _Weights(agent.net), _NoTokenizer(), state, agent.generator,
+    save_checkpoint(run_dir, update, _Weights(agent.net), _NoTokenizer(), state, agent.generator,  # type: ignore[attr-defined]
                     {"env_steps": env_steps}, keep)
 
 
-def evaluate(cfg: ClassicConfig, agent: PPO) -> dict[str, Any]:
+def evaluate(cfg: ClassicConfig, agent: ClassicAgent, train_envs: Any) -> dict[str, Any]:
     """``eval.episodes`` episodes of the policy (its mode if ``eval.deterministic``) on a fresh environment
     seeded ``seed + 10_000``, with the training environments' observation statistics (frozen)."""
     c = cfg.classic
     env = make_vec_env(c.env.model_copy(update={"vectorization": "sync", "normalize_reward": False}),
-                       c.ppo.gamma, cfg.seed + 10_000, num_envs=1)
-    for mine, theirs in zip(obs_normalizers(env), obs_normalizers(agent.envs)[:1], strict=False):
+                       c.agent.settings.gamma, cfg.seed + 10_000, num_envs=1)
+    for mine, theirs in zip(obs_normalizers(env), obs_normalizers(train_envs)[:1], strict=False):
         mine.obs_rms = theirs.obs_rms
         mine.update_running_mean = False
     obs, _ = env.reset(seed=cfg.seed + 10_000)
     returns: list[float] = []
     lengths: list[int] = []
     while len(returns) < c.eval.episodes:
-        action, _, _ = agent.net.act(agent.obs_tensor(obs), agent.generator, deterministic=c.eval.deterministic)
-        act = action.numpy().astype(np.int64) if agent.net.action.discrete else action.numpy()
-        obs, _, _, _, info = env.step(act)
+        action = agent.act(obs_tensor(obs), c.eval.deterministic).numpy()
+        obs, _, _, _, info = env.step(action.astype(np.int64) if action.dtype.kind in "iu" else action)
         for r, n in finished_episodes(info):
             returns.append(r)
             lengths.append(n)
@@ -88,17 +87,16 @@ def evaluate(cfg: ClassicConfig, agent: PPO) -> dict[str, Any]:
             "eval/deterministic": c.eval.deterministic, "returns": returns}
 
 
-def _record(update: int, env_steps: int, episodes: list[tuple[float, int]], metrics: dict[str, float],
-            start: float, rollout_s: float) -> dict[str, Any]:
+def _record(update: int, env_steps: int, it: Iteration, start: float) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     record: dict[str, Any] = {"step": update, "env_steps": env_steps}
-    if episodes:
-        record["episode/return_mean"] = float(np.mean([r for r, _ in episodes]))
-        record["episode/length_mean"] = float(np.mean([n for _, n in episodes]))
-        record["episode/count"] = len(episodes)
-    record.update(metrics)
+    if it.episodes:
+        record["episode/return_mean"] = float(np.mean([r for r, _ in it.episodes]))
+        record["episode/length_mean"] = float(np.mean([n for _, n in it.episodes]))
+        record["episode/count"] = len(it.episodes)
+    record.update(it.metrics)
     record["time/elapsed_s"] = elapsed
-    record["time/rollout_s"] = rollout_s
+    record["time/rollout_s"] = it.rollout_s
     record["perf/env_steps_per_s"] = env_steps / max(elapsed, 1e-9)
     return record
 
@@ -113,28 +111,25 @@ def train_classic(cfg: ClassicConfig, console: Console | None = None) -> Classic
     """Train ``cfg.classic.agent`` on ``cfg.classic.env`` to ``train.total_env_steps`` (or an early stop)."""
     c, console = cfg.classic, console or Console()
     torch.set_num_threads(c.train.threads)
-    envs = make_vec_env(c.env, c.ppo.gamma, cfg.seed)
+    envs = make_vec_env(c.env, c.agent.settings.gamma, cfg.seed)
+    agent = build_agent(c.agent.name, envs, cfg.seed, c.agent.settings)
     run_dir = create_classic_run_dir(cfg)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     sink = JsonlSink(run_dir / "metrics.jsonl")
-    agent = PPO(c.ppo, envs, cfg.seed)
-    per_update = c.ppo.num_steps * c.env.num_envs
+    per_update = agent.steps_per_iteration
     total = max(1, c.train.total_env_steps // per_update)
     start, env_steps, recent, stopped = time.perf_counter(), 0, [], "steps"
     update = 0
     for update in range(1, total + 1):
-        t0 = time.perf_counter()
-        ro = agent.collect()
-        rollout_s = time.perf_counter() - t0
+        it = agent.iterate((update - 1) / total)
         env_steps += per_update
-        metrics = agent.update(ro, 1.0 - (update - 1) / total if c.ppo.anneal_lr else 1.0)
-        recent = (recent + [r for r, _ in ro.episodes])[-c.train.return_window:]
-        record = _record(update, env_steps, ro.episodes, metrics, start, rollout_s)
+        recent = (recent + [r for r, _ in it.episodes])[-c.train.return_window:]
+        record = _record(update, env_steps, it, start)
         sink.write(record)
         if update % c.train.log_every == 0 or update == total:
             console.print(_line(record, total, recent), highlight=False, soft_wrap=True)
         if c.checkpoint.every and update % c.checkpoint.every == 0:
-            _checkpoint(run_dir, agent, update, env_steps, c.checkpoint.keep)
+            _checkpoint(run_dir, agent, envs, update, env_steps, c.checkpoint.keep)
         if c.train.stop_at_return is not None and len(recent) == c.train.return_window \
                 and np.mean(recent) >= c.train.stop_at_return:
             stopped = "return"
@@ -142,8 +137,8 @@ def train_classic(cfg: ClassicConfig, console: Console | None = None) -> Classic
         if c.train.time_limit_s and record["time/elapsed_s"] >= c.train.time_limit_s:
             stopped = "time"
             break
-    _checkpoint(run_dir, agent, update, env_steps, c.checkpoint.keep)
-    result = evaluate(cfg, agent) if c.eval.episodes else None
+    _checkpoint(run_dir, agent, envs, update, env_steps, c.checkpoint.keep)
+    result = evaluate(cfg, agent, envs) if c.eval.episodes else None
     envs.close()
     if result is not None:
         result.update({"step": update, "env_steps": env_steps, "stopped": stopped})

@@ -1,0 +1,35 @@
+"""Q-learning targets (pure tensor math), for value-based agents (reinforge/classic/dqn.py).
+
+    y = R + (1 - d) * g * Q_target(s', a*)
+
+with R the (n-step) discounted reward sum, g = gamma^k the discount of the bootstrap (k <= n steps
+were summed), d = 1 when the episode terminated within those steps (a truncation bootstraps, d = 0),
+and a* = argmax_a Q_target(s', a) (DQN, Mnih et al. 2015, Nature 518) or argmax_a Q_online(s', a)
+(double Q-learning, van Hasselt et al. 2016, arXiv:1509.06461: the online network picks the action,
+the target network values it, which removes max's upward bias).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def q_learning_targets(rewards: Tensor, discounts: Tensor, terminated: Tensor, next_q_target: Tensor,
+                       next_q_online: Tensor | None = None) -> Tensor:
+    """``y`` [B] from rewards, bootstrap discounts and terminated flags [B] and the next states' action
+    values [B, A] of the target network (and of the online network for double Q). No gradient."""
+    with torch.no_grad():
+        pick = next_q_online if next_q_online is not None else next_q_target
+        best = pick.argmax(-1, keepdim=True)
+        bootstrap = next_q_target.gather(-1, best).squeeze(-1)
+        return rewards + (1.0 - terminated.to(rewards.dtype)) * discounts * bootstrap
+
+
+def n_step_return(rewards: list[float], gamma: float) -> tuple[float, float]:
+    """(sum_i gamma^i r_i, gamma^k) for the k rewards of an n-step transition (k <= n)."""
+    total, discount = 0.0, 1.0
+    for r in rewards:
+        total += discount * r
+        discount *= gamma
+    return total, discount
