@@ -20,6 +20,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.algo.regression  # noqa: F401  (registers the astar_po and pacs policy losses)
     import reinforge.classic.dqn  # noqa: F401  (classic agents: dqn)
     import reinforge.classic.ppo  # noqa: F401  (classic agents: ppo)
+    import reinforge.classic.sac  # noqa: F401  (classic agents: sac)
     import reinforge.data.curriculum  # noqa: F401  (difficulty_filter, dump task samplers)
     import reinforge.data.insight  # noqa: F401  (insight task sampler)
     import reinforge.data.samplers  # noqa: F401

@@ -33,3 +33,16 @@ def n_step_return(rewards: list[float], gamma: float) -> tuple[float, float]:
         total += discount * r
         discount *= gamma
     return total, discount
+
+
+def soft_q_targets(rewards: Tensor, discounts: Tensor, terminated: Tensor, next_q_min: Tensor, next_logp: Tensor,
+                   alpha: float | Tensor) -> Tensor:
+    """SAC's soft target (Haarnoja et al. 2018, arXiv:1801.01290 and 1812.05905, with the clipped double Q
+    of TD3, Fujimoto et al. 2018, arXiv:1802.09477):
+
+        y = R + (1 - d) g (min_j Q'_j(s', a') - alpha log pi(a' | s')),  a' ~ pi(. | s')
+
+    ``next_q_min`` [B] the smaller target-network value of a', ``next_logp`` [B] its log-prob. No gradient."""
+    with torch.no_grad():
+        soft = next_q_min - alpha * next_logp
+        return rewards + (1.0 - terminated.to(rewards.dtype)) * discounts * soft

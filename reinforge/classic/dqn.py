@@ -25,9 +25,9 @@ from torch import Tensor, nn
 
 from reinforge.algo.qlearning import q_learning_targets
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
-from reinforge.classic.envs import final_observations, finished_episodes, obs_tensor
+from reinforge.classic.envs import finished_episodes, next_observations, obs_tensor
 from reinforge.classic.networks import action_spec
-from reinforge.classic.replay import NStep, Replay
+from reinforge.classic.replay import NStep, Replay, store_vector_step
 from reinforge.errors import ConfigError
 from reinforge.registry import Settings
 
@@ -106,13 +106,8 @@ class DQN:
     def _env_step(self, epsilon: float) -> list[tuple[float, int]]:
         action = self.act(self.obs, False, epsilon)
         obs, reward, terminated, truncated, info = self.envs.step(action.numpy())
-        next_obs = obs_tensor(obs).numpy().copy()
-        index, final = final_observations(info)
-        for k, i in enumerate(index):
-            next_obs[i] = np.asarray(final[k], dtype=np.float32).reshape(-1)  # the ended episode's last obs
-        for i, acc in enumerate(self.nstep):
-            acc.step(self.obs[i].numpy(), int(action[i]), float(reward[i]), next_obs[i], bool(terminated[i]),
-                     bool(truncated[i]))
+        store_vector_step(self.nstep, self.obs.numpy(), action.numpy(), reward, next_observations(obs, info),
+                          terminated, truncated)
         self.obs = obs_tensor(obs)
         self.env_steps += self.envs.num_envs
         return finished_episodes(info)

@@ -102,6 +102,9 @@ def make_vec_env(cfg: EnvConfig, gamma: float, seed: int, num_envs: int | None =
     except gym.error.Error as e:
         raise ConfigError(f"classic.env.id: cannot make {cfg.id!r}: {e}") from None
     envs.action_space.seed(seed)
+    bare = gym.make(cfg.id, **cfg.kwargs)  # ClipAction widens a Box to (-inf, inf): keep the real bounds
+    envs.bounded_action_space = bare.action_space
+    bare.close()
     return envs
 
 
@@ -123,6 +126,16 @@ def final_observations(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, dtype=np.int64), np.zeros((0,))
     index = np.flatnonzero(mask)
     return index, np.stack([np.asarray(info["final_obs"][i]) for i in index])
+
+
+def next_observations(obs: Any, info: dict[str, Any]) -> np.ndarray:
+    """The observations that follow a vector step, [E, D] float32: the returned ones, except where an
+    episode ended, its last observation (the returned one already starts the next episode)."""
+    out = obs_tensor(obs).numpy().copy()
+    index, final = final_observations(info)
+    for k, i in enumerate(index):
+        out[i] = np.asarray(final[k], dtype=np.float32).reshape(-1)
+    return out
 
 
 def obs_tensor(obs: Any) -> Tensor:

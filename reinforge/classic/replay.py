@@ -19,17 +19,20 @@ from reinforge.algo.qlearning import n_step_return
 
 
 class Replay:
-    def __init__(self, capacity: int, obs_dim: int, seed: int) -> None:
+    """``capacity`` transitions; actions are integers (``action_dim`` 0) or float vectors of ``action_dim``."""
+
+    def __init__(self, capacity: int, obs_dim: int, seed: int, action_dim: int = 0) -> None:
         self.capacity, self.size, self.pos = capacity, 0, 0
         self.obs = np.zeros((capacity, obs_dim), dtype=np.float32)
         self.next_obs = np.zeros((capacity, obs_dim), dtype=np.float32)
-        self.actions = np.zeros(capacity, dtype=np.int64)
+        self.actions = (np.zeros(capacity, dtype=np.int64) if action_dim == 0
+                        else np.zeros((capacity, action_dim), dtype=np.float32))
         self.rewards = np.zeros(capacity, dtype=np.float32)
         self.discounts = np.zeros(capacity, dtype=np.float32)
         self.terminated = np.zeros(capacity, dtype=np.float32)
         self.rng = np.random.default_rng(seed)
 
-    def add(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, terminated: bool,
+    def add(self, obs: np.ndarray, action: int | np.ndarray, reward: float, next_obs: np.ndarray, terminated: bool,
             discount: float) -> None:
         i = self.pos
         self.obs[i], self.actions[i], self.rewards[i] = obs, action, reward
@@ -49,10 +52,10 @@ class NStep:
 
     def __init__(self, n: int, gamma: float, replay: Replay) -> None:
         self.n, self.gamma, self.replay = n, gamma, replay
-        self.pending: deque[tuple[np.ndarray, int]] = deque()
+        self.pending: deque[tuple[np.ndarray, int | np.ndarray]] = deque()
         self.rewards: deque[float] = deque()
 
-    def step(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, terminated: bool,
+    def step(self, obs: np.ndarray, action: int | np.ndarray, reward: float, next_obs: np.ndarray, terminated: bool,
              truncated: bool) -> None:
         """Record a step; ``next_obs`` is the episode's last observation when it ended here."""
         self.pending.append((obs, action))
@@ -68,3 +71,12 @@ class NStep:
         total, discount = n_step_return(list(self.rewards), self.gamma)
         self.rewards.popleft()
         self.replay.add(obs, action, total, next_obs, terminated, discount)
+
+
+def store_vector_step(accumulators: list[NStep], obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                      next_obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+    """One vector step into each environment's accumulator (``next_obs``: the ended episodes' last
+    observations where an episode ended, ``envs.next_observations``)."""
+    for i, acc in enumerate(accumulators):
+        action = actions[i] if actions.ndim > 1 else int(actions[i])
+        acc.step(obs[i], action, float(rewards[i]), next_obs[i], bool(terminated[i]), bool(truncated[i]))
