@@ -65,12 +65,12 @@ def test_the_actor_updates_every_policy_frequency_critic_steps_and_targets_follo
     actor_before = [p.clone() for p in agent.actor.parameters()]
     target_before = [p.clone() for p in agent.targets.parameters()]
     m1 = agent.gradient_step(agent.replay.sample(16))
-    assert "train/actor_loss" not in m1 and all(torch.equal(a, b) for a, b in zip(actor_before, agent.actor.parameters()))
+    assert "train/actor_loss" not in m1 and all(torch.equal(a, b) for a, b in zip(actor_before, agent.actor.parameters(), strict=True))
     for p_t, p_old, p in zip(agent.targets.parameters(), target_before, agent.critics.parameters(), strict=True):
         assert_close(p_t, 0.5 * p_old + 0.5 * p)
     m2 = agent.gradient_step(agent.replay.sample(16))
     assert "train/actor_loss" in m2 and "train/alpha_loss" in m2
-    assert not all(torch.equal(a, b) for a, b in zip(actor_before, agent.actor.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(actor_before, agent.actor.parameters(), strict=True))
 
 
 def test_the_recipe_names_sac_and_errors_name_the_field():
