@@ -354,6 +354,9 @@ def test_compare_aggregates_classic_runs(tmp_path):
     text = run_compare([str(tmp_path / "ppo"), str(tmp_path / "other")], "episode/return_mean",
                        "classic.env.id", 1, None, False, 5, 0.05, n_boot=200)
     assert "| CartPole-v1 | 3 |" in text and "IQM" in text  # grouped by a config key of the classic runs
+    text = run_compare([str(tmp_path / "ppo"), str(tmp_path / "other")], "episode/return_mean",
+                       None, 1, None, False, 5, 0.05, n_boot=200)
+    assert "| ppo/CartPole-v1 | 3 |" in text  # by default: agent/environment
     text = run_compare([f"ppo={tmp_path / 'ppo' / 's0'},{tmp_path / 'ppo' / 's1'}", f"other={tmp_path / 'other'}"],
                        "episode/return_mean", None, 1, None, False, 5, 0.05, n_boot=200)
     assert "| ppo | 2 |" in text and "| other | 1 |" in text and "| ppo | other |" in text  # P(ppo > other)

@@ -107,7 +107,8 @@ def _part_name(value: Any) -> Any:
 
 def group_key(run: Run, group_by: str | None = None) -> str:
     """A run's group: the config value at ``group_by`` (dotted; a part's name for a part field), or by
-    default the run's ``preset``, else ``algo.advantage+algo.policy_loss``."""
+    default the run's ``preset``, else ``algo.advantage+algo.policy_loss``; a classic run's (docs/classic.md)
+    ``<agent>/<environment id>``."""
     if group_by is not None:
         try:
             return str(_part_name(_config_value(run.config, group_by)))
@@ -115,6 +116,11 @@ def group_key(run: Run, group_by: str | None = None) -> str:
             raise ConfigError(f"--group-by {group_by}: no such key in {run.path / 'config.yaml'}") from None
     if run.config.get("preset"):
         return str(run.config["preset"])
+    if isinstance(run.config.get("classic"), dict):
+        try:
+            return f"{_part_name(_config_value(run.config, 'classic.agent'))}/{_config_value(run.config, 'classic.env.id')}"
+        except KeyError:
+            pass
     try:
         parts = [_part_name(_config_value(run.config, f"algo.{key}")) for key in ("advantage", "policy_loss")]
         return "+".join(map(str, parts))
