@@ -19,6 +19,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.algo.objective  # noqa: F401
     import reinforge.algo.regression  # noqa: F401  (registers the astar_po and pacs policy losses)
     import reinforge.classic.dqn  # noqa: F401  (classic agents: dqn)
+    import reinforge.classic.impala  # noqa: F401  (classic agents: impala)
     import reinforge.classic.ppo  # noqa: F401  (classic agents: ppo)
     import reinforge.classic.sac  # noqa: F401  (classic agents: sac)
     import reinforge.data.curriculum  # noqa: F401  (difficulty_filter, dump task samplers)

@@ -8,7 +8,8 @@ with at least ``gamma``) around a Gymnasium vector environment. The run (classic
   (for learning-rate and exploration schedules);
 - ``steps_per_iteration``: the environment steps (over all environments) one iteration takes;
 - ``act(obs, deterministic) -> actions``: the policy for evaluation (a [B, D] float tensor in);
-- ``net`` (the ``nn.Module`` a checkpoint saves) and ``optimizer``, ``generator``.
+- ``net`` (the ``nn.Module`` a checkpoint saves) and ``optimizer``, ``generator``;
+- ``close()`` if it has one (processes or threads it started).
 
 A new agent is a module that registers its class here and is listed in ``reinforge/parts.py``.
 """
@@ -44,10 +45,11 @@ CLASSIC_AGENTS: Registry[type[ClassicAgent]] = kind("classic_agent", Registry("c
 
 
 class _AgentInputs:
-    def __init__(self, envs: Any, seed: int) -> None:
-        self.envs, self.seed = envs, seed
+    def __init__(self, envs: Any, seed: int, env_cfg: Any) -> None:
+        self.envs, self.seed, self.env_cfg = envs, seed, env_cfg
 
 
-def build_agent(name: str, envs: Any, seed: int, settings: Any) -> ClassicAgent:
-    """The registered agent ``name`` on ``envs`` with its validated ``settings``."""
-    return CLASSIC_AGENTS.call(name, _AgentInputs(envs, seed), settings)
+def build_agent(name: str, envs: Any, seed: int, settings: Any, env_cfg: Any = None) -> ClassicAgent:
+    """The registered agent ``name`` on ``envs`` with its validated ``settings`` (an agent that declares an
+    ``env_cfg`` parameter also gets ``classic.env``, e.g. to build environments in other processes)."""
+    return CLASSIC_AGENTS.call(name, _AgentInputs(envs, seed, env_cfg), settings)

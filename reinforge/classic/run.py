@@ -112,7 +112,7 @@ def train_classic(cfg: ClassicConfig, console: Console | None = None) -> Classic
     c, console = cfg.classic, console or Console()
     torch.set_num_threads(c.train.threads)
     envs = make_vec_env(c.env, c.agent.settings.gamma, cfg.seed)
-    agent = build_agent(c.agent.name, envs, cfg.seed, c.agent.settings)
+    agent = build_agent(c.agent.name, envs, cfg.seed, c.agent.settings, c.env)
     run_dir = create_classic_run_dir(cfg)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     sink = JsonlSink(run_dir / "metrics.jsonl")
@@ -139,6 +139,7 @@ def train_classic(cfg: ClassicConfig, console: Console | None = None) -> Classic
             break
     _checkpoint(run_dir, agent, envs, update, env_steps, c.checkpoint.keep)
     result = evaluate(cfg, agent, envs) if c.eval.episodes else None
+    getattr(agent, "close", lambda: None)()
     envs.close()
     if result is not None:
         result.update({"step": update, "env_steps": env_steps, "stopped": stopped})
