@@ -46,3 +46,11 @@ def soft_q_targets(rewards: Tensor, discounts: Tensor, terminated: Tensor, next_
     with torch.no_grad():
         soft = next_q_min - alpha * next_logp
         return rewards + (1.0 - terminated.to(rewards.dtype)) * discounts * soft
+
+
+def cql_penalty(q_all: Tensor, actions: Tensor) -> Tensor:
+    """Conservative Q-learning's regulariser for discrete actions, CQL(H) (Kumar et al. 2020,
+    arXiv:2006.04779, eq. 4): E_s[log sum_a exp Q(s, a) - Q(s, a_data)] over the batch, which pushes
+    down the values of actions the data does not support. ``q_all`` [B, A], ``actions`` [B]."""
+    taken = q_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return (torch.logsumexp(q_all, -1) - taken).mean()
