@@ -38,6 +38,7 @@ import copy
 import dataclasses
 import json
 import random
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -58,7 +59,7 @@ from reinforge.data.agent_tasks import calculator_splits, guessing_splits  # noq
 from reinforge.data.arithmetic import arithmetic_splits  # noqa: E402
 from reinforge.data.base import Task  # noqa: E402
 from reinforge.data.code_tasks import code_splits  # noqa: E402
-from reinforge.data.search_corpus import RELATIONS, search_splits  # noqa: E402
+from reinforge.data.search_corpus import search_splits  # noqa: E402
 from reinforge.envs.registry import build_environment  # noqa: E402
 from reinforge.envs.tools import CLOSE_TAG, OPEN_TAG  # noqa: E402
 from reinforge.eval.heldout import evaluate  # noqa: E402
@@ -166,9 +167,10 @@ SETUPS = {
     "retry": EnvSetup("retry", {"max_attempts": 3}, EpisodeLimits(3, MAX_POSITIONS, 5),
                       lambda: arithmetic_splits(digits=2, ops="+", heldout_size=500, seed=1234)),
     "code_interpreter": EnvSetup("code_interpreter", {"max_tool_calls": 2, "max_output_chars": 40},
-                                 EpisodeLimits(3, MAX_POSITIONS, 96), lambda: code_splits(heldout_size=200, seed=1234)),
+                                 EpisodeLimits(3, MAX_POSITIONS, 96),
+                                 lambda: code_splits(kinds="prod", heldout_size=200, seed=1234)),
     "search": EnvSetup("search", {"k": 2, "max_tool_calls": 2}, EpisodeLimits(3, MAX_POSITIONS, 96),
-                       lambda: search_splits(countries=200, heldout_size=100, seed=1234)),
+                       lambda: search_splits(countries=200, names="digits", heldout_size=100, seed=1234)),
 }
 
 
@@ -260,18 +262,27 @@ def _change_letter(word: str, rng: random.Random) -> str:
     return word[:i] + rng.choice([c for c in "aeioukmnrst" if c != word[i]]) + word[i + 1:]
 
 
+def _misspell(country: str, rng: random.Random) -> str:
+    """A country's name copied wrong: one letter (``Zorvia``) or one digit of the id (``land 4821``)."""
+    if country.startswith("land "):
+        return "land " + _change_digit(country[5:], rng)
+    return _change_letter(country, rng)
+
+
+_PASSAGE = re.compile(r"The (\w+) of (.+) is (?:the )?(\w+)\.$")
+
+
 def search_policy(task: Task, noise: Noise, rng: random.Random):
     relation, country = task.metadata["relation"], task.metadata["country"]
     if rng.random() < noise.search_direct:
         yield _change_letter(_change_letter(task.answer, rng), rng)
         return
-    name = _change_letter(country, rng) if rng.random() < noise.search_query_typo else country
+    name = _misspell(country, rng) if rng.random() < noise.search_query_typo else country
     query = f"{relation} of {name}"
     observation = yield OPEN_TAG + json.dumps({"name": "search", "arguments": {"query": query}}) + CLOSE_TAG
-    passages = [line.rstrip(".").split() for line in observation[0]["content"].split("\n")]
-    passages = [w for w in passages if len(w) >= 6 and w[1] in RELATIONS]  # The <relation> of <country> is [the] <value>
-    right = [w[-1] for w in passages if w[1] == relation and w[3] == name]
-    wrong = [w[-1] for w in passages if not (w[1] == relation and w[3] == name)]
+    passages = [m.groups() for m in map(_PASSAGE.match, observation[0]["content"].split("\n")) if m]
+    right = [value for r, c, value in passages if r == relation and c == name]
+    wrong = [value for r, c, value in passages if not (r == relation and c == name)]
     if wrong and (not right or rng.random() < noise.search_wrong_passage):
         yield wrong[0] if not right else rng.choice(wrong)  # after a bad query: the top passage's value
     else:
@@ -449,6 +460,8 @@ def main() -> None:
     p.add_argument("--low", type=float, default=0.2, help="stop at the first evaluation where every env's held-out "
                    "greedy success is >= low ...")
     p.add_argument("--high", type=float, default=0.6, help="... and <= high")
+    p.add_argument("--stop-envs", type=str, default="",
+                   help="comma-separated environments the --low/--high rule looks at (default: every one in the mixture)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50, help="linear learning-rate warm-up steps")
     p.add_argument("--batch", type=int, default=32, help="episodes per optimizer step")
@@ -477,7 +490,10 @@ def main() -> None:
     weights = {k: float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
     noise = Noise()
     mixture = Mixture(tok, weights, noise, args.seed)
-    active = [name for name in SETUPS if weights.get(name, 0) > 0]  # evaluated and in the stopping rule
+    active = [name for name in SETUPS if weights.get(name, 0) > 0]  # evaluated
+    stop_envs = [n.strip() for n in args.stop_envs.split(",") if n.strip()] or active  # in the stopping rule
+    if not set(stop_envs) <= set(active):
+        sys.exit(f"--stop-envs {stop_envs} must be environments of the mixture {active}")
     engine = TorchRolloutEngine(copy.deepcopy(model), tok, "cpu", seed=args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
@@ -513,7 +529,7 @@ def main() -> None:
             if args.save_evals:
                 model.save_pretrained(args.out / f"step-{step}")
                 tok.save_pretrained(args.out / f"step-{step}")
-            if all(args.low <= v <= args.high for v in greedy.values()):
+            if all(args.low <= greedy[name] <= args.high for name in stop_envs):
                 break
     else:
         sys.exit(f"no evaluation had every env's held-out success in [{args.low}, {args.high}] in {args.max_steps} steps")
@@ -543,6 +559,7 @@ def main() -> None:
         "batch_episodes": args.batch,
         "learning_rate": args.lr,
         "mixture": weights,
+        "stopping_rule": {"low": args.low, "high": args.high, "envs": stop_envs, "eval_every": args.eval_every},
         "episodes_seen": counts,
         "noise": dataclasses.asdict(noise),
         "build_seconds": round(elapsed, 1),
@@ -559,7 +576,7 @@ def main() -> None:
         "transformers": transformers.__version__,
     }
     (args.out / "build_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    (args.out / "README.md").write_text(model_card(stats))
+    (args.out / "README.md").write_text(model_card(stats, args.out.name))
     print(json.dumps({k: stats[k] for k in ("parameters", "pretraining_steps", "build_seconds",
                                             "heldout_greedy_success", "heldout_single_turn_arithmetic_greedy")},
                      indent=2))
@@ -575,21 +592,35 @@ def check_saved(out: Path, greedy: dict[str, float], names: list[str]) -> None:
         sys.exit(f"the saved model plays differently: {again} != {greedy}")
 
 
-def model_card(stats: dict) -> str:
+def model_card(stats: dict, name: str) -> str:
     greedy, sampled = stats["heldout_greedy_success"], next(v for k, v in stats.items() if k.startswith("heldout_sampled"))
     rows = "\n".join(
         f"| {name} | {greedy[name]} | " + " | ".join(str(v) for v in sampled[name].values()) + " |" for name in greedy)
     sampled_header = " | ".join(f"{k} (temperature 1)" for k in next(iter(sampled.values())))
     mixture = ", ".join(f"{k} {v:g}" for k, v in stats["mixture"].items())
-    return MODEL_CARD.format(**{**stats, "rows": rows, "sampled_header": sampled_header, "mixture": mixture})
+    rule = stats["stopping_rule"]
+    tools = [t for t in ("code_interpreter", "search") if t in stats["mixture"]]
+    about = MODEL_CARD_TOOLS if tools else MODEL_CARD_BASE
+    return MODEL_CARD.format(**{**stats, "rows": rows, "sampled_header": sampled_header, "mixture": mixture,
+                                "name": name, "about": about.format(init=stats["init"]),
+                                "rule_envs": ", ".join(rule["envs"]), **rule})
 
 
-MODEL_CARD = """# tiny-agent
-
-reinforge's shipped agent model, written by `scripts/build_tiny_agent.py` (do not edit by hand); see
+MODEL_CARD_BASE = """reinforge's shipped agent model, written by `scripts/build_tiny_agent.py` (do not edit by hand); see
 docs/agent_model.md. tiny-base (arithmetic only) continued on multi-turn transcripts of the built-in
 environments, played by scripted noisy policies, so that it calls the `calc` tool in Hermes format and
-plays the guessing and retry games at a non-trivial but imperfect level: RL has room on each.
+plays the guessing and retry games at a non-trivial but imperfect level: RL has room on each."""
+MODEL_CARD_TOOLS = """reinforge's shipped model for the `python` (code_interpreter) and `search` tools, written by
+`scripts/build_tiny_agent.py` (do not edit by hand); see docs/agent_model.md. {init} continued on
+multi-turn transcripts of the built-in environments, played by scripted noisy policies, mostly
+code_interpreter (`4821*379=` -> `print(4821*379)`) and search over the digit-named corpus
+(`capital of land 4821?` -> query `capital of land 4821`), with a little of the old environments to keep
+the chat format: both tools at a non-trivial but imperfect level, so RL has room on each. The recipes
+`agent_code` and `agent_search` use it."""
+
+MODEL_CARD = """# {name}
+
+{about}
 
 - Architecture: tiny-base's Llama (3 layers, hidden 256, 4 heads, tied embeddings), {parameters} parameters,
   vocabulary {vocab_size}, context {max_position_embeddings} positions.
@@ -601,7 +632,7 @@ plays the guessing and retry games at a non-trivial but imperfect level: RL has 
   `<bos><|system|>tools: calc<|user|>482*37=<|assistant|><tool_call>{{"name": "calc", "arguments": {{"expr": "482*37"}}}}</tool_call><eos><|tool|>17834<|assistant|>17834<eos>`
 - Pretraining: {arithmetic_only_steps} steps of chat arithmetic (tiny-base's train split), then episodes
   mixed as {mixture}; loss on the assistant tokens (token mean); train splits only; stopped at the first
-  evaluation (every 100 steps) where every environment's held-out greedy success was in [0.2, 0.6].
+  evaluation (every {eval_every} steps) where the held-out greedy success of {rule_envs} was in [{low}, {high}].
 
 | | |
 |---|---|
@@ -612,8 +643,8 @@ plays the guessing and retry games at a non-trivial but imperfect level: RL has 
 | held-out single-turn arithmetic (greedy) | {heldout_single_turn_arithmetic_greedy} |
 | torch | {torch} |
 
-Held-out success, played with reinforge's rollout engine and `episode_player` exactly as the recipes
-`agent_calculator`, `agent_guessing`, `agent_retry` evaluate it. Guessing here is the build's split:
+Held-out success, played with reinforge's rollout engine and `episode_player` exactly as
+the `agent_*` recipes evaluate it. Guessing (when in the mixture) is the build's split:
 pretraining saw the 24 train secrets, and this row is the 8 held-out secrets; the `agent_guessing`
 recipe evaluates on all 32 secrets (greedy 0.391, mean@16 0.30-0.32 before RL: docs/agent_model.md).
 
