@@ -460,6 +460,11 @@ def main() -> None:
     p.add_argument("--low", type=float, default=0.2, help="stop at the first evaluation where every env's held-out "
                    "greedy success is >= low ...")
     p.add_argument("--high", type=float, default=0.6, help="... and <= high")
+    p.add_argument("--code-kinds", type=str, default="prod",
+                   help="code_interpreter task kinds (reinforge/data/code_tasks.py), as the agent_code recipe sets them")
+    p.add_argument("--stop-at-step", type=int, default=0,
+                   help="stop at this step's evaluation whatever the --low/--high rule says (a step picked from a "
+                        "--save-evals run: the same command with this flag writes that step's model)")
     p.add_argument("--stop-envs", type=str, default="",
                    help="comma-separated environments the --low/--high rule looks at (default: every one in the mixture)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -472,12 +477,16 @@ def main() -> None:
     p.add_argument("--token-budget", type=int, default=2048, help="padded tokens per micro-batch")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--final-samples", type=int, default=4, help="sampled episodes per held-out task at the end")
-    p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--max-steps", type=int, default=3000,
+                   help="0: no training, evaluate --init and write it (the last stage of a build picked from --save-evals)")
+    p.add_argument("--note", type=str, default="", help="a line for build_stats.json and the model card (e.g. the stages)")
     p.add_argument("--show", action="store_true", help="print a few greedy held-out episodes at every evaluation")
     p.add_argument("--save-evals", action="store_true",
                    help="also write the model and tokenizer to --out/step-<N> at every evaluation (candidates to compare)")
     args = p.parse_args()
 
+    SETUPS["code_interpreter"] = dataclasses.replace(
+        SETUPS["code_interpreter"], splits=lambda: code_splits(kinds=args.code_kinds, heldout_size=200, seed=1234))
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -529,10 +538,12 @@ def main() -> None:
             if args.save_evals:
                 model.save_pretrained(args.out / f"step-{step}")
                 tok.save_pretrained(args.out / f"step-{step}")
-            if all(args.low <= greedy[name] <= args.high for name in stop_envs):
+            if step == args.stop_at_step or all(args.low <= greedy[name] <= args.high for name in stop_envs):
                 break
     else:
-        sys.exit(f"no evaluation had every env's held-out success in [{args.low}, {args.high}] in {args.max_steps} steps")
+        if args.max_steps > 0:
+            sys.exit(f"no evaluation had every env's held-out success in [{args.low}, {args.high}] in {args.max_steps} steps")
+        greedy = {name: r["greedy"] for name, r in env_success(engine, active).items()}  # --max-steps 0: --init as is
 
     torch.manual_seed(args.seed + 1)
     engine.generator.manual_seed(args.seed + 1)
@@ -559,7 +570,10 @@ def main() -> None:
         "batch_episodes": args.batch,
         "learning_rate": args.lr,
         "mixture": weights,
-        "stopping_rule": {"low": args.low, "high": args.high, "envs": stop_envs, "eval_every": args.eval_every},
+        "code_kinds": args.code_kinds,
+        "note": args.note,
+        "stopping_rule": {"low": args.low, "high": args.high, "envs": stop_envs, "eval_every": args.eval_every,
+                          "stop_at_step": args.stop_at_step},
         "episodes_seen": counts,
         "noise": dataclasses.asdict(noise),
         "build_seconds": round(elapsed, 1),
@@ -621,6 +635,8 @@ the chat format: both tools at a non-trivial but imperfect level, so RL has room
 MODEL_CARD = """# {name}
 
 {about}
+
+{note}
 
 - Architecture: tiny-base's Llama (3 layers, hidden 256, 4 heads, tied embeddings), {parameters} parameters,
   vocabulary {vocab_size}, context {max_position_embeddings} positions.
