@@ -269,13 +269,21 @@ def _misspell(country: str, rng: random.Random) -> str:
     return _change_letter(country, rng)
 
 
-_PASSAGE = re.compile(r"The (\w+) of (.+) is (?:the )?(\w+)\.$")
+_PASSAGE = re.compile(r"The (\w+) of (.+) is (?:the )?(.+)\.$")
+
+
+def _made_up(answer: str, rng: random.Random) -> str:
+    """A wrong answer of the answer's style: two letters changed (``Qelmu``) or one digit (``city 3917``)."""
+    prefix, _, number = answer.rpartition(" ")
+    if number.isdigit():
+        return f"{prefix} {_change_digit(number, rng)}"
+    return _change_letter(_change_letter(answer, rng), rng)
 
 
 def search_policy(task: Task, noise: Noise, rng: random.Random):
     relation, country = task.metadata["relation"], task.metadata["country"]
     if rng.random() < noise.search_direct:
-        yield _change_letter(_change_letter(task.answer, rng), rng)
+        yield _made_up(task.answer, rng)
         return
     name = _misspell(country, rng) if rng.random() < noise.search_query_typo else country
     query = f"{relation} of {name}"
@@ -462,6 +470,8 @@ def main() -> None:
     p.add_argument("--high", type=float, default=0.6, help="... and <= high")
     p.add_argument("--code-kinds", type=str, default="prod",
                    help="code_interpreter task kinds (reinforge/data/code_tasks.py), as the agent_code recipe sets them")
+    p.add_argument("--search-names", type=str, default="digits",
+                   help="search corpus style (reinforge/data/search_corpus.py), as the agent_search recipe sets it")
     p.add_argument("--stop-at-step", type=int, default=0,
                    help="stop at this step's evaluation whatever the --low/--high rule says (a step picked from a "
                         "--save-evals run: the same command with this flag writes that step's model)")
@@ -487,6 +497,8 @@ def main() -> None:
 
     SETUPS["code_interpreter"] = dataclasses.replace(
         SETUPS["code_interpreter"], splits=lambda: code_splits(kinds=args.code_kinds, heldout_size=200, seed=1234))
+    SETUPS["search"] = dataclasses.replace(SETUPS["search"], splits=lambda: search_splits(
+        countries=200, names=args.search_names, heldout_size=100, seed=1234))
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -571,6 +583,7 @@ def main() -> None:
         "learning_rate": args.lr,
         "mixture": weights,
         "code_kinds": args.code_kinds,
+        "search_names": args.search_names,
         "note": args.note,
         "stopping_rule": {"low": args.low, "high": args.high, "envs": stop_envs, "eval_every": args.eval_every,
                           "stop_at_step": args.stop_at_step},

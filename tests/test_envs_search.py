@@ -31,7 +31,7 @@ def say(env: SearchEnv, content: str):
 def value_in(passages: str, relation: str, country: str) -> str:
     """What the passage about ``relation`` of ``country`` says, read from a search result."""
     (line,) = [p for p in passages.split("\n") if p.startswith(f"The {relation} of {country} is ")]
-    return line.rstrip(".").split()[-1]
+    return line.rstrip(".").removeprefix(f"The {relation} of {country} is ").removeprefix("the ")
 
 
 def perfect_episode(env: SearchEnv, task: Task) -> float:
@@ -40,7 +40,7 @@ def perfect_episode(env: SearchEnv, task: Task) -> float:
     relation, question = task.metadata["relation"], task.prompt[0]["content"].rstrip("?")
     country = task.metadata["country"]
     if task.metadata["hops"] == 2:
-        leader = question.split()[-1]
+        leader = question.removeprefix(f"{relation} of the land led by ")
         found = say(env, call(question)).observation[0]["content"]
         country = next(re.match(r"The leader of (.+) is ", p)[1] for p in found.split("\n") if p.endswith(f" is {leader}."))
         question = f"{relation} of {country}"
@@ -192,9 +192,9 @@ def test_digit_names_keep_the_values_and_name_each_country_by_a_distinct_id():
     ids = [c.name.removeprefix("land ") for c in countries]
     assert len(set(ids)) == 2000 and all(len(i) == 4 and i.isdigit() and i[0] != "0" for i in ids)
     assert [c.capital for c in countries] == [c.capital for c in corpus(2000, 3)[0]]
-    with pytest.raises(ValueError, match="names must be one of syllables, digits"):
+    with pytest.raises(ValueError, match="names must be one of syllables, digits, ids"):
         corpus(2, 0, "letters")
-    with pytest.raises(ValueError, match="names must be one of syllables, digits"):
+    with pytest.raises(ValueError, match="names must be one of syllables, digits, ids"):
         search_splits(names="numbers")
 
 
@@ -236,3 +236,28 @@ def test_digit_questions_are_found_first_and_a_perfect_policy_answers_them():
     query = f"{task.metadata['relation']} of {task.metadata['country']}"
     assert say(env, call(query)).observation[0]["content"].split("\n")[0] == passage(
         next(c for c in countries if c.name == task.metadata["country"]), task.metadata["relation"])
+
+
+def test_id_names_name_every_entity_by_a_distinct_id_and_stay_searchable():
+    (first, second), passages = corpus(2, 0, "ids")
+    assert (first, second) == (Country("land 9493", "city 6789", "chief 5686", "coin 6077"),
+                               Country("land 5738", "city 7602", "chief 9276", "coin 5853"))
+    assert passages[:3] == ("The capital of land 9493 is city 6789.", "The leader of land 9493 is chief 5686.",
+                            "The currency of land 9493 is the coin 6077.")
+    countries, _ = corpus(2000, 0, "ids")  # 8000 distinct ids out of 1000-9999
+    ids = [n.split()[1] for c in countries for n in (c.name, c.capital, c.leader, c.currency)]
+    assert len(set(ids)) == 8000
+    splits = search_splits(names="ids", heldout_size=100)
+    task = splits.heldout[0]
+    relation, country = task.metadata["relation"], task.metadata["country"]
+    assert task.prompt[0]["content"] == f"{relation} of {country}?"
+    assert task.answer == getattr(next(c for c in corpus(200, 0, "ids")[0] if c.name == country), relation)
+    assert task.answer.split()[0] == {"capital": "city", "leader": "chief", "currency": "coin"}[relation]
+    index = search_index(200, 0, "ids")
+    for c in corpus(200, 0, "ids")[0]:
+        for r in RELATIONS:
+            assert index.search(f"{r} of {c.name}", 1) == [passage(c, r)], (r, c.name)
+    env = SearchEnv(k=2)
+    assert [perfect_episode(env, t) for t in splits.heldout] == [1.0] * 100
+    two_hop = search_splits(names="ids", hops=2, heldout_size=40).heldout  # "capital of the land led by chief 5686?"
+    assert [perfect_episode(SearchEnv(k=2, max_tool_calls=2), t) for t in two_hop] == [1.0] * 40

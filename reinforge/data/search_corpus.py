@@ -20,6 +20,9 @@ land 4821 is Qelmu."``, question ``"capital of land 4821?"``, query ``capital of
 values (capitals, leaders, currencies) are the same invented names as with ``names="syllables"`` (the
 default), so they still cannot be guessed; BM25 indexes the id as one word (``4821``), the rarest word
 of the query. ``hops=2`` works with both: its question names the leader (a syllable name) either way.
+``names="ids"`` names the values by ids too (``"The capital of land 4821 is city 3917."`` ->
+``city 3917``): for models that cannot copy letters at all from a tool's result (tiny-agent-tools could
+not learn to in its build budget, docs/agent_model.md). Still not guessable: 4 random digits.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "eo")
 _CODAS = ("", "", "", "n", "r", "l", "m", "s", "k")
 MAX_COUNTRIES = 2000
-NAME_STYLES = ("syllables", "digits")
+NAME_STYLES = ("syllables", "digits", "ids")
+ID_PREFIXES = ("land", "city", "chief", "coin")  # names="ids": country, capital, leader, currency
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ def corpus(countries: int = 200, corpus_seed: int = 0, names: str = "syllables",
     Names never repeat and none is a word of another fact's text, so every fact has exactly one
     passage and one answer. ``names="digits"``: each country's name is ``land <id>`` with a distinct
     4-digit id (drawn from its own seeded stream; every value is the same as with ``"syllables"``).
+    ``names="ids"``: every entity is a prefix and a 4-digit id, all ids distinct (``land 4821``,
+    ``city 3917``, ``chief 5120``, ``coin 7716``).
     Deterministic in ``(countries, corpus_seed, names)`` (a larger corpus extends a smaller one of the
     same seed for syllables; digit ids are a seeded sample, not always a prefix of a larger one); cached.
     """
@@ -92,6 +98,10 @@ def corpus(countries: int = 200, corpus_seed: int = 0, names: str = "syllables",
     if names == "digits":
         ids = random.Random(f"search-corpus-ids-{corpus_seed}").sample(range(1000, 10000), countries)
         people = [dataclasses.replace(c, name=f"land {i}") for c, i in zip(people, ids, strict=True)]
+    elif names == "ids":
+        ids = random.Random(f"search-corpus-all-ids-{corpus_seed}").sample(range(1000, 10000), 4 * countries)
+        people = [Country(*(f"{prefix} {ids[4 * i + j]}" for j, prefix in enumerate(ID_PREFIXES)))
+                  for i in range(countries)]
     return tuple(people), tuple(passage(c, r) for c in people for r in RELATIONS)
 
 
