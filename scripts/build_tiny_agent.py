@@ -29,6 +29,22 @@
 
 Reproducible: fixed seed, deterministic CPU kernels, a fixed thread count (``--threads``, recorded).
 Nothing is edited by hand afterwards.
+
+``tiny-agent-tools`` (the `python` and `search` tools; docs/agent_model.md) is built by five runs of this
+script, each ``--init`` the previous one's ``--out``; ``--stop-at-step`` stops a run at the step picked
+from a ``--save-evals`` run, ``--max-steps 0`` writes its ``--init`` as is (last run)::
+
+    B="python scripts/build_tiny_agent.py --arith-steps 0 --warmup 20 --threads 1 --stop-envs code_interpreter,search"
+    $B --init tiny-agent --out /tmp/tat1 --eval-every 50 --low 0.2 --high 0.6 --max-steps 1500 --stop-at-step 500 \
+       --mix arithmetic=0.05,calculator=0.1,guessing=0.05,retry=0.1,code_interpreter=0.35,search=0.35
+    $B --init /tmp/tat1 --out /tmp/tat2 --lr 5e-4 --eval-every 50 --low 0.2 --high 0.6 --max-steps 1000 \
+       --stop-at-step 100 --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.4,search=0.4
+    $B --init /tmp/tat2 --out /tmp/tat3 --lr 5e-4 --eval-every 50 --low 0.2 --high 0.95 --max-steps 1000 \
+       --stop-at-step 100 --mix arithmetic=0.05,calculator=0.05,retry=0.05,code_interpreter=0.15,search=0.7
+    $B --init /tmp/tat3 --out /tmp/tat4 --lr 5e-4 --eval-every 25 --low 0.2 --high 0.9 --max-steps 600 \
+       --stop-at-step 350 --search-names ids --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.3,search=0.5
+    $B --init /tmp/tat4 --out reinforge/assets/tiny-agent-tools --max-steps 0 --search-names ids \
+       --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.3,search=0.5 --note "..."
 """
 
 from __future__ import annotations
@@ -628,9 +644,15 @@ def model_card(stats: dict, name: str) -> str:
     rule = stats["stopping_rule"]
     tools = [t for t in ("code_interpreter", "search") if t in stats["mixture"]]
     about = MODEL_CARD_TOOLS if tools else MODEL_CARD_BASE
+    pretraining = (
+        f"{stats['arithmetic_only_steps']} steps of chat arithmetic (tiny-base's train split), then episodes mixed as "
+        f"{mixture}; loss on the assistant tokens (token mean); train splits only; stopped at the first evaluation "
+        f"(every {rule['eval_every']} steps) where the held-out greedy success of {', '.join(rule['envs'])} was in "
+        f"[{rule['low']}, {rule['high']}]" + (f" or at step {rule['stop_at_step']}" if rule["stop_at_step"] else "") + "."
+        if stats["pretraining_steps"] else "none in this command (`--max-steps 0`: the `--init` model, evaluated and "
+        "written as is; the stages that trained it are above).")
     return MODEL_CARD.format(**{**stats, "rows": rows, "sampled_header": sampled_header, "mixture": mixture,
-                                "name": name, "about": about.format(init=stats["init"]),
-                                "rule_envs": ", ".join(rule["envs"]), **rule})
+                                "name": name, "about": about, "pretraining": pretraining})
 
 
 MODEL_CARD_BASE = """reinforge's shipped agent model, written by `scripts/build_tiny_agent.py` (do not edit by hand); see
@@ -638,12 +660,13 @@ docs/agent_model.md. tiny-base (arithmetic only) continued on multi-turn transcr
 environments, played by scripted noisy policies, so that it calls the `calc` tool in Hermes format and
 plays the guessing and retry games at a non-trivial but imperfect level: RL has room on each."""
 MODEL_CARD_TOOLS = """reinforge's shipped model for the `python` (code_interpreter) and `search` tools, written by
-`scripts/build_tiny_agent.py` (do not edit by hand); see docs/agent_model.md. {init} continued on
+`scripts/build_tiny_agent.py` (do not edit by hand); see docs/agent_model.md. tiny-agent continued on
 multi-turn transcripts of the built-in environments, played by scripted noisy policies, mostly
-code_interpreter (`4821*379=` -> `print(4821*379)`) and search over the digit-named corpus
-(`capital of land 4821?` -> query `capital of land 4821`), with a little of the old environments to keep
-the chat format: both tools at a non-trivial but imperfect level, so RL has room on each. The recipes
-`agent_code` and `agent_search` use it."""
+code_interpreter (`4821*379=` -> `print(4821*379)`) and search (`capital of land 4821?` -> query
+`capital of land 4821` -> answer `city 3917`, the corpus of `names: ids`), with a little of the old
+environments to keep the chat format. The recipes `agent_code` and `agent_search` use it. It writes
+the program and copies its output (code_interpreter); it writes the search query but copies the
+value from the passage only approximately (search success near 0): see the table."""
 
 MODEL_CARD = """# {name}
 
@@ -659,9 +682,7 @@ MODEL_CARD = """# {name}
   message or tools, then `<|role|>content` per message, assistant turns closed by `<eos>`; generation
   prompt `<|assistant|>`. E.g.
   `<bos><|system|>tools: calc<|user|>482*37=<|assistant|><tool_call>{{"name": "calc", "arguments": {{"expr": "482*37"}}}}</tool_call><eos><|tool|>17834<|assistant|>17834<eos>`
-- Pretraining: {arithmetic_only_steps} steps of chat arithmetic (tiny-base's train split), then episodes
-  mixed as {mixture}; loss on the assistant tokens (token mean); train splits only; stopped at the first
-  evaluation (every {eval_every} steps) where the held-out greedy success of {rule_envs} was in [{low}, {high}].
+- Pretraining: {pretraining}
 
 | | |
 |---|---|
