@@ -19,10 +19,10 @@ can copy digits but not letters from the prompt (the shipped char-level tiny mod
 land 4821 is Qelmu."``, question ``"capital of land 4821?"``, query ``capital of land 4821``. The
 values (capitals, leaders, currencies) are the same invented names as with ``names="syllables"`` (the
 default), so they still cannot be guessed; BM25 indexes the id as one word (``4821``), the rarest word
-of the query. ``hops=2`` works with both: its question names the leader (a syllable name) either way.
-``names="ids"`` names the values by ids too (``"The capital of land 4821 is city 3917."`` ->
-``city 3917``): for models that cannot copy letters at all from a tool's result (tiny-agent-tools could
-not learn to in its build budget, docs/agent_model.md). Still not guessable: 4 random digits.
+of the query. ``names="ids"`` names the values by ids too, all ids distinct (``"The capital of land 4821
+is city 3917."`` -> ``city 3917``; leaders ``chief 5120``, currencies ``coin 7716``): for models that
+cannot copy letters from a tool's result at all (the agent_search recipe; docs/agent_model.md). Still
+not guessable: 4 random digits. ``hops=2`` works with every style (its question names the leader).
 """
 
 from __future__ import annotations
