@@ -29,6 +29,22 @@
 
 Reproducible: fixed seed, deterministic CPU kernels, a fixed thread count (``--threads``, recorded).
 Nothing is edited by hand afterwards.
+
+``tiny-agent-tools`` (the `python` and `search` tools; docs/agent_model.md) is built by five runs of this
+script, each ``--init`` the previous one's ``--out``; ``--stop-at-step`` stops a run at the step picked
+from a ``--save-evals`` run, ``--max-steps 0`` writes its ``--init`` as is (last run)::
+
+    B="python scripts/build_tiny_agent.py --arith-steps 0 --warmup 20 --threads 1 --stop-envs code_interpreter,search"
+    $B --init tiny-agent --out /tmp/tat1 --eval-every 50 --low 0.2 --high 0.6 --max-steps 1500 --stop-at-step 500 \
+       --mix arithmetic=0.05,calculator=0.1,guessing=0.05,retry=0.1,code_interpreter=0.35,search=0.35
+    $B --init /tmp/tat1 --out /tmp/tat2 --lr 5e-4 --eval-every 50 --low 0.2 --high 0.6 --max-steps 1000 \
+       --stop-at-step 100 --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.4,search=0.4
+    $B --init /tmp/tat2 --out /tmp/tat3 --lr 5e-4 --eval-every 50 --low 0.2 --high 0.95 --max-steps 1000 \
+       --stop-at-step 100 --mix arithmetic=0.05,calculator=0.05,retry=0.05,code_interpreter=0.15,search=0.7
+    $B --init /tmp/tat3 --out /tmp/tat4 --lr 5e-4 --eval-every 25 --low 0.2 --high 0.9 --max-steps 600 \
+       --stop-at-step 350 --search-names ids --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.3,search=0.5
+    $B --init /tmp/tat4 --out reinforge/assets/tiny-agent-tools --max-steps 0 --search-names ids \
+       --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.3,search=0.5 --note "..."
 """
 
 from __future__ import annotations
@@ -38,6 +54,7 @@ import copy
 import dataclasses
 import json
 import random
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -58,7 +75,7 @@ from reinforge.data.agent_tasks import calculator_splits, guessing_splits  # noq
 from reinforge.data.arithmetic import arithmetic_splits  # noqa: E402
 from reinforge.data.base import Task  # noqa: E402
 from reinforge.data.code_tasks import code_splits  # noqa: E402
-from reinforge.data.search_corpus import RELATIONS, search_splits  # noqa: E402
+from reinforge.data.search_corpus import search_splits  # noqa: E402
 from reinforge.envs.registry import build_environment  # noqa: E402
 from reinforge.envs.tools import CLOSE_TAG, OPEN_TAG  # noqa: E402
 from reinforge.eval.heldout import evaluate  # noqa: E402
@@ -166,9 +183,10 @@ SETUPS = {
     "retry": EnvSetup("retry", {"max_attempts": 3}, EpisodeLimits(3, MAX_POSITIONS, 5),
                       lambda: arithmetic_splits(digits=2, ops="+", heldout_size=500, seed=1234)),
     "code_interpreter": EnvSetup("code_interpreter", {"max_tool_calls": 2, "max_output_chars": 40},
-                                 EpisodeLimits(3, MAX_POSITIONS, 96), lambda: code_splits(heldout_size=200, seed=1234)),
+                                 EpisodeLimits(3, MAX_POSITIONS, 96),
+                                 lambda: code_splits(kinds="prod", heldout_size=200, seed=1234)),
     "search": EnvSetup("search", {"k": 2, "max_tool_calls": 2}, EpisodeLimits(3, MAX_POSITIONS, 96),
-                       lambda: search_splits(countries=200, heldout_size=100, seed=1234)),
+                       lambda: search_splits(countries=200, names="digits", heldout_size=100, seed=1234)),
 }
 
 
@@ -260,18 +278,35 @@ def _change_letter(word: str, rng: random.Random) -> str:
     return word[:i] + rng.choice([c for c in "aeioukmnrst" if c != word[i]]) + word[i + 1:]
 
 
+def _misspell(country: str, rng: random.Random) -> str:
+    """A country's name copied wrong: one letter (``Zorvia``) or one digit of the id (``land 4821``)."""
+    if country.startswith("land "):
+        return "land " + _change_digit(country[5:], rng)
+    return _change_letter(country, rng)
+
+
+_PASSAGE = re.compile(r"The (\w+) of (.+) is (?:the )?(.+)\.$")
+
+
+def _made_up(answer: str, rng: random.Random) -> str:
+    """A wrong answer of the answer's style: two letters changed (``Qelmu``) or one digit (``city 3917``)."""
+    prefix, _, number = answer.rpartition(" ")
+    if number.isdigit():
+        return f"{prefix} {_change_digit(number, rng)}"
+    return _change_letter(_change_letter(answer, rng), rng)
+
+
 def search_policy(task: Task, noise: Noise, rng: random.Random):
     relation, country = task.metadata["relation"], task.metadata["country"]
     if rng.random() < noise.search_direct:
-        yield _change_letter(_change_letter(task.answer, rng), rng)
+        yield _made_up(task.answer, rng)
         return
-    name = _change_letter(country, rng) if rng.random() < noise.search_query_typo else country
+    name = _misspell(country, rng) if rng.random() < noise.search_query_typo else country
     query = f"{relation} of {name}"
     observation = yield OPEN_TAG + json.dumps({"name": "search", "arguments": {"query": query}}) + CLOSE_TAG
-    passages = [line.rstrip(".").split() for line in observation[0]["content"].split("\n")]
-    passages = [w for w in passages if len(w) >= 6 and w[1] in RELATIONS]  # The <relation> of <country> is [the] <value>
-    right = [w[-1] for w in passages if w[1] == relation and w[3] == name]
-    wrong = [w[-1] for w in passages if not (w[1] == relation and w[3] == name)]
+    passages = [m.groups() for m in map(_PASSAGE.match, observation[0]["content"].split("\n")) if m]
+    right = [value for r, c, value in passages if r == relation and c == name]
+    wrong = [value for r, c, value in passages if not (r == relation and c == name)]
     if wrong and (not right or rng.random() < noise.search_wrong_passage):
         yield wrong[0] if not right else rng.choice(wrong)  # after a bad query: the top passage's value
     else:
@@ -449,6 +484,15 @@ def main() -> None:
     p.add_argument("--low", type=float, default=0.2, help="stop at the first evaluation where every env's held-out "
                    "greedy success is >= low ...")
     p.add_argument("--high", type=float, default=0.6, help="... and <= high")
+    p.add_argument("--code-kinds", type=str, default="prod",
+                   help="code_interpreter task kinds (reinforge/data/code_tasks.py), as the agent_code recipe sets them")
+    p.add_argument("--search-names", type=str, default="digits",
+                   help="search corpus style (reinforge/data/search_corpus.py), as the agent_search recipe sets it")
+    p.add_argument("--stop-at-step", type=int, default=0,
+                   help="stop at this step's evaluation whatever the --low/--high rule says (a step picked from a "
+                        "--save-evals run: the same command with this flag writes that step's model)")
+    p.add_argument("--stop-envs", type=str, default="",
+                   help="comma-separated environments the --low/--high rule looks at (default: every one in the mixture)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50, help="linear learning-rate warm-up steps")
     p.add_argument("--batch", type=int, default=32, help="episodes per optimizer step")
@@ -459,12 +503,18 @@ def main() -> None:
     p.add_argument("--token-budget", type=int, default=2048, help="padded tokens per micro-batch")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--final-samples", type=int, default=4, help="sampled episodes per held-out task at the end")
-    p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--max-steps", type=int, default=3000,
+                   help="0: no training, evaluate --init and write it (the last stage of a build picked from --save-evals)")
+    p.add_argument("--note", type=str, default="", help="a line for build_stats.json and the model card (e.g. the stages)")
     p.add_argument("--show", action="store_true", help="print a few greedy held-out episodes at every evaluation")
     p.add_argument("--save-evals", action="store_true",
                    help="also write the model and tokenizer to --out/step-<N> at every evaluation (candidates to compare)")
     args = p.parse_args()
 
+    SETUPS["code_interpreter"] = dataclasses.replace(
+        SETUPS["code_interpreter"], splits=lambda: code_splits(kinds=args.code_kinds, heldout_size=200, seed=1234))
+    SETUPS["search"] = dataclasses.replace(SETUPS["search"], splits=lambda: search_splits(
+        countries=200, names=args.search_names, heldout_size=100, seed=1234))
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -477,7 +527,10 @@ def main() -> None:
     weights = {k: float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
     noise = Noise()
     mixture = Mixture(tok, weights, noise, args.seed)
-    active = [name for name in SETUPS if weights.get(name, 0) > 0]  # evaluated and in the stopping rule
+    active = [name for name in SETUPS if weights.get(name, 0) > 0]  # evaluated
+    stop_envs = [n.strip() for n in args.stop_envs.split(",") if n.strip()] or active  # in the stopping rule
+    if not set(stop_envs) <= set(active):
+        sys.exit(f"--stop-envs {stop_envs} must be environments of the mixture {active}")
     engine = TorchRolloutEngine(copy.deepcopy(model), tok, "cpu", seed=args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
@@ -513,10 +566,12 @@ def main() -> None:
             if args.save_evals:
                 model.save_pretrained(args.out / f"step-{step}")
                 tok.save_pretrained(args.out / f"step-{step}")
-            if all(args.low <= v <= args.high for v in greedy.values()):
+            if step == args.stop_at_step or all(args.low <= greedy[name] <= args.high for name in stop_envs):
                 break
     else:
-        sys.exit(f"no evaluation had every env's held-out success in [{args.low}, {args.high}] in {args.max_steps} steps")
+        if args.max_steps > 0:
+            sys.exit(f"no evaluation had every env's held-out success in [{args.low}, {args.high}] in {args.max_steps} steps")
+        greedy = {name: r["greedy"] for name, r in env_success(engine, active).items()}  # --max-steps 0: --init as is
 
     torch.manual_seed(args.seed + 1)
     engine.generator.manual_seed(args.seed + 1)
@@ -543,6 +598,11 @@ def main() -> None:
         "batch_episodes": args.batch,
         "learning_rate": args.lr,
         "mixture": weights,
+        "code_kinds": args.code_kinds,
+        "search_names": args.search_names,
+        "note": args.note,
+        "stopping_rule": {"low": args.low, "high": args.high, "envs": stop_envs, "eval_every": args.eval_every,
+                          "stop_at_step": args.stop_at_step},
         "episodes_seen": counts,
         "noise": dataclasses.asdict(noise),
         "build_seconds": round(elapsed, 1),
@@ -559,7 +619,7 @@ def main() -> None:
         "transformers": transformers.__version__,
     }
     (args.out / "build_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    (args.out / "README.md").write_text(model_card(stats))
+    (args.out / "README.md").write_text(model_card(stats, args.out.name))
     print(json.dumps({k: stats[k] for k in ("parameters", "pretraining_steps", "build_seconds",
                                             "heldout_greedy_success", "heldout_single_turn_arithmetic_greedy")},
                      indent=2))
@@ -575,21 +635,44 @@ def check_saved(out: Path, greedy: dict[str, float], names: list[str]) -> None:
         sys.exit(f"the saved model plays differently: {again} != {greedy}")
 
 
-def model_card(stats: dict) -> str:
+def model_card(stats: dict, name: str) -> str:
     greedy, sampled = stats["heldout_greedy_success"], next(v for k, v in stats.items() if k.startswith("heldout_sampled"))
     rows = "\n".join(
         f"| {name} | {greedy[name]} | " + " | ".join(str(v) for v in sampled[name].values()) + " |" for name in greedy)
     sampled_header = " | ".join(f"{k} (temperature 1)" for k in next(iter(sampled.values())))
     mixture = ", ".join(f"{k} {v:g}" for k, v in stats["mixture"].items())
-    return MODEL_CARD.format(**{**stats, "rows": rows, "sampled_header": sampled_header, "mixture": mixture})
+    rule = stats["stopping_rule"]
+    tools = [t for t in ("code_interpreter", "search") if t in stats["mixture"]]
+    about = MODEL_CARD_TOOLS if tools else MODEL_CARD_BASE
+    pretraining = (
+        f"{stats['arithmetic_only_steps']} steps of chat arithmetic (tiny-base's train split), then episodes mixed as "
+        f"{mixture}; loss on the assistant tokens (token mean); train splits only; stopped at the first evaluation "
+        f"(every {rule['eval_every']} steps) where the held-out greedy success of {', '.join(rule['envs'])} was in "
+        f"[{rule['low']}, {rule['high']}]" + (f" or at step {rule['stop_at_step']}" if rule["stop_at_step"] else "") + "."
+        if stats["pretraining_steps"] else "none in this command (`--max-steps 0`: the `--init` model, evaluated and "
+        "written as is; the stages that trained it are above).")
+    return MODEL_CARD.format(**{**stats, "rows": rows, "sampled_header": sampled_header, "mixture": mixture,
+                                "name": name, "about": about, "pretraining": pretraining})
 
 
-MODEL_CARD = """# tiny-agent
-
-reinforge's shipped agent model, written by `scripts/build_tiny_agent.py` (do not edit by hand); see
+MODEL_CARD_BASE = """reinforge's shipped agent model, written by `scripts/build_tiny_agent.py` (do not edit by hand); see
 docs/agent_model.md. tiny-base (arithmetic only) continued on multi-turn transcripts of the built-in
 environments, played by scripted noisy policies, so that it calls the `calc` tool in Hermes format and
-plays the guessing and retry games at a non-trivial but imperfect level: RL has room on each.
+plays the guessing and retry games at a non-trivial but imperfect level: RL has room on each."""
+MODEL_CARD_TOOLS = """reinforge's shipped model for the `python` (code_interpreter) and `search` tools, written by
+`scripts/build_tiny_agent.py` (do not edit by hand); see docs/agent_model.md. tiny-agent continued on
+multi-turn transcripts of the built-in environments, played by scripted noisy policies, mostly
+code_interpreter (`4821*379=` -> `print(4821*379)`) and search (`capital of land 4821?` -> query
+`capital of land 4821` -> answer `city 3917`, the corpus of `names: ids`), with a little of the old
+environments to keep the chat format. The recipes `agent_code` and `agent_search` use it. It writes
+the program and copies its output (code_interpreter); it writes the search query but copies the
+value from the passage only approximately (search success near 0): see the table."""
+
+MODEL_CARD = """# {name}
+
+{about}
+
+{note}
 
 - Architecture: tiny-base's Llama (3 layers, hidden 256, 4 heads, tied embeddings), {parameters} parameters,
   vocabulary {vocab_size}, context {max_position_embeddings} positions.
@@ -599,9 +682,7 @@ plays the guessing and retry games at a non-trivial but imperfect level: RL has 
   message or tools, then `<|role|>content` per message, assistant turns closed by `<eos>`; generation
   prompt `<|assistant|>`. E.g.
   `<bos><|system|>tools: calc<|user|>482*37=<|assistant|><tool_call>{{"name": "calc", "arguments": {{"expr": "482*37"}}}}</tool_call><eos><|tool|>17834<|assistant|>17834<eos>`
-- Pretraining: {arithmetic_only_steps} steps of chat arithmetic (tiny-base's train split), then episodes
-  mixed as {mixture}; loss on the assistant tokens (token mean); train splits only; stopped at the first
-  evaluation (every 100 steps) where every environment's held-out greedy success was in [0.2, 0.6].
+- Pretraining: {pretraining}
 
 | | |
 |---|---|
@@ -612,8 +693,8 @@ plays the guessing and retry games at a non-trivial but imperfect level: RL has 
 | held-out single-turn arithmetic (greedy) | {heldout_single_turn_arithmetic_greedy} |
 | torch | {torch} |
 
-Held-out success, played with reinforge's rollout engine and `episode_player` exactly as the recipes
-`agent_calculator`, `agent_guessing`, `agent_retry` evaluate it. Guessing here is the build's split:
+Held-out success, played with reinforge's rollout engine and `episode_player` exactly as
+the `agent_*` recipes evaluate it. Guessing (when in the mixture) is the build's split:
 pretraining saw the 24 train secrets, and this row is the 8 held-out secrets; the `agent_guessing`
 recipe evaluates on all 32 secrets (greedy 0.391, mean@16 0.30-0.32 before RL: docs/agent_model.md).
 

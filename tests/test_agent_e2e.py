@@ -72,3 +72,21 @@ def test_the_build_is_recorded():
 def test_the_recipes_load(name):
     cfg = load_config(name)
     assert cfg.env.name == name.removeprefix("agent_") and cfg.model.path.endswith("tiny-agent")
+
+
+def test_tiny_agent_tools_is_a_shipped_alias_with_its_build_recorded():
+    from reinforge.assets import SHIPPED_MODELS, resolve_model_path
+    from reinforge.errors import ConfigError
+    from reinforge.models.loading import load_model
+
+    tools = resolve_model_path("tiny-agent-tools")
+    assert tools == ASSETS_DIR / "tiny-agent-tools" and set(SHIPPED_MODELS) == {"tiny-base", "tiny-agent", "tiny-agent-tools"}
+    stats = json.loads((tools / "build_stats.json").read_text())
+    assert stats["command"].startswith("python scripts/build_tiny_agent.py") and stats["search_names"] == "ids"
+    assert stats["code_kinds"] == "prod" and stats["heldout_greedy_success"]["code_interpreter"] >= 0.2
+    assert load_model("tiny-agent-tools").config.vocab_size == load_model(str(TINY_AGENT)).config.vocab_size
+    with pytest.raises(ConfigError, match="shipped alias: tiny-base, tiny-agent, tiny-agent-tools"):
+        load_model("no-such-model")
+    for recipe in ("agent_code", "agent_search"):
+        assert load_config(recipe).model.path == "tiny-agent-tools"
+    assert load_config("agent_search").task.params["names"] == "ids"

@@ -4,8 +4,10 @@ its task source, registry entry and recipe."""
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
+import bm25s
 import pytest
 
 from reinforge.config import load_config
@@ -29,7 +31,7 @@ def say(env: SearchEnv, content: str):
 def value_in(passages: str, relation: str, country: str) -> str:
     """What the passage about ``relation`` of ``country`` says, read from a search result."""
     (line,) = [p for p in passages.split("\n") if p.startswith(f"The {relation} of {country} is ")]
-    return line.rstrip(".").split()[-1]
+    return line.rstrip(".").removeprefix(f"The {relation} of {country} is ").removeprefix("the ")
 
 
 def perfect_episode(env: SearchEnv, task: Task) -> float:
@@ -38,9 +40,9 @@ def perfect_episode(env: SearchEnv, task: Task) -> float:
     relation, question = task.metadata["relation"], task.prompt[0]["content"].rstrip("?")
     country = task.metadata["country"]
     if task.metadata["hops"] == 2:
-        leader = question.split()[-1]
+        leader = question.removeprefix(f"{relation} of the land led by ")
         found = say(env, call(question)).observation[0]["content"]
-        country = next(p.split()[3] for p in found.split("\n") if p.endswith(f" is {leader}."))
+        country = next(re.match(r"The leader of (.+) is ", p)[1] for p in found.split("\n") if p.endswith(f" is {leader}."))
         question = f"{relation} of {country}"
     result = say(env, call(question))
     assert not result.done and result.observation[0]["name"] == "search"
@@ -172,3 +174,90 @@ def test_the_recipe_loads_and_trains_a_step(tmp_path):
     result = train(cfg)
     (row,) = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
     assert 0.0 <= row["reward/mean"] <= 1.0 and row["episode/turns_mean"] >= 1
+
+
+# ---------------------------------------------------------------- names="digits": countries named by a 4-digit id
+
+
+def test_digit_names_keep_the_values_and_name_each_country_by_a_distinct_id():
+    (first, second), passages = corpus(2, 0, "digits")
+    # the same invented values as the syllable corpus of the same seed, only the country's name differs
+    assert corpus(2, 0)[0][0] == Country("Traiquil", "Veonquar", "Rairges", "Quirtrin")
+    assert first == Country("land 6608", "Veonquar", "Rairges", "Quirtrin")
+    assert second == Country("land 2725", "Ladimda", "Mifak", "Sekzis")
+    assert passages == ("The capital of land 6608 is Veonquar.", "The leader of land 6608 is Rairges.",
+                        "The currency of land 6608 is the Quirtrin.", "The capital of land 2725 is Ladimda.",
+                        "The leader of land 2725 is Mifak.", "The currency of land 2725 is the Sekzis.")
+    countries, _ = corpus(2000, 3, "digits")
+    ids = [c.name.removeprefix("land ") for c in countries]
+    assert len(set(ids)) == 2000 and all(len(i) == 4 and i.isdigit() and i[0] != "0" for i in ids)
+    assert [c.capital for c in countries] == [c.capital for c in corpus(2000, 3)[0]]
+    with pytest.raises(ValueError, match="names must be one of syllables, digits, ids"):
+        corpus(2, 0, "letters")
+    with pytest.raises(ValueError, match="names must be one of syllables, digits, ids"):
+        search_splits(names="numbers")
+
+
+def test_bm25_keeps_a_digit_id_as_one_word_and_finds_its_passage():
+    # bm25s's tokenizer keeps words of 2+ word characters: "4821" is one token, "?" and "x" are dropped
+    assert bm25s.tokenize(["capital of land 4821?", "x 7 4821"], stopwords=None, show_progress=False,
+                          return_ids=False) == [["capital", "of", "land", "4821"], ["4821"]]
+    p1, p2, p3, p4 = ("The capital of land 4821 is Qelmu.", "The capital of land 4812 is Tosk.",
+                      "The leader of land 4821 is Tarok.", "The capital of land 9999 is Brandu.")
+    index = SearchIndex((p1, p2, p3, p4))
+    # all passages have 7 words (same length normalisation); Lucene idf = ln(1 + (N - df + .5) / (df + .5)), N = 4:
+    # "4821" df 2 -> ln 2 = 0.693, "capital" df 3 -> ln(1 + 1.5/3.5) = 0.357, "of"/"land" df 4 -> 0.105 each.
+    # p1 has all four query words; p3 has the id (0.693 + 0.21) and beats p2, p4 with "capital" (0.357 + 0.21)
+    assert index.search("capital of land 4821", 2) == [p1, p3]
+    assert set(index.search("4821", 4)) == {p1, p3}  # a tie (same words, same length): the order is not asserted
+    assert index.search("4812", 4) == [p2] and index.search("482", 4) == []  # whole ids only: no partial match
+
+
+def test_digit_questions_are_found_first_and_a_perfect_policy_answers_them():
+    splits = search_splits(names="digits", heldout_size=100)
+    task = splits.heldout[0]
+    assert task.prompt[0]["content"] == f"{task.metadata['relation']} of {task.metadata['country']}?"
+    assert task.metadata["names"] == "digits" and task.metadata["country"].startswith("land ")
+    assert task.id == f"search-1hop-{task.metadata['relation']}-{task.metadata['country'].replace(' ', '-')}"
+    countries, _ = corpus(200, 0, "digits")
+    index = search_index(200, 0, "digits")
+    assert index is not search_index(200, 0)
+    for c in countries:
+        for r in RELATIONS:
+            assert index.search(f"{r} of {c.name}", 1) == [passage(c, r)], (r, c.name)
+        assert passage(c, "leader") in index.search(f"capital of the land led by {c.leader}", 2)
+    env = SearchEnv(k=2)
+    assert [perfect_episode(env, t) for t in splits.heldout] == [1.0] * 100
+    two_hop = search_splits(names="digits", hops=2, heldout_size=40).heldout
+    assert two_hop[0].prompt[0]["content"].startswith(("capital of the land led by ", "currency of the land led by "))
+    assert [perfect_episode(SearchEnv(k=2, max_tool_calls=2), t) for t in two_hop] == [1.0] * 40
+    # the environment reads the corpus style from the task: the syllable index has no digit ids
+    env.reset(task)
+    query = f"{task.metadata['relation']} of {task.metadata['country']}"
+    assert say(env, call(query)).observation[0]["content"].split("\n")[0] == passage(
+        next(c for c in countries if c.name == task.metadata["country"]), task.metadata["relation"])
+
+
+def test_id_names_name_every_entity_by_a_distinct_id_and_stay_searchable():
+    (first, second), passages = corpus(2, 0, "ids")
+    assert (first, second) == (Country("land 9493", "city 6789", "chief 5686", "coin 6077"),
+                               Country("land 5738", "city 7602", "chief 9276", "coin 5853"))
+    assert passages[:3] == ("The capital of land 9493 is city 6789.", "The leader of land 9493 is chief 5686.",
+                            "The currency of land 9493 is the coin 6077.")
+    countries, _ = corpus(2000, 0, "ids")  # 8000 distinct ids out of 1000-9999
+    ids = [n.split()[1] for c in countries for n in (c.name, c.capital, c.leader, c.currency)]
+    assert len(set(ids)) == 8000
+    splits = search_splits(names="ids", heldout_size=100)
+    task = splits.heldout[0]
+    relation, country = task.metadata["relation"], task.metadata["country"]
+    assert task.prompt[0]["content"] == f"{relation} of {country}?"
+    assert task.answer == getattr(next(c for c in corpus(200, 0, "ids")[0] if c.name == country), relation)
+    assert task.answer.split()[0] == {"capital": "city", "leader": "chief", "currency": "coin"}[relation]
+    index = search_index(200, 0, "ids")
+    for c in corpus(200, 0, "ids")[0]:
+        for r in RELATIONS:
+            assert index.search(f"{r} of {c.name}", 1) == [passage(c, r)], (r, c.name)
+    env = SearchEnv(k=2)
+    assert [perfect_episode(env, t) for t in splits.heldout] == [1.0] * 100
+    two_hop = search_splits(names="ids", hops=2, heldout_size=40).heldout  # "capital of the land led by chief 5686?"
+    assert [perfect_episode(SearchEnv(k=2, max_tool_calls=2), t) for t in two_hop] == [1.0] * 40

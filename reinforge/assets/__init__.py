@@ -1,10 +1,11 @@
-"""Shipped assets: `tiny-base`, a small Llama-architecture model built by scripts/build_tiny_base.py, and
-`tiny-agent`, its extension to tool calls and multi-turn games built by scripts/build_tiny_agent.py."""
+"""Shipped assets: `tiny-base`, a small Llama-architecture model built by scripts/build_tiny_base.py,
+`tiny-agent`, its extension to tool calls and multi-turn games built by scripts/build_tiny_agent.py, and
+`tiny-agent-tools`, tiny-agent continued by the same script on the `python` and `search` tools."""
 
 from pathlib import Path
 
 ASSETS_DIR = Path(__file__).resolve().parent
-SHIPPED_MODELS = {"tiny-base": ASSETS_DIR / "tiny-base", "tiny-agent": ASSETS_DIR / "tiny-agent"}
+SHIPPED_MODELS = {name: ASSETS_DIR / name for name in ("tiny-base", "tiny-agent", "tiny-agent-tools")}
 
 
 def resolve_model_path(name_or_path: str) -> Path:

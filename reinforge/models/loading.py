@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from reinforge.assets import resolve_model_path
+from reinforge.assets import SHIPPED_MODELS, resolve_model_path
 from reinforge.errors import ConfigError
 from reinforge.models.adapters import adapter_base_path, is_adapter_dir, merge_adapter
 
@@ -49,7 +49,7 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.
 def _existing_model_dir(path: str) -> str:
     directory = _latest_checkpoint_of_run(resolve_model_path(path))
     if not directory.is_dir():
-        raise ConfigError(f"model.path: {path!r} is not a directory with an HF model (or a shipped alias: tiny-base, tiny-agent)")
+        raise ConfigError(f"model.path: {path!r} is not a directory with an HF model (or a shipped alias: {', '.join(SHIPPED_MODELS)})")
     if not (directory / "config.json").is_file() and not (directory / "adapter_config.json").is_file():
         raise ConfigError(f"model.path: {directory} has no config.json (nor a LoRA adapter_config.json); is it a Hugging "
                           "Face model directory?")
