@@ -12,7 +12,8 @@ gym = pytest.importorskip("gymnasium")
 
 from reinforge.classic.config import load_classic_config  # noqa: E402
 from reinforge.classic.envs import EnvConfig, make_vec_env  # noqa: E402
-from reinforge.classic.impala import Impala, ImpalaSettings, collect_unroll  # noqa: E402
+from reinforge.classic.impala import Impala, ImpalaSettings  # noqa: E402
+from reinforge.classic.unroll import collect_unroll  # noqa: E402
 
 
 def test_an_unroll_has_time_major_arrays_and_the_behaviour_log_probs():
@@ -52,16 +53,19 @@ def test_impala_in_process_reaches_475_on_cartpole(tmp_path):
 @pytest.mark.slow
 def test_ray_actors_stream_unrolls_and_stale_ones_are_dropped():
     """Two actors, max_staleness 0: the learner trains on an unroll only if it was made with its newest
-    weights; the other actor's unroll (made with the version before) is dropped and counted."""
+    weights; the other actor's unroll (made with the version before) is dropped and counted. Which actor
+    is faster depends on the machine's load, so the loop runs until a drop happened (at most 200 unrolls)."""
     pytest.importorskip("ray")
     cfg = load_classic_config("cartpole_impala", ["classic.agent.max_staleness=0", "classic.agent.unroll_length=8"])
     c = cfg.classic
     envs = make_vec_env(c.env, c.agent.settings.gamma, 0)
     agent = Impala(envs, 0, c.agent.settings, c.env)
+    metrics = []
     try:
-        metrics = [agent.iterate(i / 12).metrics for i in range(12)]
+        while len(metrics) < 200 and not (metrics and agent.dropped and agent.version >= 2):
+            metrics.append(agent.iterate(len(metrics) / 200).metrics)
     finally:
         agent.close()
     lags = [m["async/lag_max"] for m in metrics]
-    assert agent.version + agent.dropped == 12 and agent.dropped >= 1 and agent.version >= 1
+    assert agent.version + agent.dropped == len(metrics) and agent.dropped >= 1 and agent.version >= 2
     assert all(("train/policy_loss" in m) == (lag == 0) for m, lag in zip(metrics, lags, strict=True))

@@ -48,7 +48,8 @@ from reinforge.envs.tools import ToolError
 MAX_TURNS = 4
 """Model calls per episode (tiny-agent needs 2: the tool call, then the answer)."""
 
-_HTTP = httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0), limits=httpx.Limits(max_connections=256))
+# connect timeout 60 s: the proxy runs in the trainer's process, which can be slow to accept on a loaded machine
+_HTTP = httpx.Client(timeout=httpx.Timeout(600.0, connect=60.0), limits=httpx.Limits(max_connections=256))
 
 
 @tool(parse_docstring=True)

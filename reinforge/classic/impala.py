@@ -28,8 +28,9 @@ from torch import Tensor
 from reinforge.algo.returns import episode_rows
 from reinforge.algo.vtrace import vtrace_returns
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
-from reinforge.classic.envs import final_observations, finished_episodes, obs_tensor
+from reinforge.classic.envs import obs_tensor
 from reinforge.classic.networks import ActorCritic, action_spec
+from reinforge.classic.unroll import collect_unroll
 from reinforge.registry import Settings
 
 
@@ -49,33 +50,6 @@ class ImpalaSettings(Settings):
     max_staleness: int = Field(4, ge=0, description="drop unrolls whose weights lag the learner by more updates")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1, description="MLP widths (tanh)")
     ray_address: str | None = Field(None, description="join this Ray cluster (default: start a local Ray)")
-
-
-@torch.no_grad()
-def collect_unroll(net: ActorCritic, envs: Any, obs: Tensor, steps: int,
-                   generator: torch.Generator) -> tuple[dict[str, np.ndarray], Tensor, list[tuple[float, int]]]:
-    """``steps`` vector steps with ``net`` (the behaviour policy): arrays [T, E(, ...)] of obs, actions,
-    behaviour log-probs, rewards, terminated, truncated and the truncated episodes' last observations,
-    plus ``last_obs`` [E]; the next observations and the finished episodes."""
-    keys = ("obs", "actions", "behavior_logp", "rewards", "terminated", "truncated", "final_obs")
-    out: dict[str, list] = {k: [] for k in keys}
-    episodes: list[tuple[float, int]] = []
-    for _ in range(steps):
-        action, logp, _ = net.act(obs, generator)
-        act = action.numpy().astype(np.int64) if net.action.discrete else action.numpy()
-        next_obs, reward, terminated, truncated, info = envs.step(act)
-        final = np.zeros_like(obs.numpy())
-        index, last = final_observations(info)
-        if len(index):
-            final[index] = np.asarray(last, dtype=np.float32).reshape(len(index), -1)
-        for key, value in zip(keys, (obs.numpy(), action.numpy(), logp.numpy(), np.asarray(reward, np.float32),
-                                     np.asarray(terminated), np.asarray(truncated), final), strict=True):
-            out[key].append(value)
-        episodes += finished_episodes(info)
-        obs = obs_tensor(next_obs)
-    data = {k: np.stack(v) for k, v in out.items()}
-    data["last_obs"] = obs.numpy()
-    return data, obs, episodes
 
 
 def _rows(ends: Tensor, *columns: Tensor) -> tuple[tuple[Tensor, ...], Tensor, Tensor, Tensor]:

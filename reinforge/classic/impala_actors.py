@@ -34,8 +34,11 @@ class UnrollActor:
         obs, _ = self.envs.reset(seed=seed)
         self.obs = obs_tensor(obs)
 
+    def ready(self) -> bool:
+        return True
+
     def unroll(self, state: dict[str, torch.Tensor], version: int) -> tuple[dict, int, list]:
-        from reinforge.classic.impala import collect_unroll
+        from reinforge.classic.unroll import collect_unroll
 
         if version > self.version:
             self.net.load_state_dict(state)
@@ -64,6 +67,7 @@ class ImpalaActors:
         env = env_cfg.model_dump()
         self.actors = [remote.remote(env, cfg.gamma, seed + 1000 * (i + 1), list(cfg.hidden), cfg.unroll_length)
                        for i in range(cfg.actors)]
+        ray.get([actor.ready.remote() for actor in self.actors])  # started (imports, environments) before timing
         self.pending: dict[Any, int] = {}
         self.ready: list[int] = []
         self.publish(net, 0)
