@@ -46,7 +46,8 @@ def overrides(setting: str, latency: float, args, workdir: Path, repeat: int) ->
     out = [f"output_dir={workdir}", f"name={setting}-{latency}-{repeat}", f"seed={repeat}", f"train.steps={args.steps}",
            f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}", "eval.every=0",
            "eval.final_samples=0", "task.heldout_size=1", "checkpoint.every=0", "train.time_limit_s=0",
-           "log.report=false", "log.samples_per_step=0", f"env.latency={{dist: fixed, mean_s: {latency}}}",
+           "log.report=false", "log.samples_per_step=0",
+           *([f"env.latency={{dist: fixed, mean_s: {latency}}}"] if latency > 0 else []),
            f"env.concurrency={1 if setting == 'sequential' else 64}", *args.set]
     if setting == "async":
         out += ["orchestrate.mode=async", f"orchestrate.rollout_workers={args.workers}",
@@ -74,7 +75,8 @@ def _spread(values: list[float], digits: int = 3) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="agent_calculator")
-    p.add_argument("--latencies", default="0.05,0.2,1.0", help="seconds added to every environment step")
+    p.add_argument("--latencies", default="0.05,0.2,1.0", help="seconds added to every environment step "
+                   "(0: no latency wrapper, the environment's own time only, e.g. the sandbox's for agent_code)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--group", type=int, default=4)
