@@ -16,16 +16,19 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.algo.entropy_shaping  # noqa: F401
     import reinforge.algo.kl_adaptive  # noqa: F401  (kl_dads, rapo_kl, grpo_stcr)
     import reinforge.algo.losses_offpolicy  # noqa: F401  (bapo, m2po)
+    import reinforge.algo.losses_replay  # noqa: F401  (repo)
     import reinforge.algo.objective  # noqa: F401
     import reinforge.algo.regression  # noqa: F401  (registers the astar_po and pacs policy losses)
     import reinforge.classic.dqn  # noqa: F401  (classic agents: dqn)
     import reinforge.classic.impala  # noqa: F401  (classic agents: impala)
     import reinforge.classic.ppo  # noqa: F401  (classic agents: ppo)
     import reinforge.classic.sac  # noqa: F401  (classic agents: sac)
+    import reinforge.data.budgets  # noqa: F401  (uniform, knapsack rollout budgets)
     import reinforge.data.curriculum  # noqa: F401  (difficulty_filter, dump task samplers)
     import reinforge.data.insight  # noqa: F401  (insight task sampler)
     import reinforge.data.samplers  # noqa: F401
     import reinforge.envs.registry  # noqa: F401
+    import reinforge.orchestrate.replay  # noqa: F401  (RePO's replay strategies)
     import reinforge.rewards  # noqa: F401
     import reinforge.rollout.group_samplers  # noqa: F401
     import reinforge.rollout.openai_engine  # noqa: F401

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from reinforge.config.algo import AlgoConfig
-from reinforge.config.base import GroupSamplerConfig, _check_registered, _Strict
+from reinforge.config.base import GroupSamplerConfig, PartConfig, _check_registered, _Strict
 from reinforge.config.demonstrations import DemonstrationsConfig, PreferencesConfig
 from reinforge.config.task import AgentTaskConfig, ArithmeticTaskConfig, RewardConfig, TaskConfig
 from reinforge.envs.latency import LatencySettings
@@ -42,11 +42,28 @@ class ModelConfig(_Strict):
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
+class ReplayConfig(PartConfig):
+    """RePO's replay: past samples of each prompt mixed into its group (a registered replay strategy
+    with the buffer's settings; docs/strategies.md)."""
+
+    KIND: ClassVar[str] = "replay"
+
+
+class BudgetConfig(PartConfig):
+    """Samples per prompt under a step's total (a registered rollout budget, e.g. ``knapsack``)."""
+
+    KIND: ClassVar[str] = "budget"
+
+
 class RolloutConfig(_Strict):
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=1, description="samples per prompt (G)")
     group_sampler: GroupSamplerConfig = Field(default_factory=GroupSamplerConfig,
                                               description="how a group's completions are produced")
+    replay: ReplayConfig | None = Field(None, description="mix each prompt's past samples into its group "
+                                        "(RePO): {name: recent|highest|random|max_variance|all, params: {...}}")
+    budget: BudgetConfig | None = Field(None, description="per-prompt group sizes under a total (Knapsack RL): "
+                                        "{name: knapsack, params: {...}}; none: group_size for every prompt")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -251,6 +268,15 @@ class RunConfig(_Strict):
                              f"policy; {why}, so it runs with orchestrate.mode=sync")
         if self.train.world_size > 1:
             raise ValueError(f"train.world_size > 1 runs one rollout engine per rank; {why}")
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_parts_run_in_process(self) -> RunConfig:
+        """Replay buffers and budgets keep their state in the synchronous, single-process batch source."""
+        for key, part in (("rollout.replay", self.rollout.replay), ("rollout.budget", self.rollout.budget)):
+            if part is not None and (self.orchestrate.mode == "async" or self.train.world_size > 1):
+                raise ValueError(f"{key} runs with orchestrate.mode=sync and train.world_size=1 (its state lives in "
+                                 "the loop's process)")
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ know which source it has.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import torch
 from reinforge.algo.objective import required_inputs
 from reinforge.config import AlgoConfig, RolloutConfig
 from reinforge.data.base import Task
-from reinforge.orchestrate.collectors import Collector, greedy_baseline
+from reinforge.orchestrate.collectors import Collected, Collector, greedy_baseline
 from reinforge.orchestrate.episodes import groups_with_spread, shape_rewards
 from reinforge.rollout.types import SamplingParams
 from reinforge.train import distributed
@@ -31,7 +32,9 @@ from reinforge.types import Trajectory
 @dataclass
 class Rollout:
     """What one step sampled (``sampled``, for metrics) and what it trains on (``kept``), with the
-    greedy baseline of each kept trajectory when the estimator needs one, and the source's metrics."""
+    greedy baseline of each kept trajectory when the estimator needs one, and the source's metrics.
+    ``tokens_reused``: generated tokens in ``kept`` that this step did not decode (e.g. replayed samples;
+    a group sampler reports its own per sample in ``Trajectory.metadata['tokens_reused']``)."""
 
     sampled: list[Trajectory] = field(default_factory=list)
     kept: list[Trajectory] = field(default_factory=list)
@@ -40,6 +43,7 @@ class Rollout:
     reward_s: float = 0.0
     env_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    tokens_reused: int = 0
 
 
 @dataclass
@@ -71,13 +75,37 @@ class PromptBaseline(Protocol):
     def metrics(self) -> dict[str, float]: ...
 
 
+def collect_sized(collector: Collector, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int,
+                  sizes: Sequence[int] | None = None) -> Collected:
+    """``sizes[i]`` scored samples for task i (``params.n`` each when None): one collection per distinct
+    size, in increasing size, the group ids then set to ``group_offset`` + task index and the
+    trajectories put back in task order. Every size equal to ``params.n`` is one plain collection."""
+    if sizes is None or all(n == params.n for n in sizes):
+        return collector.collect(tasks, params, seed, group_offset=group_offset)
+    out = Collected()
+    by_task: list[list] = [[] for _ in tasks]
+    for n in sorted(set(sizes)):
+        index = [i for i, s in enumerate(sizes) if s == n]
+        part = collector.collect([tasks[i] for i in index], dataclasses.replace(params, n=n), seed)
+        for t in part.trajectories:
+            task = index[t.group_id]
+            t.group_id = group_offset + task
+            by_task[task].append(t)
+        out.reward_s += part.reward_s
+        out.env_s += part.env_s
+        merge_counters(out.metrics, part.metrics)
+    out.trajectories = [t for group in by_task for t in group]
+    return out
+
+
 def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int,
-                 with_baseline: bool, prompt_baseline: PromptBaseline | None = None) -> Round:
-    """``params.n`` scored samples per task (group id = ``group_offset`` + task index) and, when the
-    advantage needs it, the task's greedy baseline (ReMax) or the ``prompt_baseline`` provider's value.
-    The same in this process and in a worker."""
+                 with_baseline: bool, prompt_baseline: PromptBaseline | None = None,
+                 sizes: Sequence[int] | None = None) -> Round:
+    """``params.n`` (or ``sizes[i]``) scored samples per task (group id = ``group_offset`` + task index)
+    and, when the advantage needs it, the task's greedy baseline (ReMax) or the ``prompt_baseline``
+    provider's value. The same in this process and in a worker."""
     t0 = time.perf_counter()
-    collected = collector.collect(tasks, params, seed, group_offset=group_offset)
+    collected = collect_sized(collector, tasks, params, seed, group_offset, sizes)
     if prompt_baseline is not None:
         baseline = prompt_baseline(tasks, collected.trajectories, params, seed)
     else:
@@ -146,14 +174,18 @@ class BatchSource(Protocol):
 
 class LocalBatches:
     """Rollout in this process with the loop's engine: rounds of ``prompts_per_step`` tasks. With
-    several ranks every rank draws the same tasks and samples its share ``[lo, hi)`` of them."""
+    several ranks every rank draws the same tasks and samples its share ``[lo, hi)`` of them. The
+    optional ``parts`` (``round_parts.RoundParts``: a budget's per-prompt group sizes, a replay
+    buffer's past samples) shape each step's groups."""
 
     def __init__(self, algo: AlgoConfig, rollout: RolloutConfig, seed: int, sampler, collector: Collector,
-                 params: SamplingParams, generator, prompt_baseline: PromptBaseline | None = None) -> None:
+                 params: SamplingParams, generator, prompt_baseline: PromptBaseline | None = None,
+                 parts=None) -> None:
         self.algo, self.rollout, self.seed = algo, rollout, seed
         self.sampler, self.collector, self.params, self.generator = sampler, collector, params, generator
         self.with_baseline = needs_baseline(algo)
         self.prompt_baseline = prompt_baseline  # a per-prompt value a part needs (value_estimates.py)
+        self.parts = parts
 
     def collect(self, step: int) -> Rollout:
         n_prompts = self.rollout.prompts_per_step
@@ -163,18 +195,22 @@ class LocalBatches:
         while True:
             tasks = self.sampler.next_batch(n_prompts)[lo:hi]  # every rank draws the same tasks
             offset = rounds.out.rounds * n_prompts + lo
+            sizes = self.parts.sizes(tasks, self.params.n) if self.parts is not None else None
             rounds.add(sample_round(self.collector, tasks, self.params, step, offset, self.with_baseline,
-                                    self.prompt_baseline), offset)
+                                    self.prompt_baseline, sizes), offset)
             if distributed.all_ranks(rounds.done()):  # a rank already full samples on, unused: same draws
                 if self.prompt_baseline is not None:
                     rounds.out.metrics.update(self.prompt_baseline.metrics())
+                if self.parts is not None:
+                    self.parts.finish(rounds.out, step)
                 return rounds.out
 
     def published(self, model: torch.nn.Module, version: int) -> None:
         pass  # the loop's engine is this source's engine
 
     def state(self) -> dict[str, Any]:
-        return self.prompt_baseline.state() if self.prompt_baseline is not None else {}  # e.g. the V* cache
+        state = self.prompt_baseline.state() if self.prompt_baseline is not None else {}  # e.g. the V* cache
+        return {**state, **(self.parts.state() if self.parts is not None else {})}
 
     def close(self) -> None:
         pass

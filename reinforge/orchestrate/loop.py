@@ -25,6 +25,7 @@ from reinforge.orchestrate.batch_sources import BatchSource, LocalBatches, Rollo
 from reinforge.orchestrate.collectors import Collector, play
 from reinforge.orchestrate.components import Components
 from reinforge.orchestrate.episodes import build_batch
+from reinforge.orchestrate.round_parts import RoundParts
 from reinforge.orchestrate.step_metrics import (
     CollapseDetector,
     gather_step,
@@ -66,11 +67,11 @@ class TrainResult:
 
 def local_batches(c: Components, collector: Collector, run_dir: Path | None = None) -> BatchSource:
     """Synchronous RL: each step samples its batch here, with the loop's engine; with the per-prompt
-    value a part declares it needs (``value_estimates.prompt_values``; its cache from ``run_dir``'s
-    checkpoint when resuming)."""
+    value a part declares it needs (``value_estimates.prompt_values``) and the run's budget and replay
+    (``round_parts.RoundParts``), their state from ``run_dir``'s checkpoint when resuming."""
     cfg = c.cfg
     return LocalBatches(cfg.algo, cfg.rollout, cfg.seed, c.sampler, collector, c.sampling_params(), c.engine.generator,
-                        prompt_values(c, run_dir))
+                        prompt_values(c, run_dir), RoundParts.from_config(cfg.rollout, cfg.seed, run_dir))
 
 
 class Loop:

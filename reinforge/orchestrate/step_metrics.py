@@ -125,11 +125,30 @@ def step_record(step: int, version: int, rollout, bstats: BatchStats, adv: Any, 
         "perf/tokens_per_s": generated / max(t_end - t_start, 1e-9),
         "perf/gen_tokens_per_s": generated / max(generate_s, 1e-9),
     })
+    metrics.update(token_metrics(trajs, rollout.tokens_reused, generate_s))
     if adv is not None and adv.numel():
         metrics.update({"adv/mean": adv.mean().item(), "adv/std": adv.std().item() if adv.numel() > 1 else 0.0,
                         "adv/abs_mean": adv.abs().mean().item()})
     metrics.update(rollout.metrics)
     return metrics
+
+
+def token_metrics(trajs: list[Trajectory], reused_elsewhere: int, generate_s: float) -> dict[str, float]:
+    """Tokens the step decoded and tokens it reused instead: a sample's own ``metadata['tokens_reused']``
+    (a group sampler's reused prefix or tree segment) plus ``reused_elsewhere`` (the source's, e.g.
+    replayed samples); the seconds saved at this step's decode rate; the samples per group (budget)."""
+    fresh = [t for t in trajs if not t.demonstration]
+    in_samples = sum(int(t.metadata.get("tokens_reused", 0)) for t in fresh)
+    decoded = sum(t.num_generated for t in fresh) - in_samples
+    reused = in_samples + reused_elsewhere
+    sizes: dict[int, int] = {}
+    for t in fresh:
+        sizes[t.group_id] = sizes.get(t.group_id, 0) + 1
+    per_group = list(sizes.values()) or [0]
+    return {"rollout/tokens_generated": float(decoded), "rollout/tokens_reused": float(reused),
+            "rollout/gen_time_saved_s": reused * generate_s / max(decoded, 1),
+            "rollout/budget_min": float(min(per_group)), "rollout/budget_max": float(max(per_group)),
+            "rollout/budget_mean": sum(per_group) / len(per_group)}
 
 
 def time_limit_metrics(steps_planned: int) -> dict[str, float]:

@@ -20,7 +20,6 @@ stream. Single-turn and multi-turn collectors alike; the synchronous loop only.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,13 +123,9 @@ def value_settings(algo: Any) -> ValueSettings:
 
 def saved_values(run_dir: Path | None) -> dict[str, list[float]]:
     """The V* cache of the checkpoint a run resumes from (empty without one)."""
-    if run_dir is None:
-        return {}
-    from reinforge.train.checkpoint import latest_valid_checkpoint
+    from reinforge.orchestrate.round_parts import saved_state
 
-    ckpt = latest_valid_checkpoint(run_dir, warn=lambda _: None)
-    state = json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}
-    return {k: list(v) for k, v in state.get(STATE_KEY, {}).items()}
+    return {k: list(v) for k, v in saved_state(run_dir).get(STATE_KEY, {}).items()}
 
 
 def prompt_values(c: Components, run_dir: Path | None = None) -> OptimalValues | None:

@@ -36,7 +36,9 @@ class Generation:
 
     ``token_versions[t]`` is the policy version that sampled token t (an engine that takes new
     weights between decode steps gives one sequence several versions); ``version`` is the version
-    of its first token."""
+    of its first token. ``extra['tokens_reused']`` (optional): how many of ``token_ids`` a group sampler
+    took from elsewhere (a reused prefix, a shared tree segment) instead of decoding them for this
+    sample; the step reports the sum as ``rollout/tokens_reused``."""
 
     request_id: str
     prompt_ids: list[int]
