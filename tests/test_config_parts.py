@@ -61,6 +61,7 @@ PRESET_OPTIONS = {
     "grpo_s": ({"name": "grpo_s", "gamma": 1.0, "adv_eps": 1e-6, "alpha1": 1.0, "alpha2": 0.1},
                {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
     "aepo": ({**GRPO, "name": "aepo", "alpha": 0.3}, {"name": "aepo", "clip_low": 0.2, "clip_high": 0.28}, "token_mean"),
+    "repo": (GRPO, {"name": "repo", "clip_low": 0.2, "clip_high": 0.2}, "seq_mean_token_mean"),
 }
 
 
