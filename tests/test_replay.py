@@ -172,3 +172,65 @@ def test_replay_and_budgets_run_in_the_synchronous_process():
         load_config(None, ["rollout.budget={name: knapsack}", "train.world_size=2"])
     cfg = load_config(None, ["preset=repo"])
     assert cfg.rollout.replay.name == "highest" and cfg.algo.policy_loss == "repo"
+
+
+class Killed(Exception):
+    """Stands for the process being killed right after the step-2 checkpoint."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parts", [
+    ["rollout.replay={name: highest, params: {capacity: 8, replays: 4, min_to_replay: 4}}", "algo.policy_loss=repo"],
+    ["rollout.budget={name: knapsack, params: {min_per_prompt: 2, max_per_prompt: 8}}"],
+], ids=["replay", "knapsack"])
+def test_kill_and_resume_is_exact(tmp_path, monkeypatch, parts):
+    """4 steps straight == 2 steps, a kill and a resume: same metrics, same buffer or statistics, same weights.
+    4 training prompts (1-digit grid, 96 held out), so every prompt comes back every step."""
+    from safetensors.torch import load_file
+    from test_docs_metrics import _undocumented
+
+    from reinforge.orchestrate.loop import Loop
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    torch.set_num_threads(1)
+
+    def cfg(name):
+        return load_config(None, [
+            f"output_dir={tmp_path}", f"name={name}", "task.digits=1", "task.heldout_size=96",
+            "rollout.prompts_per_step=4", "rollout.group_size=4", "train.time_limit_s=0", "eval.final_samples=0",
+            "log.report=false", "train.steps=4", "eval.every=2", "checkpoint.every=2", *parts])
+
+    straight = train(cfg("straight"))
+    save = Loop.save
+
+    def save_then_die(self, step):
+        save(self, step)
+        if step == 2:
+            raise Killed
+
+    monkeypatch.setattr(Loop, "save", save_then_die)
+    with pytest.raises(Killed):
+        train(cfg("split"))
+    monkeypatch.undo()
+    resumed = train(resume=tmp_path / "split")
+
+    def untimed(run):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "memory/", "rollout/gen_time"))}
+                for r in read_jsonl(run.run_dir / "metrics.jsonl")]
+
+    a, b = untimed(straight), untimed(resumed)
+    assert a == b and [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert _undocumented({k for r in a for k in r}) == set()
+    state = json.loads((straight.run_dir / "checkpoints/step_4/state.json").read_text())
+    assert state == json.loads((resumed.run_dir / "checkpoints/step_4/state.json").read_text())
+    if "replay" in state:  # 4 samples a step per prompt, capacity 8: the last two steps' samples of each prompt
+        assert sorted(len(v) for _, v in state["replay"]["buffers"]) == [8, 8, 8, 8]
+        assert [r["replay/samples"] for r in a[1:]] == [0, 16, 16, 16]  # from step 2 on: 4 replays x 4 prompts
+        assert all(r["rollout/tokens_reused"] > 0 for r in a[2:]) and a[1]["rollout/tokens_reused"] == 0
+    else:  # the knapsack's statistics; the step's samples always sum to the budget of 4 x 4
+        assert state["budget"]["stats"]["step"] == 4
+        assert all(r["rollout/sampled"] == 16 and r["rollout/budget_min"] >= 2 for r in a[1:])
+    wa = load_file(straight.run_dir / "checkpoints/step_4/model.safetensors")
+    wb = load_file(resumed.run_dir / "checkpoints/step_4/model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
