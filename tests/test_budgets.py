@@ -91,9 +91,11 @@ def test_allocation_sums_to_the_budget_keeps_the_minimum_and_resumes():
     n = np.arange(2, 17)
     p = [0.75, 0.25, 0.5, 1.0]
     best = max((c for c in itertools.product(n, repeat=4) if sum(c) <= 32),
-               key=lambda c: (round(sum(float(task_value(np.array([s]), q)[0]) for s, q in zip(c, p)), 12), -sum(c)))
+               key=lambda c: (round(sum(float(task_value(np.array([s]), q)[0]) for s, q in zip(c, p, strict=True)), 12),
+                                  -sum(c)))
     assert math.isclose(b.metrics()["budget/value"],
-                        sum(float(task_value(np.array([s]), q)[0]) for s, q in zip(best, p)), rel_tol=1e-9)
+                        sum(float(task_value(np.array([s]), q)[0]) for s, q in zip(best, p, strict=True)),
+                        rel_tol=1e-9)
     assert sizes[1] > sizes[0]  # p(1 - p)^2 favours the hard prompt (0.14) over the easy one (0.047)
     assert b.metrics()["budget/valued_prompts"] == 3 and b.metrics()[f"budget/hist/{sizes[4]}"] >= 1
     again = KnapsackBudget(KnapsackSettings(min_per_prompt=2, max_per_prompt=16))

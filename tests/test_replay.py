@@ -54,7 +54,7 @@ def test_max_variance_equals_the_exhaustive_search():
         cfg = ReplaySettings(capacity=8, replays=k, min_to_replay=1)
         got = REPLAY_STRATEGIES.get("max_variance")(rewards, cfg)
 
-        def var(s):
+        def var(s, rewards=rewards, k=k):
             v = [rewards[i] for i in s]
             return round(sum((x - sum(v) / k) ** 2 for x in v) / k, 12), sum(v)
 
@@ -234,3 +234,15 @@ def test_kill_and_resume_is_exact(tmp_path, monkeypatch, parts):
     wa = load_file(straight.run_dir / "checkpoints/step_4/model.safetensors")
     wb = load_file(resumed.run_dir / "checkpoints/step_4/model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_docs_strategies_lists_every_replay_strategy_and_budget_with_its_formula():
+    from pathlib import Path
+
+    from reinforge.parts import all_kinds
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "strategies.md").read_text().replace("\\|", "|")
+    for key in ("replay", "budget"):
+        for entry in all_kinds()[key].entries():
+            assert f"| `{entry.name}` | `{entry.formula}` |" in doc, entry.name
+            assert entry.paper == "-" or entry.paper.split("arXiv:")[1][:10] in doc, entry.name
