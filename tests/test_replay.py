@@ -174,10 +174,6 @@ def test_replay_and_budgets_run_in_the_synchronous_process():
     assert cfg.rollout.replay.name == "highest" and cfg.algo.policy_loss == "repo"
 
 
-class Killed(Exception):
-    """Stands for the process being killed right after the step-2 checkpoint."""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("parts", [
     ["rollout.replay={name: highest, params: {capacity: 8, replays: 4, min_to_replay: 4}}", "algo.policy_loss=repo"],
@@ -186,12 +182,9 @@ class Killed(Exception):
 def test_kill_and_resume_is_exact(tmp_path, monkeypatch, parts):
     """4 steps straight == 2 steps, a kill and a resume: same metrics, same buffer or statistics, same weights.
     4 training prompts (1-digit grid, 96 held out), so every prompt comes back every step."""
+    from resume_fixtures import straight_and_resumed, untimed
     from safetensors.torch import load_file
     from test_docs_metrics import _undocumented
-
-    from reinforge.orchestrate.loop import Loop
-    from reinforge.orchestrate.run import train
-    from reinforge.track.jsonl import read_jsonl
 
     torch.set_num_threads(1)
 
@@ -201,24 +194,7 @@ def test_kill_and_resume_is_exact(tmp_path, monkeypatch, parts):
             "rollout.prompts_per_step=4", "rollout.group_size=4", "train.time_limit_s=0", "eval.final_samples=0",
             "log.report=false", "train.steps=4", "eval.every=2", "checkpoint.every=2", *parts])
 
-    straight = train(cfg("straight"))
-    save = Loop.save
-
-    def save_then_die(self, step):
-        save(self, step)
-        if step == 2:
-            raise Killed
-
-    monkeypatch.setattr(Loop, "save", save_then_die)
-    with pytest.raises(Killed):
-        train(cfg("split"))
-    monkeypatch.undo()
-    resumed = train(resume=tmp_path / "split")
-
-    def untimed(run):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "memory/", "rollout/gen_time"))}
-                for r in read_jsonl(run.run_dir / "metrics.jsonl")]
-
+    straight, resumed = straight_and_resumed(monkeypatch, cfg)
     a, b = untimed(straight), untimed(resumed)
     assert a == b and [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert _undocumented({k for r in a for k in r}) == set()

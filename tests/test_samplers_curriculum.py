@@ -251,10 +251,6 @@ def test_built_from_the_recipe():
 
 
 # ------------------------------------------------------------------------------ end to end
-class Killed(Exception):
-    """Stands for the process being killed right after the step-2 checkpoint."""
-
-
 @pytest.mark.parametrize("sampler", [
     "{name: difficulty_filter, params: {recheck_unit: steps, recheck_after: 2}}",
     "{name: dump, params: {bucket_key: difficulty}}",
@@ -262,11 +258,8 @@ class Killed(Exception):
 ], ids=["difficulty_filter", "dump", "insight"])
 def test_default_recipe_trains_and_resumes_exactly(tmp_path, monkeypatch, sampler):
     """4 steps straight == 2 steps, a kill and a resume: same metrics (sampler/... included), same weights."""
+    from resume_fixtures import straight_and_resumed, untimed
     from safetensors.torch import load_file
-
-    from reinforge.orchestrate.loop import Loop
-    from reinforge.orchestrate.run import train
-    from reinforge.track.jsonl import read_jsonl
 
     # one torch thread: with 2, the float32 update of some batches (InSight's here) differs in its last bits
     # between two identical runs in one process (not the sampler: its draws and the samples are the same)
@@ -278,23 +271,7 @@ def test_default_recipe_trains_and_resumes_exactly(tmp_path, monkeypatch, sample
             "task.heldout_size=30", "train.time_limit_s=0", "eval.final_samples=0", "log.report=false",
             "train.steps=4", "eval.every=2", "checkpoint.every=2", f"task.sampler={sampler}"])
 
-    straight = train(cfg("straight"))
-    save = Loop.save
-
-    def save_then_die(self, step):
-        save(self, step)
-        if step == 2:
-            raise Killed
-
-    monkeypatch.setattr(Loop, "save", save_then_die)
-    with pytest.raises(Killed):
-        train(cfg("split"))
-    monkeypatch.undo()
-    resumed = train(resume=tmp_path / "split")
-
-    def untimed(run):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "memory/"))}
-                for r in read_jsonl(run.run_dir / "metrics.jsonl")]
+    straight, resumed = straight_and_resumed(monkeypatch, cfg)
 
     a, b = untimed(straight), untimed(resumed)
     assert a == b and [r["step"] for r in b] == [0, 1, 2, 3, 4]
