@@ -24,8 +24,10 @@ class Trajectory:
     keeps the trajectory as a group member (for baselines) but gives it no loss (e.g. DAPO's
     overlong filtering of truncated responses). ``token_versions[t]`` is the policy version that
     sampled token t (-1 for prompt and environment tokens; empty when not recorded).
-    Multi-turn episodes also keep each model turn's reward (``turn_rewards``) and its token span
-    ``[start, end)`` in ``token_ids`` (``turn_spans``); ``reward`` is the sum of the turn rewards.
+    Multi-turn episodes also keep each model turn's reward (``turn_rewards``), its token span
+    ``[start, end)`` in ``token_ids`` (``turn_spans``) and the key of the environment state it acted
+    from (``turn_states``: the environment's ``state_key()``, else the observation's text); ``reward``
+    is the sum of the turn rewards.
     ``demonstration`` marks a row that was not sampled by the policy but given (an expert's or a
     dataset's answer): its ``loss_mask`` covers the answer's tokens, its ``logprobs`` are 0 (unknown),
     and it is trained on by the loss terms that declare they need demonstrations (e.g. ``nll``).
@@ -46,6 +48,7 @@ class Trajectory:
     token_versions: list[int] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     demonstration: bool = False
+    turn_states: list[str] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -70,6 +73,8 @@ class Batch:
     (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``; with a teacher
     (``algo.teacher``), ``teacher_logprobs`` [N, L, V]: its full next-token log-distribution on the
     loss mask's positions. ``demo`` [N] (bool) marks demonstration rows (None: the batch has none).
+    For the parts that declare them (``build_batch``): ``turn_returns``, ``turn_states``,
+    ``turn_index`` [N, L] and ``prompt_key`` [N] (see ``algo.context.Context``).
     """
 
     input_ids: Tensor
@@ -86,6 +91,9 @@ class Batch:
     values: Tensor | None = None
     returns: Tensor | None = None
     turn_returns: Tensor | None = None
+    turn_states: Tensor | None = None
+    turn_index: Tensor | None = None
+    prompt_key: Tensor | None = None
     token_rewards: Tensor | None = None
     demo: Tensor | None = None
     teacher_logprobs: Tensor | None = None

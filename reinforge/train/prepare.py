@@ -118,6 +118,7 @@ class PreparesBatches:
         inputs = None if batch is None else {
             "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
             "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
+            "turn_states": batch.turn_states, "turn_index": batch.turn_index, "prompt_key": batch.prompt_key,
             "demo": batch.demo,
         }
         if inputs is not None:  # what the estimator declares it needs from the no-grad passes
@@ -135,7 +136,8 @@ class PreparesBatches:
         that is a member of a sampled group; a demonstration in a group of its own (group id < 0: SFT,
         mixed-in supervision) is left out, so batch statistics are the rollouts', and gets 0."""
         demo = inputs.pop("demo")
-        settings = self.algo.advantage.settings
+        ctl = self.advantage_controller  # a stateful estimator's state, handed to it as its cfg
+        settings = ctl if ctl is not None else self.algo.advantage.settings
         if demo is None:
             return ADVANTAGES.call(self.algo.advantage, Context(**inputs), settings).to(self._loss_dtype)
         mask = inputs["mask"]
