@@ -27,7 +27,8 @@ class Trajectory:
     Multi-turn episodes also keep each model turn's reward (``turn_rewards``), its token span
     ``[start, end)`` in ``token_ids`` (``turn_spans``) and the key of the environment state it acted
     from (``turn_states``: the environment's ``state_key()``, else the observation's text); ``reward``
-    is the sum of the turn rewards.
+    is the sum of the turn rewards. ``token_rewards[t]`` is an extra reward on token t (process rewards
+    of a step verifier, rewards/steps.py; empty: none), the batch's ``token_rewards``.
     ``demonstration`` marks a row that was not sampled by the policy but given (an expert's or a
     dataset's answer): its ``loss_mask`` covers the answer's tokens, its ``logprobs`` are 0 (unknown),
     and it is trained on by the loss terms that declare they need demonstrations (e.g. ``nll``).
@@ -49,6 +50,7 @@ class Trajectory:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     demonstration: bool = False
     turn_states: list[str] = field(default_factory=list)
+    token_rewards: list[float] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -136,4 +138,9 @@ class Batch:
         groups = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
         demo = torch.tensor([t.demonstration for t in trajs]) if any(t.demonstration for t in trajs) else None
-        return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo)
+        token_rewards = None
+        if any(t.token_rewards for t in trajs):
+            token_rewards = torch.zeros((n, width))
+            for i, t in enumerate(trajs):
+                token_rewards[i, : len(t.token_rewards)] = torch.tensor(t.token_rewards, dtype=torch.float32)
+        return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo, token_rewards=token_rewards)

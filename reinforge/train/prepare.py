@@ -6,7 +6,7 @@ no KL in the reward: they then come from the same forward, exactly on-policy), t
 log-probs, the critic's values and, for a part that declares ``teacher_logp_vocab`` (GKD's), a
 teacher's full next-token log-distributions on the loss mask's positions ([N, L, V],
 ``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
-(``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
+(``batch.token_rewards``, added to the token rewards the batch came with, e.g. process rewards). The run's advantage estimator (``ADVANTAGES``) then runs on the global
 batch (all ranks' rows), and a critic's returns are GAE's. An estimator that declares it needs
 ``entropy``, ``old_logp`` or ``ref_logp`` gets them from these passes (pi_old's pass then runs even
 with a single update, and keeps the per-token entropy of the same forward), and one that declares
@@ -96,7 +96,8 @@ class PreparesBatches:
         self._old_entropy = ent
         if ref is not None and algo.kl.placement == "reward":
             kl = self.kl_estimator(old, ref) * batch.loss_mask
-            batch.token_rewards = -self.kl_ctl.value * kl
+            given = batch.token_rewards  # e.g. a step verifier's process rewards: the KL penalty adds to them
+            batch.token_rewards = -self.kl_ctl.value * kl + (given.to(kl.dtype) if given is not None else 0.0)
             stats.add_tokens("kl_ref", kl, batch.loss_mask)
 
     def _fill_advantages(self, batch: Batch | None, offset: int) -> None:
