@@ -38,7 +38,7 @@ def test_step_rewards_become_the_batch_token_rewards():
     steps = StepRewards("arithmetic_steps", ArithmeticStepSettings(), coef=0.5)
     metrics = steps.apply([TASK], [traj], lambda p: "".join(pieces[i] for i in p), [2])
     assert traj.token_rewards == [0, 0, 0, 0, 0.5, 0, -0.5, 0]
-    assert metrics == {"reward/steps": 2.0, "reward/step_score": 0.0}
+    assert metrics == {"reward/steps": 2.0, "reward/step_score": 0.0}  # totals: +1 and -1
     batch = Batch.from_trajectories([traj, Trajectory([1, 2], [0, 1], [0.0, 0.0], 0, 0, "t")], pad_id=0)
     assert batch.token_rewards[0].tolist() == traj.token_rewards and batch.token_rewards[1].tolist() == [0.0] * 8
     # outcome 0 for both (GRPO advantage 0): each token gets the returns-to-go of the step rewards

@@ -33,7 +33,7 @@ class PVPOSettings(GroupNormSettings):
 @ADVANTAGES.register(
     "pvpo",
     formula="A_i = r_i - V_ref(x_i), V_ref(x) = mean_j r(x, y_j), y_j ~ pi_ref, N = value_samples, once per prompt "
-            "[/ (std_g(r) + eps) optional]",
+            "[divided by std_g(r) + eps: optional]",
     paper="Feng et al. 2025, PVPO: Pre-Estimated Value-Based Policy Optimization for Agentic Reasoning "
           "(arXiv:2508.21104)",
     needs=("reference_value", "ungrouped"),

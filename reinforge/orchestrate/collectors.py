@@ -76,9 +76,9 @@ class SingleTurn:
                                               group_sampler=sampler)
         t0 = time.perf_counter()
         trajectories = score_single_turn(tasks, generations, params.n, self.pool, group_offset=group_offset)
-        metrics = {}
-        if self.pool.steps is not None:  # process rewards: per-token rewards at the steps' ends
-            metrics = self.pool.steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
+        metrics, steps = {}, getattr(self.pool, "steps", None)  # a step verifier's (reward.step_verifier)
+        if steps is not None:  # process rewards: per-token rewards at the steps' ends
+            metrics = steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
                                             self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])
         return Collected(trajectories, time.perf_counter() - t0, metrics=metrics)
 

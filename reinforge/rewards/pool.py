@@ -94,7 +94,6 @@ class VerifierPool:
         if workers < 1 or not timeout_s > 0:
             raise ValueError(f"need workers >= 1 and timeout_s > 0, got {workers} and {timeout_s}")
         self.verifier, self.workers, self.timeout_s, self.kind = verifier, workers, timeout_s, kind
-        self.steps: Any = None  # a step verifier's StepRewards (rewards/steps.py), applied by the collector
         self.name = name or getattr(verifier, "__name__", type(verifier).__name__)
         self.stats = {"calls": 0, "errors": 0, "timeouts": 0}
         self.failures: deque[VerifierFailure] = deque(maxlen=1000)

@@ -87,7 +87,8 @@ class StepRewards:
     def apply(self, tasks: Sequence[Task], trajectories: Sequence[Any], decode: Callable[[list[int]], str],
               prompt_lens: Sequence[int]) -> dict[str, float]:
         """``Trajectory.token_rewards`` of each (single-turn) trajectory: ``coef * score`` on the token in
-        which each step ends; returns the batch's step counters (``reward/steps``, ``reward/step_score``)."""
+        which each step ends; returns the counters (totals over these completions, so rounds add up):
+        ``reward/steps`` (steps found) and ``reward/step_score`` (their summed score)."""
         fn = STEP_VERIFIERS.get(self.name)
         n_steps, total = 0, 0.0
         for task, traj, n_prompt in zip(tasks, trajectories, prompt_lens, strict=True):
@@ -101,5 +102,4 @@ class StepRewards:
             traj.token_rewards = rewards
             n_steps += len(steps)
             total += sum(s for _, s in steps)
-        n = max(len(trajectories), 1)
-        return {"reward/steps": n_steps / n, "reward/step_score": total / n}
+        return {"reward/steps": float(n_steps), "reward/step_score": total}
