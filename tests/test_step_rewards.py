@@ -52,3 +52,18 @@ def test_the_config_names_a_registered_step_verifier():
     assert cfg.reward.step_verifier.coef == 0.2 and cfg.reward.step_verifier.settings().wrong == -2.0
     with pytest.raises(Exception, match="step verifier"):
         load_config(None, ["reward.step_verifier={name: nope}"])
+
+
+@pytest.mark.slow
+def test_the_single_turn_collector_applies_the_step_verifier(tmp_path):
+    from reinforge.orchestrate.components import build_components
+
+    c = build_components(load_config(None, [
+        f"output_dir={tmp_path}", "rollout.prompts_per_step=2", "rollout.group_size=2", "task.heldout_size=4",
+        "eval.final_samples=0", "log.report=false", "reward.step_verifier={name: arithmetic_steps, coef: 0.5}"]))
+    collected = c.make_collector().collect(c.sampler.next_batch(2), c.sampling_params(), 0)
+    assert set(collected.metrics) == {"reward/steps", "reward/step_score"}
+    for t in collected.trajectories:
+        assert len(t.token_rewards) == len(t.token_ids)
+        assert sum(t.token_rewards) == pytest.approx(0.5 * sum(s for _, s in arithmetic_steps(
+            None, t.completion_text, ArithmeticStepSettings())))
