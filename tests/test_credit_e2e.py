@@ -46,3 +46,14 @@ def test_spo_at_group_size_one_resumes_its_tracker_exactly(tmp_path):
     assert len(resumed) == 2
     for key in ("train/spo/prompts_tracked", "train/loss", "adv/mean", "reward/mean"):
         assert resumed[1][key] == straight[1][key], key
+
+
+@pytest.mark.slow
+def test_pvpo_samples_the_reference_once_per_prompt_and_trains(tmp_path):
+    cfg = load_config(None, [
+        f"output_dir={tmp_path}", "train.steps=1", "checkpoint.every=0", "rollout.prompts_per_step=2",
+        "rollout.group_size=2", "algo.advantage={name: pvpo, value_samples: 2, skip_solved: false}",
+        "algo.skip_equal_reward_groups=false", "task.heldout_size=4", *QUIET])
+    rows = _rows(train(cfg).run_dir)
+    assert len(rows) == 1 and rows[0]["value_estimates/prompts"] == 2
+    assert rows[0]["value_estimates/reference_samples"] == 4 and "train/loss" in rows[0]
