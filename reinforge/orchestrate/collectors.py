@@ -79,7 +79,7 @@ class SingleTurn:
         metrics, steps = {}, getattr(self.pool, "steps", None)  # a step verifier's (reward.step_verifier)
         if steps is not None:  # process rewards: per-token rewards at the steps' ends
             metrics = steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
-                                            self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])
+                                  self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])
         return Collected(trajectories, time.perf_counter() - t0, metrics=metrics)
 
     def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:

@@ -53,8 +53,8 @@ def build_reward_pool(reward: RewardConfig, verifier: Verifier, kind: PoolKind) 
     if step is not None:
         from reinforge.rewards.steps import StepRewards
 
-        pool.steps = StepRewards(step.name, step.settings(), step.coef)  # type: ignore[attr-defined]  (read by
-        # the single-turn collector with getattr: a pool without a step verifier has no ``steps``)
+        # read by the single-turn collector with getattr: a pool without a step verifier has no ``steps``
+        pool.steps = StepRewards(step.name, step.settings(), step.coef)  # type: ignore[attr-defined]
     return pool
 
 

@@ -6,11 +6,13 @@ no KL in the reward: they then come from the same forward, exactly on-policy), t
 log-probs, the critic's values and, for a part that declares ``teacher_logp_vocab`` (GKD's), a
 teacher's full next-token log-distributions on the loss mask's positions ([N, L, V],
 ``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
-(``batch.token_rewards``, added to the token rewards the batch came with, e.g. process rewards). The run's advantage estimator (``ADVANTAGES``) then runs on the global
-batch (all ranks' rows), and a critic's returns are GAE's. An estimator that declares it needs
-``entropy``, ``old_logp`` or ``ref_logp`` gets them from these passes (pi_old's pass then runs even
-with a single update, and keeps the per-token entropy of the same forward), and one that declares
-``sampling_logp`` (V-trace's behaviour policy) the rollout engine's log-probs from the batch.
+(``batch.token_rewards``, added to the token rewards the batch came with, e.g. process rewards). The
+run's advantage estimator (``ADVANTAGES``) then runs on the global batch (all ranks' rows), and a
+critic's returns are GAE's. An estimator that declares it needs ``entropy``, ``old_logp`` or
+``ref_logp`` gets them from these passes (pi_old's pass then runs even with a single update, and
+keeps the per-token entropy of the same forward), and one that declares ``sampling_logp`` (V-trace's
+behaviour policy) the rollout engine's log-probs from the batch. A stateful estimator's controller
+(``Learner.advantage_controller``, e.g. SPO's tracker) is its ``cfg``.
 """
 
 from __future__ import annotations
