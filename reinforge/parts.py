@@ -30,6 +30,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.envs.registry  # noqa: F401
     import reinforge.orchestrate.replay  # noqa: F401  (RePO's replay strategies)
     import reinforge.rewards  # noqa: F401
+    import reinforge.rewards.steps  # noqa: F401  (step verifiers: process rewards)
     import reinforge.rollout.group_samplers  # noqa: F401
     import reinforge.rollout.openai_engine  # noqa: F401
     import reinforge.rollout.torch_engine  # noqa: F401

@@ -24,8 +24,11 @@ class Trajectory:
     keeps the trajectory as a group member (for baselines) but gives it no loss (e.g. DAPO's
     overlong filtering of truncated responses). ``token_versions[t]`` is the policy version that
     sampled token t (-1 for prompt and environment tokens; empty when not recorded).
-    Multi-turn episodes also keep each model turn's reward (``turn_rewards``) and its token span
-    ``[start, end)`` in ``token_ids`` (``turn_spans``); ``reward`` is the sum of the turn rewards.
+    Multi-turn episodes also keep each model turn's reward (``turn_rewards``), its token span
+    ``[start, end)`` in ``token_ids`` (``turn_spans``) and the key of the environment state it acted
+    from (``turn_states``: the environment's ``state_key()``, else the observation's text); ``reward``
+    is the sum of the turn rewards. ``token_rewards[t]`` is an extra reward on token t (process rewards
+    of a step verifier, rewards/steps.py; empty: none), the batch's ``token_rewards``.
     ``demonstration`` marks a row that was not sampled by the policy but given (an expert's or a
     dataset's answer): its ``loss_mask`` covers the answer's tokens, its ``logprobs`` are 0 (unknown),
     and it is trained on by the loss terms that declare they need demonstrations (e.g. ``nll``).
@@ -46,6 +49,8 @@ class Trajectory:
     token_versions: list[int] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     demonstration: bool = False
+    turn_states: list[str] = field(default_factory=list)
+    token_rewards: list[float] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -70,6 +75,8 @@ class Batch:
     (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``; with a teacher
     (``algo.teacher``), ``teacher_logprobs`` [N, L, V]: its full next-token log-distribution on the
     loss mask's positions. ``demo`` [N] (bool) marks demonstration rows (None: the batch has none).
+    For the parts that declare them (``build_batch``): ``turn_returns``, ``turn_states``,
+    ``turn_index`` [N, L] and ``prompt_key`` [N] (see ``algo.context.Context``).
     """
 
     input_ids: Tensor
@@ -86,6 +93,9 @@ class Batch:
     values: Tensor | None = None
     returns: Tensor | None = None
     turn_returns: Tensor | None = None
+    turn_states: Tensor | None = None
+    turn_index: Tensor | None = None
+    prompt_key: Tensor | None = None
     token_rewards: Tensor | None = None
     demo: Tensor | None = None
     teacher_logprobs: Tensor | None = None
@@ -128,4 +138,9 @@ class Batch:
         groups = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
         demo = torch.tensor([t.demonstration for t in trajs]) if any(t.demonstration for t in trajs) else None
-        return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo)
+        token_rewards = None
+        if any(t.token_rewards for t in trajs):
+            token_rewards = torch.zeros((n, width))
+            for i, t in enumerate(trajs):
+                token_rewards[i, : len(t.token_rewards)] = torch.tensor(t.token_rewards, dtype=torch.float32)
+        return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo, token_rewards=token_rewards)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from chat_fixtures import ascii_chat_tokenizer, tiny_random_llama
 
@@ -169,3 +171,20 @@ def test_single_turn_environment_is_the_one_step_case(tok, engine):
                          EpisodeLimits(), seed=0)
     for t in trajs:
         assert len(t.turn_spans) == 1 and t.turn_spans[0][1] == len(t.token_ids) and t.reward == 1.0
+
+
+def test_each_turn_records_the_state_it_acted_from(tok, engine):
+    """GiGPO's anchor states: the observation's text without ``state_key()``, the environment's key with it."""
+
+    class Keyed(TurnsEnv):
+        def state_key(self):
+            return f"seen={len(self.seen)}"
+
+    params = SamplingParams(max_new_tokens=3, n=2)
+    limits = EpisodeLimits(max_turns=5, max_total_tokens=256, max_turn_tokens=3)
+    trajs = run_episodes(_tasks(1), engine, lambda: TurnsEnv(3), params, limits, seed=0)
+    first = json.dumps([{"role": "user", "content": "go 0"}], sort_keys=True)
+    again = [json.dumps([{"role": "user", "content": f"again {k}"}], sort_keys=True) for k in (1, 2)]
+    assert all(t.turn_states == [first, *again] for t in trajs)
+    trajs = run_episodes(_tasks(1), engine, lambda: Keyed(3), params, limits, seed=0)
+    assert all(t.turn_states == ["seen=0", "seen=1", "seen=2"] for t in trajs)

@@ -64,7 +64,7 @@ def test_unsolved_prompts_get_no_loss_and_the_cache_is_state():
 def test_the_loop_asks_for_it_only_when_a_part_declares_it():
     assert needs_optimal_value(load_config(None, ["preset=astar_po"]).algo)
     assert not needs_optimal_value(load_config(None, ["preset=grpo"]).algo)
-    assert dataclasses.astuple(value_settings(load_config(None, ["preset=astar_po"]).algo)) == (8, 0.5, True)
+    assert dataclasses.astuple(value_settings(load_config(None, ["preset=astar_po"]).algo)) == (8, 0.5, True, False, 1.0)
 
 
 def _cfg(tmp_path, steps: int):
@@ -103,3 +103,18 @@ def test_an_asynchronous_run_is_refused_up_front():
 
     with pytest.raises(ConfigError, match="orchestrate.mode=sync"):
         load_config(None, ["preset=astar_po", "orchestrate.mode=async"])
+
+
+def test_pvpo_reference_value_is_the_mean_and_trivial_prompts_get_no_loss():
+    from reinforge.config import AlgoConfig
+
+    algo = AlgoConfig(advantage={"name": "pvpo", "value_samples": 4}, skip_equal_reward_groups=False)
+    assert needs_optimal_value(algo)
+    settings = value_settings(algo)  # from the estimator that declares reference_value: the mean, no beta
+    assert (settings.samples, settings.beta, settings.skip_solved, settings.skip_unsolved) == (4, None, True, False)
+    collector = FakeCollector({"a": [1, 0, 1, 1], "b": [1, 1, 1, 1]})
+    values = OptimalValues(collector, settings)
+    online = [_traj(0, "a", 0.0), _traj(1, "b", 1.0)]
+    assert values(TASKS, online, SamplingParams(n=1), 1) == [0.75, 1.0]
+    assert [t.trainable for t in online] == [True, False]  # b: every reference sample solved it
+    assert values.state()["optimal_values"]["a"] == [0.75, 1.0, 0.0]

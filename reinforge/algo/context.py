@@ -21,7 +21,10 @@ class Context:
     sequence answers), ``mask`` [N, T] (1 on trained tokens), ``lengths`` [N] (trained tokens per
     sequence), ``token_rewards`` [N, T] (per-token rewards, e.g. -beta * KL), ``baseline`` [N] (a
     per-sequence baseline reward, e.g. ReMax's greedy reward), ``turn_returns`` [N, T] (multi-turn:
-    the discounted return from each token's turn on).
+    the discounted return from each token's turn on), ``turn_states`` [N, T] (long: a hash of the
+    environment state each token's turn acted from, GiGPO's anchor states) and ``turn_index`` [N, T]
+    (long: the model turn of each token, 0-based, -1 off the model's turns), ``prompt_key`` [N] (long:
+    a hash of the task each sequence answers, for parts that keep per-prompt state across steps).
 
     Log-probabilities [N, T]: ``logp`` (current policy, with gradient), ``old_logp`` (pi_old, the
     proximal policy of the PPO ratio), ``sampling_logp`` (the rollout engine's, the behaviour
@@ -48,6 +51,9 @@ class Context:
     token_rewards: Tensor | None = None
     baseline: Tensor | None = None
     turn_returns: Tensor | None = None
+    turn_states: Tensor | None = None
+    turn_index: Tensor | None = None
+    prompt_key: Tensor | None = None
     logp: Tensor | None = None
     old_logp: Tensor | None = None
     sampling_logp: Tensor | None = None

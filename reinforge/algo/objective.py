@@ -189,6 +189,17 @@ def term_controllers(cfg: Any) -> dict[int, Any]:
     return out
 
 
+def advantage_controller(cfg: Any) -> Any | None:
+    """The state of a stateful advantage estimator: when its settings class declares a ``controller``
+    class, one built from its settings (None otherwise). As for the loss terms' controllers, the
+    learner owns it: it is the estimator's ``cfg`` (its ``settings`` attribute the options), its
+    ``update(metrics) -> metrics`` runs after every update and ``state_dict()`` / ``load_state_dict()``
+    go into the checkpoint (e.g. SPO's per-prompt value tracker: algo/spo.py)."""
+    settings = cfg.advantage.settings
+    controller = getattr(type(settings), "controller", None)
+    return controller(settings) if controller is not None else None
+
+
 def required_inputs(cfg: Any) -> frozenset[str]:
     """What the run's parts declare the loop must provide (``Entry.needs``): e.g. ``values`` (a
     critic), ``ref_logp`` (a reference model), ``baseline`` (a greedy rollout), ``turn_returns``."""

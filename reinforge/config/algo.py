@@ -146,6 +146,19 @@ class AlgoConfig(_Strict):
                              "[{name: gkd, coef: 1.0}]")
         return self
 
+    @model_validator(mode="after")
+    def _ungrouped_keeps_every_group(self) -> AlgoConfig:
+        """An estimator whose baseline is not its group's (it declares ``ungrouped``, e.g. SPO's tracked
+        value) gives a group of equal rewards a signal: dropping such groups would drop them all at
+        group size 1."""
+        from reinforge.algo.objective import required_inputs
+
+        if "ungrouped" in required_inputs(self) and (self.skip_equal_reward_groups or self.dynamic_sampling):
+            raise ValueError(f"skip_equal_reward_groups / dynamic_sampling: advantage {self.advantage} does not "
+                             "compare the samples of a group, equal-reward groups carry signal; set "
+                             "algo.skip_equal_reward_groups: false and leave dynamic_sampling off")
+        return self
+
     @property
     def discount(self) -> Discount:
         """gamma and lam of the advantage estimator's settings (the defaults where it declares none): the

@@ -119,6 +119,13 @@ class PartConfig(_Strict):
         return all_kinds()[self.KIND].entry(self.name).make_settings(self.params, f"{self.KIND} {self.name} params")
 
 
+class StepVerifierConfig(PartConfig):
+    """A step verifier (process rewards, rewards/steps.py): ``coef * score`` on the token ending each step."""
+
+    KIND: ClassVar[str] = "step_verifier"
+    coef: float = Field(0.1, description="weight of the step scores against the outcome reward")
+
+
 class LossTermConfig(PartConfig):
     """An extra term of the loss: ``coef * agg(term)``, a registered loss term (reinforge algos)."""
 

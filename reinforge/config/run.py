@@ -311,13 +311,15 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _prompt_values_are_estimated(self) -> RunConfig:
-        """A part that needs ``optimal_value`` (A*-PO's V*) gets it from the synchronous loop only
-        (orchestrate/value_estimates.py samples the reference model in the learner's process)."""
+        """A part that needs ``optimal_value`` (A*-PO's V*) or ``reference_value`` (PVPO's) gets it from the
+        synchronous loop only (orchestrate/value_estimates.py samples the reference model in the learner's
+        process)."""
         from reinforge.algo.objective import required_inputs
 
-        if self.orchestrate.mode == "async" and "optimal_value" in required_inputs(self.algo):
-            raise ValueError(f"algo.policy_loss={self.algo.policy_loss} needs V* per prompt (optimal_value), "
-                             "estimated by the synchronous loop: use orchestrate.mode=sync")
+        needs = {"optimal_value", "reference_value"} & required_inputs(self.algo)
+        if self.orchestrate.mode == "async" and needs:
+            raise ValueError(f"algo: a part needs a value per prompt ({', '.join(sorted(needs))}), estimated by the "
+                             "synchronous loop: use orchestrate.mode=sync")
         return self
 
     @model_validator(mode="after")

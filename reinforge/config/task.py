@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BeforeValidator, Field, TypeAdapter, field_validator, model_validator
 
-from reinforge.config.base import TaskSamplerConfig, _Strict
+from reinforge.config.base import StepVerifierConfig, TaskSamplerConfig, _Strict
 from reinforge.data.columns import ColumnsConfig
 
 
@@ -229,5 +229,8 @@ class RewardConfig(_Strict):
         "reward uses math_verify or reasoning_gym (and no reward model or judge), else thread",
     )
     timeout_s: float = Field(60.0, gt=0, description="per-call timeout of one reward computation")
+    step_verifier: StepVerifierConfig | None = Field(
+        None, description="process rewards: a step verifier (rewards/steps.py, e.g. arithmetic_steps) whose step "
+        "scores, times coef, are per-token rewards (token_rewards) at the steps' ends; single-turn tasks only")
 
 

@@ -19,5 +19,9 @@ class StepResult:
 
 
 class Environment(Protocol):
+    """``reset`` and ``step``. An environment may also have ``state_key() -> str``: the key of its current
+    state, equal for equal states (GiGPO's anchor states, orchestrate/multi_turn.py ``state_key``; without
+    it the observation's text is the key)."""
+
     def reset(self, task: Task, seed: int) -> list[Message] | str: ...
     def step(self, assistant: Message) -> StepResult: ...

@@ -17,7 +17,7 @@ HIGHER, LOWER, NO_NUMBER = "higher", "lower", "say a number"
 
 class GuessingEnv:
     """The secret is ``int(task.answer)``. ``info``: ``guesses`` (turns so far) on every step, and
-    ``correct`` on the last step."""
+    ``correct`` on the last step. ``state_key()``: the interval the hints allow and the guesses left."""
 
     def __init__(self, max_guesses: int = 6, system_prompt: str | None = None) -> None:
         if isinstance(max_guesses, bool) or not isinstance(max_guesses, int) or max_guesses < 1:
@@ -32,6 +32,8 @@ class GuessingEnv:
         except ValueError:
             raise ValueError(f"GuessingEnv needs an integer answer (the secret); task {task.id!r} has {task.answer!r}") from None
         self.task, self.guesses, self.done = task, 0, False
+        self.low: int | None = None  # the interval the hints so far allow (None: no bound yet)
+        self.high: int | None = None
         return task_messages(task, self.system_prompt)
 
     def step(self, assistant: Message) -> StepResult:
@@ -44,7 +46,16 @@ class GuessingEnv:
         if self.guesses >= self.max_guesses:
             return self._end(False)
         hint = NO_NUMBER if guess is None else HIGHER if guess < self.secret else LOWER
+        if guess is not None and guess < self.secret:
+            self.low = guess + 1 if self.low is None else max(self.low, guess + 1)
+        elif guess is not None:
+            self.high = guess - 1 if self.high is None else min(self.high, guess - 1)
         return StepResult([{"role": "user", "content": hint}], 0.0, False, {"guesses": self.guesses})
+
+    def state_key(self) -> str:
+        """The player's situation: the interval the hints allow and the guesses left (GiGPO's anchor
+        state: episodes whose hints narrowed the secret down alike face the same choice)."""
+        return f"low={self.low} high={self.high} left={self.max_guesses - self.guesses}"
 
     def _end(self, correct: bool) -> StepResult:
         self.done = True

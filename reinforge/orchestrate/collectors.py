@@ -26,6 +26,7 @@ import numpy as np
 from reinforge.config import EnvConfig, RolloutConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
+from reinforge.errors import ConfigError
 from reinforge.orchestrate.env_calls import EnvCalls
 from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
 from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
@@ -75,7 +76,11 @@ class SingleTurn:
                                               group_sampler=sampler)
         t0 = time.perf_counter()
         trajectories = score_single_turn(tasks, generations, params.n, self.pool, group_offset=group_offset)
-        return Collected(trajectories, time.perf_counter() - t0)
+        metrics, steps = {}, getattr(self.pool, "steps", None)  # a step verifier's (reward.step_verifier)
+        if steps is not None:  # process rewards: per-token rewards at the steps' ends
+            metrics = steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
+                                  self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])
+        return Collected(trajectories, time.perf_counter() - t0, metrics=metrics)
 
     def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
         """Correct only if the completion ended by itself and the verifier says so; its answer is the
@@ -168,6 +173,9 @@ def build_collector(env: EnvConfig, rollout: RolloutConfig, engine, make_env: Ca
         return AgentDriven(AgentRunner(env.agent, engine, max_tokens=limits.max_turn_tokens,
                                        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                        workers=env.agent_workers))
+    if getattr(pool, "steps", None) is not None and (spec.multi_turn or spec.agent_driven):
+        raise ConfigError(f"reward.step_verifier: env {env.name} is multi-turn; step rewards are for single-turn "
+                          "completions (a multi-turn environment's steps have their own turn rewards)")
     if spec.multi_turn:
         return MultiTurn(engine, make_env, limits, EnvCalls(env.concurrency, env.step_timeout_s), pool)
     return SingleTurn(engine, make_env, pool, rollout.group_sampler)

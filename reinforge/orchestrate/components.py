@@ -122,7 +122,8 @@ def build_components(cfg: RunConfig) -> Components:
     policy = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     needs = required_inputs(cfg.algo)  # what the run's parts declare (registry.Entry.needs)
     # The reference: a frozen second copy; with LoRA the base itself, adapters disabled (no copy).
-    with_ref = "ref_logp" in needs and not cfg.model.lora.enabled
+    # A per-prompt value sampled from the reference policy (value_estimates.py) needs one too.
+    with_ref = bool({"ref_logp", "optimal_value", "reference_value"} & needs) and not cfg.model.lora.enabled
     ref = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device) if with_ref else None
     # The teacher of a distillation term (GKD): frozen, the same tokenizer as the policy.
     teacher = load_model(cfg.algo.teacher.path, cfg.model.dtype, cfg.model.device) \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -135,9 +136,39 @@ def build_batch(
     if baseline is not None:
         base = torch.tensor([b for b, k in zip(baseline, keep, strict=True) if k], dtype=torch.float32)
     batch = Batch.from_trajectories(kept, pad_id, base)
-    if "turn_returns" in required_inputs(algo):
+    needs = required_inputs(algo)
+    if "turn_returns" in needs:
         batch.turn_returns = turn_return_tensor(kept, batch.input_ids.shape[1], algo.discount.gamma)
+    if "turn_states" in needs:
+        batch.turn_states, batch.turn_index = turn_state_tensors(kept, batch.input_ids.shape[1])
+    if "prompt_key" in needs:
+        batch.prompt_key = torch.tensor([stable_hash(t.task_id) for t in kept], dtype=torch.long)
     return batch, stats
+
+
+def stable_hash(text: str) -> int:
+    """A 64-bit signed integer key of ``text``, the same in every process and run (not Python's ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def turn_state_tensors(trajs: list[Trajectory], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, width] long each: at each model token, the hash of the state its turn acted from
+    (``turn_states``) and the turn's index (``turn_index``, -1 off the model's turns). A trajectory
+    without turns (single-turn) is one turn from the state of its prompt (its task id); a turn
+    without a recorded state gets a key of its own (it joins no step group)."""
+    states = torch.zeros((len(trajs), width), dtype=torch.long)
+    index = torch.full((len(trajs), width), -1, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        if not t.turn_spans:
+            live = torch.tensor(t.loss_mask, dtype=torch.bool)
+            index[i, : len(t.loss_mask)][live] = 0
+            states[i, : len(t.loss_mask)][live] = stable_hash(f"prompt:{t.task_id}")
+            continue
+        for k, (start, end) in enumerate(t.turn_spans):
+            key = t.turn_states[k] if k < len(t.turn_states) else f"unrecorded:{t.task_id}:{id(t)}:{k}"
+            index[i, start:end] = k
+            states[i, start:end] = stable_hash(key)
+    return states, index
 
 
 def turn_return_tensor(trajs: list[Trajectory], width: int, gamma: float) -> torch.Tensor:

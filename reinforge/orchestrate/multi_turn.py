@@ -24,6 +24,7 @@ Limits: ``max_turns`` model turns, ``max_total_tokens`` for the whole sequence (
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -63,6 +64,8 @@ class _Episode:
     versions: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    turn_states: list[str] = field(default_factory=list)
+    state: str = ""  # the key of the state the next turn acts from (``state_key``)
     texts: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
@@ -86,6 +89,7 @@ class _Episode:
         self.logprobs += gen.logprobs[:n_tokens]
         self.versions += gen.token_versions[:n_tokens]
         self.turn_spans.append((start, len(self.ids)))
+        self.turn_states.append(self.state)
         if self.version is None:
             self.version = gen.version
 
@@ -152,8 +156,17 @@ def _start(tasks: Sequence[Task], make_env: Callable[[], Environment], n: int, s
             messages = [{"role": "user", "content": messages}]
         splicer = splicers.for_env(env)
         ids = splicer.prompt_ids(messages)
-        episodes.append(_Episode(tasks[t], t, env, splicer, ids, len(ids)))
+        episodes.append(_Episode(tasks[t], t, env, splicer, ids, len(ids), state=state_key(env, messages)))
     return episodes
+
+
+def state_key(env: Environment, observation: Any) -> str:
+    """The key of the environment's current state (GiGPO's anchor state, ``Trajectory.turn_states``):
+    its ``state_key()`` when it has one, else the text of the observation it just gave."""
+    key = getattr(env, "state_key", None)
+    if callable(key):
+        return str(key())
+    return observation if isinstance(observation, str) else json.dumps(observation, sort_keys=True, default=str)
 
 
 def _context_limit(engine, limits: EpisodeLimits) -> int:
@@ -247,6 +260,7 @@ def _advance(ep: _Episode, gen: Generation, outcome: EnvOutcome, limit: int, las
         return
     ep.append_context(close)
     ep.append_context(obs)
+    ep.state = state_key(ep.env, result.observation)
 
 
 def _trajectory(ep: _Episode, group_offset: int, tokenizer) -> Trajectory:
@@ -261,6 +275,7 @@ def _trajectory(ep: _Episode, group_offset: int, tokenizer) -> Trajectory:
         reward=sum(ep.turn_rewards),
         turn_rewards=ep.turn_rewards,
         turn_spans=ep.turn_spans,
+        turn_states=ep.turn_states,
         finish_reason=finish,
         completion_text=tokenizer.decode(ep.ids[ep.prompt_len:], skip_special_tokens=False),
         metadata={"correct": bool(ep.info.get("correct", False)), "turns": len(ep.turn_rewards),

@@ -1,19 +1,22 @@
-"""Per-prompt values a part declares it needs, estimated by the loop and handed to the loss in the
-context's ``baseline`` field: ``optimal_value``, A*-PO's V*(x), from samples of the reference policy.
+"""Per-prompt values a part declares it needs, estimated by the loop and handed to the part in the
+context's ``baseline`` field, from samples of the reference policy: ``optimal_value``, A*-PO's V*(x)
+(a soft maximum of the samples' rewards), or ``reference_value``, PVPO's static V(x) (their mean).
 
-A part that declares ``optimal_value`` (``registry.Entry.needs``) reads V*(x) per sequence in
-``baseline``; its settings give ``value_samples`` (N), ``beta1`` and ``skip_unsolved``. The estimate
+A part that declares one of them (``registry.Entry.needs``: an advantage estimator or a policy loss)
+reads the value per sequence in ``baseline``; its settings give ``value_samples`` (N), ``beta1`` (for
+``optimal_value``), ``skip_unsolved`` and ``skip_solved``. The estimate
 is the paper's stage 1 done lazily: the first time a prompt is drawn, N completions are sampled
 from the *reference* policy (a rollout engine over the frozen reference model, never updated, so
 the estimate is the one an offline pass before training would make) and
-V*(x) = beta1 log mean_i exp(r(x, y_i) / beta1) (``algo.regression.soft_optimal_value``) is cached
-by task id; a prompt drawn again reuses it. The cache is saved in checkpoints (``state.json``,
+V*(x) = beta1 log mean_i exp(r(x, y_i) / beta1) (``algo.regression.soft_optimal_value``), or
+V(x) = mean_i r(x, y_i), is cached by task id; a prompt drawn again reuses it. The cache is saved in checkpoints (``state.json``,
 key ``optimal_values``) and restored on resume. Only the prompts a run draws are estimated, so a
 large or unbounded prompt set costs N reference samples per new prompt and no pass up front.
 
 With ``skip_unsolved`` the trajectories of a prompt none of whose reference samples has a positive
-reward are kept out of the loss (``Trajectory.trainable``), the paper's filter of all-incorrect
-prompts. The sampling is the run's (``rollout.temperature``, ``max_new_tokens``), its own seeded
+reward are kept out of the loss (``Trajectory.trainable``), A*-PO's filter of all-incorrect prompts;
+with ``skip_solved`` those of a prompt all of whose reference samples reached ``solved_reward`` (PVPO's
+filter of trivial prompts). The sampling is the run's (``rollout.temperature``, ``max_new_tokens``), its own seeded
 stream. Single-turn and multi-turn collectors alike; the synchronous loop only.
 """
 
@@ -38,17 +41,20 @@ if TYPE_CHECKING:
     from reinforge.orchestrate.components import Components
 
 NEED = "optimal_value"
+NEEDS = frozenset({NEED, "reference_value"})  # the soft maximum (A*-PO) or the mean (PVPO)
 STATE_KEY = "optimal_values"
 SEED_OFFSET = 104_729  # the reference engine's stream: apart from the training rollout's
 
 
 @dataclasses.dataclass(frozen=True)
 class ValueSettings:
-    """Stage 1 of A*-PO: N reference samples per prompt, the temperature beta1 of V*, the filter."""
+    """N reference samples per prompt; the temperature beta1 of V* (None: the mean reward); the filters."""
 
     samples: int
-    beta: float
+    beta: float | None
     skip_unsolved: bool = True
+    skip_solved: bool = False
+    solved_reward: float = 1.0
 
 
 class OptimalValues:
@@ -60,7 +66,7 @@ class OptimalValues:
     def __init__(self, collector: Collector, settings: ValueSettings, generator: torch.Generator | None = None,
                  seed: int = 0, cache: dict[str, list[float]] | None = None) -> None:
         self.collector, self.settings, self.generator, self.seed = collector, settings, generator, seed
-        self.cache: dict[str, list[float]] = dict(cache or {})  # task id -> [V*, best reference reward]
+        self.cache: dict[str, list[float]] = dict(cache or {})  # task id -> [V, best, worst reference reward]
         self.samples_drawn = 0
 
     def __call__(self, tasks: Sequence[Task], trajectories: list[Trajectory], params: SamplingParams,
@@ -68,11 +74,12 @@ class OptimalValues:
         new = list({t.id: t for t in tasks if t.id not in self.cache}.values())
         if new:
             self._estimate(new, params, step)
-        if self.settings.skip_unsolved:
-            unsolved = {t.id for t in tasks if self.cache[t.id][1] <= 0}
-            for traj in trajectories:
-                if traj.task_id in unsolved:
-                    traj.trainable = False
+        s = self.settings
+        skipped = {t.id for t in tasks if s.skip_unsolved and self.cache[t.id][1] <= 0}
+        skipped |= {t.id for t in tasks if s.skip_solved and self.cache[t.id][-1] >= s.solved_reward}
+        for traj in trajectories:
+            if traj.task_id in skipped:
+                traj.trainable = False
         return [self.cache[t.id][0] for t in tasks]
 
     def _estimate(self, tasks: list[Task], params: SamplingParams, step: int) -> None:
@@ -90,9 +97,11 @@ class OptimalValues:
                 seen[g] += 1
         if min(seen) < n:
             raise RuntimeError(f"stage 1 of {NEED}: expected {n} reference samples per prompt, got {min(seen)}")
-        values = soft_optimal_value(rewards, self.settings.beta)
-        for task, v, best in zip(tasks, values.tolist(), rewards.max(-1).values.tolist(), strict=True):
-            self.cache[task.id] = [v, best]
+        beta = self.settings.beta
+        values = rewards.mean(-1) if beta is None else soft_optimal_value(rewards, beta)
+        best, worst = rewards.max(-1).values.tolist(), rewards.min(-1).values.tolist()
+        for task, v, hi, lo in zip(tasks, values.tolist(), best, worst, strict=True):
+            self.cache[task.id] = [v, hi, lo]
         self.samples_drawn += n * len(tasks)
 
     def state(self) -> dict[str, Any]:
@@ -102,23 +111,34 @@ class OptimalValues:
         """Prompts estimated so far, those of them none of whose reference samples scored (unsolved),
         and the reference samples drawn by this process."""
         return {"value_estimates/prompts": float(len(self.cache)),
-                "value_estimates/unsolved_prompts": float(sum(best <= 0 for _, best in self.cache.values())),
+                "value_estimates/unsolved_prompts": float(sum(v[1] <= 0 for v in self.cache.values())),
                 "value_estimates/reference_samples": float(self.samples_drawn)}
 
 
 def needs_optimal_value(algo: Any) -> bool:
-    """Does a part of the run declare ``optimal_value`` (``Entry.needs``)?"""
-    return NEED in required_inputs(algo)
+    """Does a part of the run declare ``optimal_value`` or ``reference_value`` (``Entry.needs``)?"""
+    return bool(NEEDS & required_inputs(algo))
 
 
 def value_settings(algo: Any) -> ValueSettings:
-    """Stage 1's options, from the settings of the policy loss that declares ``optimal_value``."""
-    s = algo.policy_loss.settings
-    try:
-        return ValueSettings(int(s.value_samples), float(s.beta1), bool(getattr(s, "skip_unsolved", True)))
-    except AttributeError:
-        raise ConfigError(f"algo.policy_loss={algo.policy_loss} declares {NEED} but its settings give no "
-                          "value_samples and beta1") from None
+    """The estimate's options, from the settings of the estimator or policy loss that declares the need."""
+    from reinforge.algo.advantages import ADVANTAGES
+    from reinforge.algo.losses import POLICY_LOSSES
+
+    for field, registry in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES)):
+        part = getattr(algo, field)
+        needs = registry.needs(part)
+        if not NEEDS & needs:
+            continue
+        s = part.settings
+        try:
+            beta = float(s.beta1) if NEED in needs else None
+            return ValueSettings(int(s.value_samples), beta, bool(getattr(s, "skip_unsolved", True)),
+                                 bool(getattr(s, "skip_solved", False)), float(getattr(s, "solved_reward", 1.0)))
+        except AttributeError:
+            raise ConfigError(f"algo.{field}={part} declares {', '.join(sorted(NEEDS & needs))} but its settings "
+                              "give no value_samples (and beta1 for optimal_value)") from None
+    raise ConfigError("algo: no part declares optimal_value or reference_value")
 
 
 def saved_values(run_dir: Path | None) -> dict[str, list[float]]:
@@ -137,7 +157,8 @@ def prompt_values(c: Components, run_dir: Path | None = None) -> OptimalValues |
         return None
     ref = c.learner.ref_model
     if ref is None:
-        raise ConfigError(f"{NEED} samples the reference policy: it needs a reference model (not with model.lora)")
+        raise ConfigError("a value per prompt (optimal_value, reference_value) samples the reference policy: it needs "
+                          "a reference model (not with model.lora)")
     from reinforge.orchestrate.collectors import build_collector
     from reinforge.rollout.torch_engine import TorchRolloutEngine
 

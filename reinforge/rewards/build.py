@@ -47,8 +47,15 @@ def build_reward_pool(reward: RewardConfig, verifier: Verifier, kind: PoolKind) 
     """The loop's scorer: ``reward.workers`` threads or processes (``kind``, see ``pool_kind``) with
     ``reward.timeout_s`` per call; the policy starts at ``raise`` for ``on_error: auto`` (the loop
     relaxes it after the first step)."""
-    return VerifierPool(verifier, workers=reward.workers, timeout_s=reward.timeout_s, kind=kind,
+    pool = VerifierPool(verifier, workers=reward.workers, timeout_s=reward.timeout_s, kind=kind,
                         on_error="zero" if reward.on_error == "zero" else "raise")
+    step = reward.step_verifier
+    if step is not None:
+        from reinforge.rewards.steps import StepRewards
+
+        # read by the single-turn collector with getattr: a pool without a step verifier has no ``steps``
+        pool.steps = StepRewards(step.name, step.settings(), step.coef)  # type: ignore[attr-defined]
+    return pool
 
 
 def run_reward_pool(cfg) -> VerifierPool:

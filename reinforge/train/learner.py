@@ -27,7 +27,14 @@ from reinforge.algo import KL_ESTIMATORS, AggNorm
 from reinforge.algo.context import Context
 from reinforge.algo.kl_control import KLController
 from reinforge.algo.mixing import MIXING
-from reinforge.algo.objective import Objective, Rows, loss_terms, required_inputs, term_controllers
+from reinforge.algo.objective import (
+    Objective,
+    Rows,
+    advantage_controller,
+    loss_terms,
+    required_inputs,
+    term_controllers,
+)
 from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, TrainConfig
 from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.models.precision import compute_dtype
@@ -110,6 +117,7 @@ class Learner(PreparesBatches):
         self.kl_estimator = KL_ESTIMATORS.get(algo.kl.estimator)
         self.kl_ctl = KLController(algo.kl.coef, algo.kl.target, algo.kl.horizon)
         self.term_controllers = term_controllers(algo)  # stateful loss terms (EPO, AEnt): updated, checkpointed
+        self.advantage_controller = advantage_controller(algo)  # a stateful estimator's (SPO's tracker): the same
         self.needs = required_inputs(algo)
         self.uses_demonstrations = "demonstrations" in self.needs
         self.whole_groups = "whole_groups" in self.needs
@@ -161,6 +169,8 @@ class Learner(PreparesBatches):
             "kl_ctl": self.kl_ctl.state_dict(),
             "term_controllers": {str(i): c.state_dict() for i, c in self.term_controllers.items()},
         }
+        if self.advantage_controller is not None:
+            state["advantage_controller"] = self.advantage_controller.state_dict()
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
         return state
@@ -176,6 +186,8 @@ class Learner(PreparesBatches):
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         for i, ctl in self.term_controllers.items():
             ctl.load_state_dict(state["term_controllers"][str(i)])
+        if self.advantage_controller is not None and "advantage_controller" in state:
+            self.advantage_controller.load_state_dict(state["advantage_controller"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
 
@@ -231,7 +243,9 @@ class Learner(PreparesBatches):
         if self.uses_kl:
             self.kl_ctl.update(out.get("kl_ref", 0.0), n_steps=total)
             out["kl_coef"] = self.kl_ctl.value
-        for ctl in self.term_controllers.values():
+        controllers = [*self.term_controllers.values()]
+        controllers += [self.advantage_controller] if self.advantage_controller is not None else []
+        for ctl in controllers:
             out.update(ctl.update(out))
         if self.critic is not None:
             out["critic/explained_variance"] = self.parallel.explained_variance(batch)

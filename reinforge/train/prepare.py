@@ -6,11 +6,13 @@ no KL in the reward: they then come from the same forward, exactly on-policy), t
 log-probs, the critic's values and, for a part that declares ``teacher_logp_vocab`` (GKD's), a
 teacher's full next-token log-distributions on the loss mask's positions ([N, L, V],
 ``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
-(``batch.token_rewards``). The run's advantage estimator (``ADVANTAGES``) then runs on the global
-batch (all ranks' rows), and a critic's returns are GAE's. An estimator that declares it needs
-``entropy``, ``old_logp`` or ``ref_logp`` gets them from these passes (pi_old's pass then runs even
-with a single update, and keeps the per-token entropy of the same forward), and one that declares
-``sampling_logp`` (V-trace's behaviour policy) the rollout engine's log-probs from the batch.
+(``batch.token_rewards``, added to the token rewards the batch came with, e.g. process rewards). The
+run's advantage estimator (``ADVANTAGES``) then runs on the global batch (all ranks' rows), and a
+critic's returns are GAE's. An estimator that declares it needs ``entropy``, ``old_logp`` or
+``ref_logp`` gets them from these passes (pi_old's pass then runs even with a single update, and
+keeps the per-token entropy of the same forward), and one that declares ``sampling_logp`` (V-trace's
+behaviour policy) the rollout engine's log-probs from the batch. A stateful estimator's controller
+(``Learner.advantage_controller``, e.g. SPO's tracker) is its ``cfg``.
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ class PreparesBatches:
         self._old_entropy = ent
         if ref is not None and algo.kl.placement == "reward":
             kl = self.kl_estimator(old, ref) * batch.loss_mask
-            batch.token_rewards = -self.kl_ctl.value * kl
+            given = batch.token_rewards  # e.g. a step verifier's process rewards: the KL penalty adds to them
+            batch.token_rewards = -self.kl_ctl.value * kl + (given.to(kl.dtype) if given is not None else 0.0)
             stats.add_tokens("kl_ref", kl, batch.loss_mask)
 
     def _fill_advantages(self, batch: Batch | None, offset: int) -> None:
@@ -118,6 +121,7 @@ class PreparesBatches:
         inputs = None if batch is None else {
             "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
             "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
+            "turn_states": batch.turn_states, "turn_index": batch.turn_index, "prompt_key": batch.prompt_key,
             "demo": batch.demo,
         }
         if inputs is not None:  # what the estimator declares it needs from the no-grad passes
@@ -135,7 +139,8 @@ class PreparesBatches:
         that is a member of a sampled group; a demonstration in a group of its own (group id < 0: SFT,
         mixed-in supervision) is left out, so batch statistics are the rollouts', and gets 0."""
         demo = inputs.pop("demo")
-        settings = self.algo.advantage.settings
+        ctl = self.advantage_controller  # a stateful estimator's state, handed to it as its cfg
+        settings = ctl if ctl is not None else self.algo.advantage.settings
         if demo is None:
             return ADVANTAGES.call(self.algo.advantage, Context(**inputs), settings).to(self._loss_dtype)
         mask = inputs["mask"]

@@ -1,0 +1,59 @@
+"""Tiny end-to-end runs of the fine-grained credit parts (docs/strategies.md, "Fine-grained credit"):
+GiGPO on the guessing game, SPO on the default arithmetic recipe (group size 1, resumed exactly)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reinforge.config import load_config
+from reinforge.orchestrate.run import train
+from reinforge.track.jsonl import read_jsonl
+
+QUIET = ["eval.every=0", "eval.final_samples=0", "log.report=false", "train.time_limit_s=0"]
+
+
+def _rows(run_dir):
+    return [m for m in read_jsonl(run_dir / "metrics.jsonl") if "reward/mean" in m]
+
+
+@pytest.mark.slow
+def test_gigpo_trains_on_the_guessing_game_with_step_groups(tmp_path):
+    cfg = load_config("agent_guessing", [
+        f"output_dir={tmp_path}", "train.steps=1", "checkpoint.every=0", "rollout.prompts_per_step=2",
+        "rollout.group_size=4", "algo.advantage=gigpo", "algo.skip_equal_reward_groups=false", "algo.kl.coef=0",
+        "task.heldout_size=4", *QUIET])
+    rows = _rows(train(cfg).run_dir)
+    assert len(rows) == 1
+    for row in rows:
+        # every episode's first turn acts from the prompt's state: at least those steps are grouped
+        assert row["train/gigpo/steps"] >= 8 and row["train/gigpo/step_groups"] <= row["train/gigpo/steps"]
+        assert 0 < row["train/gigpo/steps_grouped"] <= 1
+
+
+@pytest.mark.slow
+def test_spo_at_group_size_one_resumes_its_tracker_exactly(tmp_path):
+    def cfg(name, steps):
+        return load_config(None, [
+            f"output_dir={tmp_path}", f"name={name}", f"train.steps={steps}", "checkpoint.every=1",
+            "checkpoint.keep=3", "rollout.prompts_per_step=8", "rollout.group_size=1", "algo.advantage=spo",
+            "algo.skip_equal_reward_groups=false", "task.heldout_size=4", *QUIET])
+
+    straight = _rows(train(cfg("straight", 2)).run_dir)
+    assert straight[0]["train/spo/prompts_tracked"] == 8 and "train/spo/rho" in straight[0]
+    assert straight[1]["train/spo/prompts_tracked"] >= 8
+    cut = train(cfg("cut", 1)).run_dir
+    resumed = _rows(train(resume=cut, overrides=["train.steps=2"]).run_dir)
+    assert len(resumed) == 2
+    for key in ("train/spo/prompts_tracked", "train/loss", "adv/mean", "reward/mean"):
+        assert resumed[1][key] == straight[1][key], key
+
+
+@pytest.mark.slow
+def test_pvpo_samples_the_reference_once_per_prompt_and_trains(tmp_path):
+    cfg = load_config(None, [
+        f"output_dir={tmp_path}", "train.steps=1", "checkpoint.every=0", "rollout.prompts_per_step=2",
+        "rollout.group_size=2", "algo.advantage={name: pvpo, value_samples: 2, skip_solved: false}",
+        "algo.skip_equal_reward_groups=false", "task.heldout_size=4", *QUIET])
+    rows = _rows(train(cfg).run_dir)
+    assert len(rows) == 1 and rows[0]["value_estimates/prompts"] == 2
+    assert rows[0]["value_estimates/reference_samples"] == 4 and "train/loss" in rows[0]
