@@ -69,7 +69,8 @@ class Batch:
     at the start of the update), ``ref_logprobs``, ``values`` (critic at the start), ``token_rewards``
     (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``; with a teacher
     (``algo.teacher``), ``teacher_logprobs`` [N, L, V]: its full next-token log-distribution on the
-    loss mask's positions. ``demo`` [N] (bool) marks demonstration rows (None: the batch has none).
+    loss mask's positions; ``subgroups`` [N, K] (long) the nested groups within its group each row belongs
+    to (from ``metadata['subgroups']``, when a part needs them; -1 padding). ``demo`` [N] (bool) marks demonstration rows (None: the batch has none).
     """
 
     input_ids: Tensor
@@ -89,6 +90,7 @@ class Batch:
     token_rewards: Tensor | None = None
     demo: Tensor | None = None
     teacher_logprobs: Tensor | None = None
+    subgroups: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

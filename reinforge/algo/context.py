@@ -21,7 +21,8 @@ class Context:
     sequence answers), ``mask`` [N, T] (1 on trained tokens), ``lengths`` [N] (trained tokens per
     sequence), ``token_rewards`` [N, T] (per-token rewards, e.g. -beta * KL), ``baseline`` [N] (a
     per-sequence baseline reward, e.g. ReMax's greedy reward), ``turn_returns`` [N, T] (multi-turn:
-    the discounted return from each token's turn on).
+    the discounted return from each token's turn on), ``subgroups`` [N, K] (long: the nested groups
+    within its group each sequence belongs to, e.g. the subtrees of a tree sampler; -1 padding).
 
     Log-probabilities [N, T]: ``logp`` (current policy, with gradient), ``old_logp`` (pi_old, the
     proximal policy of the PPO ratio), ``sampling_logp`` (the rollout engine's, the behaviour
@@ -48,6 +49,7 @@ class Context:
     token_rewards: Tensor | None = None
     baseline: Tensor | None = None
     turn_returns: Tensor | None = None
+    subgroups: Tensor | None = None
     logp: Tensor | None = None
     old_logp: Tensor | None = None
     sampling_logp: Tensor | None = None

@@ -19,17 +19,18 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from reinforge.config import EnvConfig, RolloutConfig
+from reinforge.config import EnvConfig, GroupSamplerConfig, RolloutConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.orchestrate.env_calls import EnvCalls
 from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
 from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
 from reinforge.rewards.pool import VerifierPool
+from reinforge.rollout.group_samplers import build_group_sampler
 from reinforge.rollout.types import SamplingParams
 from reinforge.types import Trajectory
 
@@ -65,17 +66,29 @@ class Collector(Protocol):
 class SingleTurn:
     """One completion per sample, then the reward pool."""
 
-    def __init__(self, engine, make_env: Callable[[], Environment], pool: VerifierPool, group_sampler=None) -> None:
-        self.engine, self.make_env, self.pool, self.group_sampler = engine, make_env, pool, group_sampler
+    def __init__(self, engine, make_env: Callable[[], Environment], pool: VerifierPool,
+                 group_sampler: GroupSamplerConfig | None = None) -> None:
+        self.engine, self.make_env, self.pool = engine, make_env, pool
+        self.group_sampler = (build_group_sampler(group_sampler.name, group_sampler.settings())
+                              if group_sampler is not None else None)
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
         sampler = None if independent else self.group_sampler
         _, generations = generate_single_turn(tasks, self.engine, self.make_env, params, seed=seed,
                                               group_sampler=sampler)
+        counters = {f"rollout/{k}": v for k, v in sampler.counters().items()} if sampler is not None else {}
         t0 = time.perf_counter()
         trajectories = score_single_turn(tasks, generations, params.n, self.pool, group_offset=group_offset)
-        return Collected(trajectories, time.perf_counter() - t0)
+        return Collected(trajectories, time.perf_counter() - t0, metrics=counters)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The group sampler's state (e.g. SPEC-RL's earlier rollouts), for checkpoints."""
+        return self.group_sampler.state_dict() if self.group_sampler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.group_sampler is not None:
+            self.group_sampler.load_state_dict(state)
 
     def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
         """Correct only if the completion ended by itself and the verifier says so; its answer is the

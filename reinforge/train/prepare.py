@@ -118,7 +118,7 @@ class PreparesBatches:
         inputs = None if batch is None else {
             "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
             "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
-            "demo": batch.demo,
+            "subgroups": batch.subgroups, "demo": batch.demo,
         }
         if inputs is not None:  # what the estimator declares it needs from the no-grad passes
             extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs,
