@@ -96,8 +96,10 @@ def test_spec_rl_samples_exactly_from_the_current_policy():
 
 
 def test_the_distribution_test_detects_the_papers_lenient_rule():
-    """The same test rejects the lenient rule (l = 3, resampling from pi): the test has power."""
-    counts, current, _, _ = _spec_samples("lenient", 3.0, rounds=3)
+    """The same test rejects the paper's rule even at l = 1 (position t* resampled from pi instead of the
+    residual): the test has power against a wrong acceptance (also checked once by inverting the ratio
+    to min(1, q/p): p-value 0)."""
+    counts, current, _, _ = _spec_samples("lenient", 1.0, rounds=3)
     assert chi_square_pvalue(counts, exact_completion_probs(current, PROMPT, PARAMS, eos=2)) < ALPHA
 
 

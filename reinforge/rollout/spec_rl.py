@@ -162,7 +162,7 @@ class SpecRL:
                     params: SamplingParams) -> _Piece:
         toks = torch.tensor(draft.tokens)
         at = torch.arange(len(draft.tokens))
-        q_tok = torch.tensor([dict(zip(*d, strict=True))[x] for x, d in zip(draft.tokens, draft.dists, strict=True)])
+        q_tok = torch.tensor([dict(zip(*d, strict=True)).get(x, 0.0) for x, d in zip(draft.tokens, draft.dists, strict=True)])
         u = torch.rand(len(draft.tokens), generator=engine.generator, device=engine.generator.device).cpu()
         j = first_rejection(probs[at, toks].cpu(), q_tok, u, self.cfg.lenience)
         keep = draft.tokens[:j]
@@ -230,7 +230,7 @@ class SpecRL:
 
     def _dist_of_recorded(self, dist: Sparse | None, token: int) -> Sparse | None:
         if self.cfg.variant == "lenient" and dist is not None:
-            return [token], [dict(zip(*dist, strict=True))[token]]
+            return [token], [dict(zip(*dist, strict=True)).get(token, 0.0)]
         return dist
 
     # ------------------------------------------------------------------ cache (the part's state)

@@ -3,7 +3,8 @@
 A prompt's group of G completions is grown as a tree of segments: the prompt branches into b_0
 children, each decodes one segment of ``segment_len`` tokens; every unfinished child then branches
 into b_1 children that decode the next segment, and so on (``branching`` = [b_0, b_1, ...]); after the
-last branching, each branch decodes the rest of its completion in one go. A shared prefix is decoded
+last branching, each branch decodes the rest of its completion in one go (in segments with
+``stop_on_repeat``). A shared prefix is decoded
 once (each engine call prefills it once and copies it into its children's slots), so G leaves cost
 fewer decoded tokens than G independent samples.
 
@@ -106,7 +107,7 @@ class TreeSampler:
         decoded, depth = 0, 0
         while frontier:
             b = plan[depth] if depth < len(plan) else 1
-            last = depth >= len(plan) - 1
+            last = depth >= len(plan) - 1 and not self.cfg.stop_on_repeat  # the rest in one go, unless checked
             children, n_decoded = self._grow(engine, requests, frontier, b, last, params)
             decoded += n_decoded
             done += [c for c in children if c.finish is not None]
