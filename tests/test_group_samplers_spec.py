@@ -31,6 +31,9 @@ def test_first_rejection_stops_at_the_first_u_above_the_acceptance():
     assert first_rejection(p, q, torch.tensor([0.99, 0.2, 0.5])) == 3  # 0.2 < 0.25: all kept
     assert first_rejection(p, q, torch.tensor([0.99, 0.3, 0.5])) == 1  # 0.3 >= 0.25
     assert first_rejection(p, q, torch.tensor([0.99, 0.3, 0.5]), lenience=2.0) == 3  # a_1 = 0.5
+    batch = first_rejection(p.expand(3, 3), q.expand(3, 3), torch.tensor([[0.99, 0.3, 0.5], [0.99, 0.3, 0.5],
+                                                                          [0.0, 0.0, 0.0]]), lengths=torch.tensor([3, 1, 2]))
+    assert batch.tolist() == [1, 1, 2]  # the 2nd draft ends before its rejection; the 3rd keeps all
 
 
 def test_residual_is_the_normalised_positive_part():

@@ -26,7 +26,7 @@ from reinforge.errors import ReinforgeError
 from reinforge.rollout.sampling import restrict_logits
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 
-Sparse = tuple[list[int], list[float]]  # (token ids, probabilities) of a distribution's support
+Sparse = tuple[Tensor, Tensor]  # (token ids, probabilities) of a distribution's support
 
 
 def sampling_distribution(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
@@ -42,12 +42,36 @@ def to_sparse(probs: Tensor, max_support: int) -> Sparse | None:
     ids = probs.nonzero().squeeze(-1)
     if ids.numel() > max_support:
         return None
-    return ids.tolist(), probs[ids].tolist()
+    return ids.cpu(), probs[ids].cpu()
+
+
+def rows_to_sparse(probs: Tensor, max_support: int) -> list[Sparse | None]:
+    """``to_sparse`` of every row of [B, V] (one top-k for the batch)."""
+    k = min(max_support, probs.shape[-1])
+    vals, idx = probs.topk(k, dim=-1)
+    vals, idx = vals.cpu(), idx.cpu()
+    counts = (probs > 0).sum(-1).tolist()
+    return [(idx[j, :c], vals[j, :c]) if c <= k else None for j, c in enumerate(counts)]
+
+
+def probability_of(sparse: Sparse, token: int) -> float:
+    """The probability ``sparse`` gives ``token`` (0 outside its support)."""
+    ids, probs = sparse
+    return float(probs[ids == token].sum())
 
 
 def to_dense(sparse: Sparse, vocab: int) -> Tensor:
     ids, probs = sparse
-    return torch.zeros(vocab).index_put_((torch.tensor(ids, dtype=torch.long),), torch.tensor(probs))
+    return torch.zeros(vocab, dtype=probs.dtype).index_put_((ids.long(),), probs)
+
+
+def sparse_to_lists(sparse: Sparse | None) -> tuple[list[int], list[float]]:
+    """JSON-able form ([], [] for None)."""
+    return ([], []) if sparse is None else (sparse[0].tolist(), sparse[1].tolist())
+
+
+def sparse_from_lists(ids: list[int], probs: list[float]) -> Sparse | None:
+    return (torch.tensor(ids, dtype=torch.long), torch.tensor(probs, dtype=torch.float32)) if ids else None
 
 
 @dataclass
@@ -65,8 +89,8 @@ def generate_recording(engine, requests: list[GenerationRequest], params: Sampli
 
     def on_step(rows: Tensor, logits: Tensor, tokens: Tensor, logprobs: Tensor) -> None:
         probs, _ = sampling_distribution(logits, params)
-        for row, p in zip(rows.tolist(), probs, strict=True):
-            per_row.setdefault(row, []).append(to_sparse(p, max_support))
+        for row, sparse in zip(rows.tolist(), rows_to_sparse(probs, max_support), strict=True):
+            per_row.setdefault(row, []).append(sparse)
 
     try:
         gens = engine.generate(requests, params, on_step=on_step)
@@ -78,24 +102,27 @@ def generate_recording(engine, requests: list[GenerationRequest], params: Sampli
 
 @torch.no_grad()
 def score_drafts(engine, prompts: Sequence[list[int]], drafts: Sequence[list[int]],
-                 params: SamplingParams) -> list[tuple[Tensor, Tensor]]:
-    """For each (prompt, draft): (probs [D, V], logp [D, V]) of the current policy at the draft's D
-    positions (one batched forward of ``engine.model``; right padding keeps every row's positions)."""
+                 params: SamplingParams) -> tuple[Tensor, Tensor]:
+    """(probs, logp), each [B, D_max, V]: the current policy's sampling distribution and log softmax(z / T)
+    at every position of each (prompt, draft) (rows past a draft's end are padding); one batched forward
+    of ``engine.model`` (right padding keeps every row's positions)."""
     model = getattr(engine, "model", None)
     if model is None:
         raise ReinforgeError(f"this group sampler scores drafts with the engine's model; {type(engine).__name__} "
                              "has none (rollout.engine: torch)")
     seqs = [list(p) + list(d) for p, d in zip(prompts, drafts, strict=True)]
-    width = max(len(s) for s in seqs)
+    width, d_max = max(len(s) for s in seqs), max(len(d) for d in drafts)
     device = next(model.parameters()).device
     ids = torch.full((len(seqs), width), int(engine.pad_id), dtype=torch.long, device=device)
     attention = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s, device=device)
         attention[i, : len(s)] = 1
-    probs, logp = sampling_distribution(model(input_ids=ids, attention_mask=attention).logits, params)
-    spans = [slice(len(p) - 1, len(p) - 1 + len(d)) for p, d in zip(prompts, drafts, strict=True)]
-    return [(probs[i, span], logp[i, span]) for i, span in enumerate(spans)]
+    logits = model(input_ids=ids, attention_mask=attention).logits
+    # position len(prompt) - 1 + t predicts draft token t
+    at = torch.tensor([len(p) - 1 for p in prompts], device=device)[:, None] + torch.arange(d_max, device=device)
+    rows = logits.gather(1, at.clamp(max=width - 1)[..., None].expand(-1, -1, logits.shape[-1]))
+    return sampling_distribution(rows, params)
 
 
 def continue_from(engine, prompts: Sequence[list[int]], prefixes: Sequence[list[int]], budgets: Sequence[int],

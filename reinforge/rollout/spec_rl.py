@@ -39,7 +39,11 @@ from reinforge.rollout.continuation import (
     continue_from,
     cut_at_stop,
     generate_recording,
+    probability_of,
+    rows_to_sparse,
     score_drafts,
+    sparse_from_lists,
+    sparse_to_lists,
     to_dense,
     to_sparse,
 )
@@ -137,57 +141,75 @@ class SpecRL:
         s = entry["samples"][i]
         if s is None:
             return None
-        tokens, dists = s["tokens"], [(ids, probs) for ids, probs in zip(s["ids"], s["probs"], strict=True)]
+        tokens, dists = s["tokens"], s["dists"]
         usable = len(tokens)
         if self.cfg.variant == "exact":
-            usable = next((t for t, d in enumerate(dists) if not d[0]), usable)  # [] marks a support too large
+            usable = next((t for t, d in enumerate(dists) if d is None), usable)  # None: a support too large
         usable = min(usable, params.max_new_tokens)
         complete = s["finish"] == "stop" and usable == len(tokens)
         return Draft(tokens[:usable], complete, dists[:usable]) if usable else None
 
     def _verify(self, engine: Any, slots: list[tuple[GenerationRequest, int]], drafts: list[Draft | None],
                 params: SamplingParams) -> list[_Piece | None]:
-        """The verified prefix of every slot with a draft (None for the others)."""
+        """The verified prefix of every slot with a draft (None for the others), all drafts at once."""
         have = [k for k, d in enumerate(drafts) if d is not None]
         pieces: list[_Piece | None] = [None] * len(slots)
         if not have:
             return pieces
-        scored = score_drafts(engine, [slots[k][0].prompt_ids for k in have],
-                              [drafts[k].tokens for k in have], params)  # type: ignore[union-attr]
-        for k, (probs, logp) in zip(have, scored, strict=True):
-            pieces[k] = self._verify_one(engine, drafts[k], probs, logp, params)  # type: ignore[arg-type]
+        ds: list[Draft] = [drafts[k] for k in have]  # type: ignore[misc]
+        probs, logp = score_drafts(engine, [slots[k][0].prompt_ids for k in have], [d.tokens for d in ds], params)
+        probs, logp = probs.cpu(), logp.cpu()
+        lengths = torch.tensor([len(d.tokens) for d in ds])
+        toks = torch.zeros(probs.shape[:2], dtype=torch.long)
+        q_tok = torch.ones(probs.shape[:2])
+        for b, d in enumerate(ds):
+            toks[b, : len(d.tokens)] = torch.tensor(d.tokens)
+            q_tok[b, : len(d.tokens)] = torch.tensor([probability_of(q, x) for x, q in zip(d.tokens, d.dists,
+                                                                                           strict=True)])
+        u = torch.rand(probs.shape[:2], generator=engine.generator, device=engine.generator.device).cpu()
+        first = first_rejection(probs.gather(-1, toks[..., None])[..., 0], q_tok, u, self.cfg.lenience,
+                                lengths).tolist()
+        kept_logp = logp.gather(-1, toks[..., None])[..., 0].tolist()
+        dists = self._dists(probs.flatten(0, 1), toks.flatten())
+        width = probs.shape[1]
+        for b, (k, d, j) in enumerate(zip(have, ds, first, strict=True)):
+            pieces[k] = _Piece(d.tokens[:j], kept_logp[b][:j], dists[b * width : b * width + j], accepted=j)
+        self._resample(engine, [(pieces[k], d, probs[b, j], logp[b, j]) for b, (k, d, j)  # type: ignore[misc]
+                                in enumerate(zip(have, ds, first, strict=True)) if j < len(d.tokens)], params)
+        for k, d in zip(have, ds, strict=True):
+            piece = pieces[k]
+            assert piece is not None
+            if piece.finish is None and piece.accepted == len(d.tokens) and d.complete:
+                piece.finish = "stop"
+            if piece.finish is None and len(piece.tokens) >= params.max_new_tokens:
+                piece.finish = "length"
         return pieces
 
-    def _verify_one(self, engine: Any, draft: Draft, probs: torch.Tensor, logp: torch.Tensor,
-                    params: SamplingParams) -> _Piece:
-        toks = torch.tensor(draft.tokens)
-        at = torch.arange(len(draft.tokens))
-        q_tok = torch.tensor([dict(zip(*d, strict=True)).get(x, 0.0) for x, d in zip(draft.tokens, draft.dists, strict=True)])
-        u = torch.rand(len(draft.tokens), generator=engine.generator, device=engine.generator.device).cpu()
-        j = first_rejection(probs[at, toks].cpu(), q_tok, u, self.cfg.lenience)
-        keep = draft.tokens[:j]
-        piece = _Piece(list(keep), logp[at[:j], toks[:j]].tolist(), [self._dist(probs[t], x) for t, x in
-                                                                       enumerate(keep)], accepted=j)
-        if j < len(draft.tokens):
-            p = probs[j]
-            target = (residual_distribution(p, to_dense(draft.dists[j], p.numel()).to(p))
-                      if self.cfg.variant == "exact" else p)
-            y = int(torch.multinomial(target, 1, generator=engine.generator).item())
+    def _resample(self, engine: Any, rejected: list[tuple[_Piece, Draft, torch.Tensor, torch.Tensor]],
+                  params: SamplingParams) -> None:
+        """Each first rejected position drawn from the residual norm(max(0, pi - q)) (exact) or pi (lenient)."""
+        if not rejected:
+            return
+        targets = torch.stack([residual_distribution(p, to_dense(d.dists[piece.accepted], p.numel()).to(p))
+                               if self.cfg.variant == "exact" else p for piece, d, p, _ in rejected])
+        drawn = torch.multinomial(targets, 1, generator=engine.generator).squeeze(-1).tolist()
+        for (piece, _, p, logp), y in zip(rejected, drawn, strict=True):
             piece.tokens.append(y)
-            piece.logps.append(float(logp[j, y]))
+            piece.logps.append(float(logp[y]))
             piece.dists.append(self._dist(p, y))
             if y in engine.eos_ids and not params.ignore_eos:
                 piece.finish = "stop"
-        elif draft.complete:
-            piece.finish = "stop"
-        if piece.finish is None and len(piece.tokens) >= params.max_new_tokens:
-            piece.finish = "length"
-        return piece
+
+    def _dists(self, probs: torch.Tensor, tokens: torch.Tensor) -> list[Sparse | None]:
+        """``_dist`` of every row of [N, V] (the token each row drew: ``tokens``)."""
+        if self.cfg.variant == "lenient":
+            return [(tokens[i : i + 1], probs[i, tokens[i]].reshape(1)) for i in range(tokens.numel())]
+        return rows_to_sparse(probs, self.cfg.max_support)
 
     def _dist(self, probs: torch.Tensor, token: int) -> Sparse | None:
         """What the cache keeps of the distribution a token was drawn from (its probability only, lenient)."""
         if self.cfg.variant == "lenient":
-            return [token], [float(probs[token])]
+            return torch.tensor([token]), probs[token : token + 1].cpu()
         return to_sparse(probs, self.cfg.max_support)
 
     def _decode(self, engine: Any, slots: list[tuple[GenerationRequest, int]], pieces: list[_Piece | None],
@@ -230,7 +252,7 @@ class SpecRL:
 
     def _dist_of_recorded(self, dist: Sparse | None, token: int) -> Sparse | None:
         if self.cfg.variant == "lenient" and dist is not None:
-            return [token], [dict(zip(*dist, strict=True)).get(token, 0.0)]
+            return torch.tensor([token]), torch.tensor([probability_of(dist, token)])
         return dist
 
     # ------------------------------------------------------------------ cache (the part's state)
@@ -240,18 +262,32 @@ class SpecRL:
         entry = self.cache.pop(key, None)
         if entry is None or entry["prompt"] != list(request.prompt_ids) or len(entry["samples"]) != n:
             entry = {"prompt": list(request.prompt_ids), "samples": [None] * n}
-        entry["samples"][i] = {"tokens": tokens, "finish": finish,
-                               "ids": [d[0] if d is not None else [] for d in dists],
-                               "probs": [d[1] if d is not None else [] for d in dists]}
+        entry["samples"][i] = {"tokens": tokens, "finish": finish, "dists": dists}
         self.cache[key] = entry  # most recent last
         while len(self.cache) > self.cfg.max_cached_prompts:
             self.cache.pop(next(iter(self.cache)))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"cache": self.cache}
+        """The cache, JSON-able (each distribution as its support's ids and probabilities; [] for none)."""
+        def plain(s: dict[str, Any] | None) -> dict[str, Any] | None:
+            if s is None:
+                return None
+            pairs = [sparse_to_lists(d) for d in s["dists"]]
+            return {"tokens": s["tokens"], "finish": s["finish"], "ids": [a for a, _ in pairs],
+                    "probs": [b for _, b in pairs]}
+
+        return {"cache": {k: {"prompt": e["prompt"], "samples": [plain(s) for s in e["samples"]]}
+                          for k, e in self.cache.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cache = dict(state.get("cache", {}))
+        def live(s: dict[str, Any] | None) -> dict[str, Any] | None:
+            if s is None:
+                return None
+            dists = [sparse_from_lists(a, b) for a, b in zip(s["ids"], s["probs"], strict=True)]
+            return {"tokens": s["tokens"], "finish": s["finish"], "dists": dists}
+
+        self.cache = {k: {"prompt": e["prompt"], "samples": [live(s) for s in e["samples"]]}
+                      for k, e in state.get("cache", {}).items()}
 
     def counters(self) -> dict[str, float]:
         return dict(self._counters)

@@ -27,10 +27,18 @@ def acceptance_probability(p_token: Tensor, q_token: Tensor, lenience: float = 1
     return torch.clamp(lenience * p_token / q_token.clamp(min=torch.finfo(q_token.dtype).tiny), max=1.0)
 
 
-def first_rejection(p_token: Tensor, q_token: Tensor, uniforms: Tensor, lenience: float = 1.0) -> int:
-    """The index of the first rejected draft token (u_t >= a_t), or the draft's length when all are kept."""
+def first_rejection(p_token: Tensor, q_token: Tensor, uniforms: Tensor, lenience: float = 1.0,
+                    lengths: Tensor | None = None) -> Tensor:
+    """For drafts [B, D] (or one draft [D]): the index of the first rejected token (u_t >= a_t), or the
+    draft's length (``lengths`` [B], default D) when all are kept."""
+    one = p_token.dim() == 1
+    p_token, q_token, uniforms = (x.reshape(-1, x.shape[-1]) for x in (p_token, q_token, uniforms))
+    full = torch.full((p_token.shape[0],), p_token.shape[1], dtype=torch.long)
+    lengths = full if lengths is None else lengths
     rejected = uniforms >= acceptance_probability(p_token, q_token, lenience)
-    return int(rejected.to(torch.int64).argmax().item()) if bool(rejected.any()) else int(p_token.numel())
+    rejected &= torch.arange(p_token.shape[1])[None] < lengths[:, None]
+    first = torch.where(rejected.any(1), rejected.to(torch.int64).argmax(1), lengths)
+    return first[0] if one else first
 
 
 def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
