@@ -98,10 +98,8 @@ class _Completed:
 
 
 def build_group_sampler(name: str, settings: Any = None) -> GroupSampler:
-    """The registered group sampler ``name`` (its settings as ``cfg``) with the class interface."""
-    from reinforge.parts import all_kinds
-
-    all_kinds()  # every built-in sampler registered
+    """The registered group sampler ``name`` (its settings as ``cfg``) with the class interface (the
+    built-in ones are registered by ``reinforge.parts.all_kinds()``, as for every recipe)."""
     entry = GROUP_SAMPLERS.entry(name)
     if inspect.isclass(entry.fn):
         return _Completed(GROUP_SAMPLERS.call(name, _GroupInputs(), settings))
