@@ -3,6 +3,7 @@ accuracy target on the built-in task.
 
     python benchmarks/bench_strategies.py [--steps 60] [--repeats 3] [--target 0.5] [--set task.digits=1]
     python benchmarks/bench_strategies.py --strategy 'replay=<override>' --strategy 'replay=<another>'
+    python benchmarks/bench_strategies.py --micro 7      # the samplers alone, seconds per call
 
 Strategies: ``grpo`` (independent samples), ``spec_rl`` (``rollout.group_sampler={name: spec_rl}``),
 ``treepo`` (``rollout.group_sampler={name: treepo, ...}`` with ``algo.advantage=treepo``); ``--only``
@@ -27,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 CHILD = r"""
@@ -108,6 +110,45 @@ def strategies(args) -> dict[str, list[str]]:
     return chosen
 
 
+def micro(repeats: int) -> list[str]:
+    """Seconds per group-sampling call on the shipped tiny base (16 prompts x 8 samples, 8 new tokens, one
+    torch thread), interleaved repeats; ``spec_rl (drafts)`` samples again right after a call of its own,
+    so every draft comes from the same policy (its best case: nothing is rejected)."""
+    import torch
+
+    from reinforge.models.loading import load_model, load_tokenizer
+    from reinforge.parts import all_kinds
+    from reinforge.rollout.group_samplers import build_group_sampler
+    from reinforge.rollout.torch_engine import TorchRolloutEngine
+    from reinforge.rollout.types import GenerationRequest, SamplingParams
+
+    torch.set_num_threads(1)
+    all_kinds()
+    tok = load_tokenizer("tiny-base")
+    engine = TorchRolloutEngine(load_model("tiny-base"), tok, seed=0)
+    reqs = [GenerationRequest(tok.encode(f"{a}+{a + 7}="), f"r{a}") for a in range(10, 26)]
+    params = SamplingParams(max_new_tokens=8, n=8)
+    samplers = {"grpo (independent)": build_group_sampler("independent"), "spec_rl (no drafts)": None,
+                "spec_rl (drafts)": build_group_sampler("spec_rl"), "treepo": build_group_sampler("treepo")}
+    times: dict[str, list[float]] = {k: [] for k in samplers}
+    counts: dict[str, dict[str, float]] = {}
+    for _ in range(repeats):
+        for name, sampler in samplers.items():
+            if sampler is None:  # a fresh SPEC-RL: its first epoch
+                sampler = build_group_sampler("spec_rl")
+            t0 = time.perf_counter()
+            sampler.sample(engine, reqs, params)
+            times[name].append(time.perf_counter() - t0)
+            counts[name] = sampler.counters()
+    base = statistics.median(times["grpo (independent)"])
+    lines = ["| sampler | s per call | x grpo | tokens generated | tokens reused |", "|---|---|---|---|---|"]
+    for name, ts in times.items():
+        c = counts[name]
+        lines.append(f"| {name} | {_med(ts, '{:.3f}')} | {base / statistics.median(ts):.2f}x | "
+                     f"{c.get('tokens_generated', 0):.0f} | {c.get('tokens_reused', 0):.0f} |")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
@@ -119,7 +160,13 @@ def main() -> None:
     p.add_argument("--target", type=float, default=0.5)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--heldout", type=int, default=200)
+    p.add_argument("--micro", type=int, default=0, metavar="REPEATS",
+                   help="only time the samplers themselves (no training), REPEATS interleaved calls each")
     args = p.parse_args()
+    if args.micro:
+        print(f"{os.cpu_count()} CPU cores; one torch thread; median (min-max) of {args.micro}")
+        print("\n".join(micro(args.micro)))
+        return
     chosen = strategies(args)
     results: dict[str, list[dict]] = {k: [] for k in chosen}
     with tempfile.TemporaryDirectory() as tmp:

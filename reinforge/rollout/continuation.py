@@ -110,7 +110,9 @@ def score_drafts(engine, prompts: Sequence[list[int]], drafts: Sequence[list[int
     if model is None:
         raise ReinforgeError(f"this group sampler scores drafts with the engine's model; {type(engine).__name__} "
                              "has none (rollout.engine: torch)")
-    seqs = [list(p) + list(d) for p, d in zip(prompts, drafts, strict=True)]
+    keys = [(tuple(p), tuple(d)) for p, d in zip(prompts, drafts, strict=True)]
+    unique = list(dict.fromkeys(keys))  # identical drafts of a prompt are scored once
+    seqs = [list(p) + list(d) for p, d in unique]
     width, d_max = max(len(s) for s in seqs), max(len(d) for d in drafts)
     device = next(model.parameters()).device
     ids = torch.full((len(seqs), width), int(engine.pad_id), dtype=torch.long, device=device)
@@ -120,9 +122,10 @@ def score_drafts(engine, prompts: Sequence[list[int]], drafts: Sequence[list[int
         attention[i, : len(s)] = 1
     logits = model(input_ids=ids, attention_mask=attention).logits
     # position len(prompt) - 1 + t predicts draft token t
-    at = torch.tensor([len(p) - 1 for p in prompts], device=device)[:, None] + torch.arange(d_max, device=device)
+    at = torch.tensor([len(p) - 1 for p, _ in unique], device=device)[:, None] + torch.arange(d_max, device=device)
     rows = logits.gather(1, at.clamp(max=width - 1)[..., None].expand(-1, -1, logits.shape[-1]))
-    return sampling_distribution(rows, params)
+    where = {k: i for i, k in enumerate(unique)}
+    return sampling_distribution(rows[torch.tensor([where[k] for k in keys], device=device)], params)
 
 
 def continue_from(engine, prompts: Sequence[list[int]], prefixes: Sequence[list[int]], budgets: Sequence[int],

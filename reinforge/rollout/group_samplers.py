@@ -105,8 +105,3 @@ def build_group_sampler(name: str, settings: Any = None) -> GroupSampler:
         return _Completed(GROUP_SAMPLERS.call(name, _GroupInputs(), settings))
     return _FunctionSampler(name, settings)
 
-
-def sample_groups(name: str, engine: Any, requests: Sequence[GenerationRequest], params: SamplingParams,
-                  settings: Any = None) -> list[Generation]:
-    """``params.n`` generations per request by a fresh instance of the registered group sampler ``name``."""
-    return build_group_sampler(name, settings).sample(engine, requests, params)
