@@ -28,9 +28,9 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.envs.registry  # noqa: F401
     import reinforge.rewards  # noqa: F401
     import reinforge.rollout.group_samplers  # noqa: F401
-    import reinforge.rollout.spec_rl  # noqa: F401  (spec_rl group sampler)
-    import reinforge.rollout.tree_sampler  # noqa: F401  (treepo group sampler)
     import reinforge.rollout.openai_engine  # noqa: F401
+    import reinforge.rollout.spec_rl  # noqa: F401  (spec_rl group sampler)
     import reinforge.rollout.torch_engine  # noqa: F401
+    import reinforge.rollout.tree_sampler  # noqa: F401  (treepo group sampler)
 
     return KINDS
