@@ -76,7 +76,8 @@ class Batch:
     (``algo.teacher``), ``teacher_logprobs`` [N, L, V]: its full next-token log-distribution on the
     loss mask's positions. ``demo`` [N] (bool) marks demonstration rows (None: the batch has none).
     For the parts that declare them (``build_batch``): ``turn_returns``, ``turn_states``,
-    ``turn_index`` [N, L] and ``prompt_key`` [N] (see ``algo.context.Context``).
+    ``turn_index`` [N, L] and ``prompt_key`` [N] (see ``algo.context.Context``); ``subgroups`` [N, K] (long) the nested groups within its
+    group each row belongs to (from ``metadata['subgroups']``, when a part needs them; -1 padding).
     """
 
     input_ids: Tensor
@@ -99,6 +100,7 @@ class Batch:
     token_rewards: Tensor | None = None
     demo: Tensor | None = None
     teacher_logprobs: Tensor | None = None
+    subgroups: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -22,6 +22,8 @@ SMOKE = {
     "bench_verifier_pool.py": ["--calls", "4", "--code-calls", "2", "--repeats", "1"],
     "bench_server.py": ["--requests", "4", "--concurrency", "2"],
     "bench_soak.py": ["--steps", "4", "--every", "2"],
+    "bench_strategies.py": ["--steps", "1", "--repeats", "1", "--eval-every", "1", "--heldout", "4", "--only",
+                            "spec_rl,treepo", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4"],
 }
 
 

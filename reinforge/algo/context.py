@@ -25,6 +25,8 @@ class Context:
     environment state each token's turn acted from, GiGPO's anchor states) and ``turn_index`` [N, T]
     (long: the model turn of each token, 0-based, -1 off the model's turns), ``prompt_key`` [N] (long:
     a hash of the task each sequence answers, for parts that keep per-prompt state across steps).
+    ``subgroups`` [N, K] (long: the nested groups
+    within its group each sequence belongs to, e.g. the subtrees of a tree sampler; -1 padding).
 
     Log-probabilities [N, T]: ``logp`` (current policy, with gradient), ``old_logp`` (pi_old, the
     proximal policy of the PPO ratio), ``sampling_logp`` (the rollout engine's, the behaviour
@@ -54,6 +56,7 @@ class Context:
     turn_states: Tensor | None = None
     turn_index: Tensor | None = None
     prompt_key: Tensor | None = None
+    subgroups: Tensor | None = None
     logp: Tensor | None = None
     old_logp: Tensor | None = None
     sampling_logp: Tensor | None = None

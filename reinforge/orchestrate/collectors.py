@@ -19,11 +19,11 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from reinforge.config import EnvConfig, RolloutConfig
+from reinforge.config import EnvConfig, GroupSamplerConfig, RolloutConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.errors import ConfigError
@@ -31,6 +31,7 @@ from reinforge.orchestrate.env_calls import EnvCalls
 from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
 from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
 from reinforge.rewards.pool import VerifierPool
+from reinforge.rollout.group_samplers import build_group_sampler
 from reinforge.rollout.types import SamplingParams
 from reinforge.types import Trajectory
 
@@ -66,21 +67,36 @@ class Collector(Protocol):
 class SingleTurn:
     """One completion per sample, then the reward pool."""
 
-    def __init__(self, engine, make_env: Callable[[], Environment], pool: VerifierPool, group_sampler=None) -> None:
-        self.engine, self.make_env, self.pool, self.group_sampler = engine, make_env, pool, group_sampler
+    def __init__(self, engine, make_env: Callable[[], Environment], pool: VerifierPool,
+                 group_sampler: GroupSamplerConfig | None = None) -> None:
+        self.engine, self.make_env, self.pool = engine, make_env, pool
+        self.group_sampler = (build_group_sampler(group_sampler.name, group_sampler.settings())
+                              if group_sampler is not None else None)
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
         sampler = None if independent else self.group_sampler
         _, generations = generate_single_turn(tasks, self.engine, self.make_env, params, seed=seed,
                                               group_sampler=sampler)
+        # a sampler's own namespaced counters (e.g. spec_rl/verify_s); the step's rollout/tokens_* are counted
+        # from each sample's extra['tokens_reused'] (orchestrate/step_metrics.token_metrics)
+        counters = ({f"rollout/{k}": v for k, v in sampler.counters().items() if "/" in k}
+                    if sampler is not None else {})
         t0 = time.perf_counter()
         trajectories = score_single_turn(tasks, generations, params.n, self.pool, group_offset=group_offset)
-        metrics, steps = {}, getattr(self.pool, "steps", None)  # a step verifier's (reward.step_verifier)
+        metrics, steps = dict(counters), getattr(self.pool, "steps", None)  # a step verifier's (reward.step_verifier)
         if steps is not None:  # process rewards: per-token rewards at the steps' ends
-            metrics = steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
+            metrics |= steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
                                   self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])
         return Collected(trajectories, time.perf_counter() - t0, metrics=metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The group sampler's state (e.g. SPEC-RL's earlier rollouts), for checkpoints."""
+        return self.group_sampler.state_dict() if self.group_sampler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.group_sampler is not None:
+            self.group_sampler.load_state_dict(state)
 
     def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
         """Correct only if the completion ended by itself and the verifier says so; its answer is the

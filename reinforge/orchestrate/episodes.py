@@ -11,12 +11,12 @@ import torch
 from reinforge.algo.objective import required_inputs
 from reinforge.algo.returns import turn_returns
 from reinforge.algo.shaping import REWARD_SHAPERS, ShapeInputs
-from reinforge.config import AlgoConfig, GroupSamplerConfig, RewardShaperConfig
+from reinforge.config import AlgoConfig, RewardShaperConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import verifier_step_result
 from reinforge.rewards.pool import VerifierPool
-from reinforge.rollout.group_samplers import sample_groups
+from reinforge.rollout.group_samplers import GroupSampler
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 from reinforge.train.faults import check_rewards
@@ -25,10 +25,10 @@ from reinforge.types import Batch, Trajectory
 
 def generate_single_turn(
     tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams, seed: int,
-    group_sampler: GroupSamplerConfig | None = None,
+    group_sampler: GroupSampler | None = None,
 ) -> tuple[list[Environment], list[Generation]]:
     """Reset one environment per task and sample ``params.n`` completions for each prompt (by the
-    registered ``group_sampler``; independently from the prompt when None)."""
+    ``group_sampler``, ``group_samplers.build_group_sampler``; independently from the prompt when None)."""
     envs = [make_env() for _ in tasks]
     prompts = [env.reset(task, seed) for env, task in zip(envs, tasks, strict=True)]
     requests = [
@@ -36,7 +36,7 @@ def generate_single_turn(
     ]
     if group_sampler is None:
         return envs, engine.generate(requests, params)
-    return envs, sample_groups(group_sampler.name, engine, requests, params, group_sampler.settings())
+    return envs, group_sampler.sample(engine, requests, params)
 
 
 def score_single_turn(
@@ -69,7 +69,7 @@ def score_single_turn(
                           "answer": outcome.result.answer if outcome.result is not None else None,
                           **({"reward_error": outcome.error} if outcome.error else {}),
                           **{k: info[k] for k in ("reward_terms", "reward_term_errors") if k in info},
-                          **{k: gen.extra[k] for k in ("tokens_reused",) if k in gen.extra}},
+                          **gen.extra},  # a group sampler's per-sample record (e.g. its tree's subgroups)
             )
         )
     return trajectories
@@ -143,6 +143,8 @@ def build_batch(
         batch.turn_states, batch.turn_index = turn_state_tensors(kept, batch.input_ids.shape[1])
     if "prompt_key" in needs:
         batch.prompt_key = torch.tensor([stable_hash(t.task_id) for t in kept], dtype=torch.long)
+    if "subgroups" in needs:
+        batch.subgroups = subgroup_tensor(kept)
     return batch, stats
 
 
@@ -169,6 +171,22 @@ def turn_state_tensors(trajs: list[Trajectory], width: int) -> tuple[torch.Tenso
             index[i, start:end] = k
             states[i, start:end] = stable_hash(key)
     return states, index
+
+
+SUBGROUPS_PER_GROUP = 1 << 16  # subgroup id = group id * this + the subgroup's index within its group
+
+
+def subgroup_tensor(trajs: list[Trajectory]) -> torch.Tensor:
+    """[N, K] long: the ids of the subgroups each trajectory lists in ``metadata['subgroups']`` (names
+    unique within its group), unique across groups and ranks (derived from the group id); -1 padding."""
+    names: dict[int, dict[str, int]] = {}
+    width = max((len(t.metadata.get("subgroups", ())) for t in trajs), default=0)
+    out = torch.full((len(trajs), width), -1, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        local = names.setdefault(t.group_id, {})
+        for k, name in enumerate(t.metadata.get("subgroups", ())):
+            out[i, k] = t.group_id * SUBGROUPS_PER_GROUP + local.setdefault(str(name), len(local))
+    return out
 
 
 def turn_return_tensor(trajs: list[Trajectory], width: int, gamma: float) -> torch.Tensor:

@@ -11,6 +11,7 @@ The loop does not know where its batches come from (``LocalBatches`` in synchron
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -40,7 +41,7 @@ from reinforge.track.plots import plot_run
 from reinforge.track.report import write_report
 from reinforge.track.sinks import build_sinks, close_sinks
 from reinforge.train import distributed
-from reinforge.train.checkpoint import latest_checkpoint, save_checkpoint
+from reinforge.train.checkpoint import latest_checkpoint, latest_valid_checkpoint, save_checkpoint
 from reinforge.train.memory import peak_mb, reset_peak
 from reinforge.types import Trajectory
 
@@ -86,6 +87,8 @@ class Loop:
         self.progress_every = progress_every
         self.collapse = CollapseDetector(active=self.cfg.rollout.group_size > 1)  # one sample per prompt: no spread
         self.collector = c.make_collector()  # this process's: the synchronous rollout, and evaluation
+        if start > 0:
+            restore_collector(self.collector, run_dir)
         try:
             self.source = source(c, self.collector)
         except BaseException:
@@ -264,7 +267,8 @@ class Loop:
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What ``state.json`` holds besides the step (the source adds its own, e.g. requests in flight)."""
-        return {"sampler": self.c.sampler.state_dict(), "policy_version": self.c.engine.version, **self.source.state()}
+        return {"sampler": self.c.sampler.state_dict(), "policy_version": self.c.engine.version,
+                "collector": getattr(self.collector, "state_dict", dict)(), **self.source.state()}
 
     def _write_samples(self, step: int, trajs: list[Trajectory]) -> None:
         n = self.cfg.log.samples_per_step
@@ -293,3 +297,10 @@ class Loop:
             progress.print(f"[bold red]warning:[/] {warning}")
 
 
+def restore_collector(collector: Collector, run_dir: Path) -> None:
+    """The collector's own state (its group sampler's, e.g. SPEC-RL's earlier rollouts) from ``run_dir``'s
+    latest valid checkpoint, for a collector that keeps any."""
+    ckpt = latest_valid_checkpoint(run_dir, warn=lambda _: None)
+    load = getattr(collector, "load_state_dict", None)
+    if ckpt is not None and load is not None:
+        load(json.loads((ckpt / "state.json").read_text()).get("collector", {}))

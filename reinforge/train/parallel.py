@@ -108,8 +108,9 @@ def _concat_rows(parts: list[dict[str, Tensor | None] | None]) -> dict[str, Tens
                 ids.append(inverse + seen)
                 seen += int(inverse.max()) + 1 if inverse.numel() else 0
             out[key] = torch.cat(ids)
-        elif values[0].dim() == 2:
-            out[key] = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values])
+        elif values[0].dim() == 2:  # subgroup ids pad with -1 (none); the others with 0
+            fill, wide = (-1, max(v.shape[1] for v in values)) if key == "subgroups" else (0, width)
+            out[key] = torch.cat([torch.nn.functional.pad(v, (0, wide - v.shape[1]), value=fill) for v in values])
         else:
             out[key] = torch.cat(values)
     return out
