@@ -27,8 +27,10 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.data.samplers  # noqa: F401
     import reinforge.envs.registry  # noqa: F401
     import reinforge.rewards  # noqa: F401
+    import reinforge.rollout.auto_engine  # noqa: F401
     import reinforge.rollout.group_samplers  # noqa: F401
     import reinforge.rollout.openai_engine  # noqa: F401
     import reinforge.rollout.torch_engine  # noqa: F401
+    import reinforge.rollout.vllm_engine  # noqa: F401  (vllm itself is imported when the engine is built)
 
     return KINDS
