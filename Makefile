@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch first, pinned to the CPU wheel: a range would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-numerics test-learning install install-dev install-vllm lint base-model clean
+.PHONY: demo test test-numerics test-learning install install-dev install-vllm test-vllm lint base-model clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -39,6 +39,9 @@ $(VENV)/.installed-vllm: $(VENV)/.installed
 	touch $@
 
 install-vllm: $(VENV)/.installed-vllm
+
+test-vllm: install-dev install-vllm  # the vLLM engine's tests (parity, weight sync, GRPO through it); not in `make test`
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py --durations=10
 
 demo: install
 	$(BIN)/reinforge train

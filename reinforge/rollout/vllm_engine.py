@@ -24,6 +24,7 @@ paused between two decode steps here, so no sequence mixes two policy versions.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import shutil
@@ -173,6 +174,8 @@ class VLLMRolloutEngine:
     @torch.no_grad()
     def update_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
         """Load the full weights of ``state`` into vLLM's parameters in place (``reload_weights``)."""
+        # layers without checkpoint weights (rotary tables) keep theirs; vLLM warns "Failed to load" for each
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         weights = full_weights(state, self.tied)
         iterator: Iterator[tuple[str, Tensor]] = iter(weights.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iterator})
