@@ -20,8 +20,10 @@ from typing import Any
 from reinforge.errors import ConfigError
 from reinforge.rollout.engines import register_engine
 
-VLLM_CROSSOVER_PARAMS = 60_000_000
-"""Parameters from which vLLM out-generated the torch engine here (measured: docs/rollout.md)."""
+VLLM_CROSSOVER_PARAMS = 25_000_000
+"""Parameters from which vLLM is taken: below the smallest model at which it out-generated the torch
+engine on 2 CPU cores (27M: 2.8x, loaded machine; 135M: 1.6x, idle) and above tiny-base (2.4M), where
+the torch engine was 4.5x faster (idle). Measured: docs/rollout.md, benchmarks/BENCHMARKS.md."""
 
 
 def vllm_installed() -> bool:
