@@ -266,3 +266,15 @@ def test_grpo_through_vllm_learns_like_the_torch_engine(tmp_path, tiny_tokenizer
         gains[engine] = _answer_probability(load_model(str(result.run_dir)), tiny_tokenizer) - base
     # measured: base 0.258, +0.014 (torch) and +0.027 (vllm) after 8 steps
     assert gains["torch"] > 0 and gains["vllm"] > 0.3 * gains["torch"], gains
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_reinforge_eval_through_vllm(tmp_path):
+    """`reinforge eval --engine vllm`: greedy accuracy, mean@n and pass@k through the vLLM engine."""
+    from reinforge.eval.cli_eval import run_eval
+
+    scores = {engine: run_eval(["tiny-base"], "arithmetic", None, 2, 1.0, 6, 24, 0, engine=engine)["models"]["tiny-base"]
+              for engine in ("vllm", "torch")}
+    assert 0 < scores["vllm"]["greedy_accuracy"] < 1 and set(scores["vllm"]["pass_at_k"]) == {"1", "2"}
+    assert scores["vllm"]["greedy_accuracy"] == scores["torch"]["greedy_accuracy"]  # the same greedy tokens
