@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -46,6 +46,22 @@ class Logged:
             out[i, :n] = torch.as_tensor(values[s:s + n], dtype=torch.float64)
             mask[i, :n] = 1.0
         return out, mask
+
+    def transitions(self) -> Transitions:
+        """The steps as tensors for offline learners (obs, next_obs float32; action int64; reward and
+        terminated float32)."""
+        return Transitions(torch.from_numpy(self.obs), torch.from_numpy(self.next_obs),
+                           torch.as_tensor(self.action, dtype=torch.int64),
+                           torch.as_tensor(self.reward, dtype=torch.float32),
+                           torch.as_tensor(self.terminated, dtype=torch.float32))
+
+
+class Transitions(NamedTuple):
+    obs: Tensor
+    next_obs: Tensor
+    action: Tensor
+    reward: Tensor
+    done: Tensor
 
 
 def soft_logp(greedy: Tensor, actions: Tensor, epsilon: float, n_actions: int) -> Tensor:
