@@ -121,3 +121,19 @@ def test_iql_picks_the_rare_better_action_and_its_value_is_the_expectile():
     assert torch.allclose(q1, torch.tensor([1.0, 0.0]), atol=0.1), q1
     assert v.item() == pytest.approx(0.5, abs=0.1)
     assert logits.argmax().item() == 0 and set(stats) == {"v_loss", "q_loss", "pi_loss", "weight_mean"}
+
+
+def test_collect_stops_at_the_first_episode_end_after_max_steps():
+    from reinforge.classic.envs import EnvConfig, make_vec_env
+    from reinforge.classic.offline import collect
+
+    class AlwaysLeft:
+        def act(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+            return torch.zeros(obs.shape[0], dtype=torch.int64)
+
+    env = make_vec_env(EnvConfig(id="CartPole-v1", num_envs=1), 0.99, 0)
+    data = collect(AlwaysLeft(), env, 1000, 0.0, 0, max_steps=30)
+    ends = data.terminated | data.truncated
+    assert len(data.reward) >= 30 and ends[-1] and not ends[:-1][data.t[1:] != 0].any()
+    assert ends[:-1].sum() == len(np.unique(data.episode)) - 1  # every episode whole, the last one ends the data
+    assert np.all(data.action == 0) and len(np.unique(data.episode)) < 1000  # the step budget stopped it

@@ -70,14 +70,15 @@ def soft_logp(greedy: Tensor, actions: Tensor, epsilon: float, n_actions: int) -
     return torch.log(p)
 
 
-def collect(agent: Any, envs: Any, episodes: int, epsilon: float, seed: int) -> Logged:
-    """``episodes`` episodes of ``agent``'s epsilon-soft policy on the single environment of ``envs``."""
+def collect(agent: Any, envs: Any, episodes: int, epsilon: float, seed: int, max_steps: int | None = None) -> Logged:
+    """``episodes`` episodes of ``agent``'s epsilon-soft policy on the single environment of ``envs`` (fewer if
+    ``max_steps`` is given and reached: then at the first episode end from that many steps on)."""
     n = int(envs.single_action_space.n)
     rng = np.random.default_rng(seed)
     rows: dict[str, list] = {k: [] for k in Logged.__dataclass_fields__}
     obs, _ = envs.reset(seed=seed)
     episode, t = 0, 0
-    while episode < episodes:
+    while episode < episodes and (max_steps is None or len(rows["t"]) < max_steps or t > 0):
         greedy = int(agent.act(obs_tensor(obs), True)[0])
         action = int(rng.integers(n)) if rng.random() < epsilon else greedy
         logp = float(soft_logp(torch.tensor(greedy), torch.tensor(action), epsilon, n))
