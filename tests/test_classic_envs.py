@@ -44,3 +44,17 @@ def test_a_bad_frame_stack_names_the_field():
 
     with pytest.raises(ConfigError, match="classic.env.frame_stack"):
         load_classic_config("cartpole_ppo", ["classic.env.frame_stack=0"])
+
+
+def test_inverted_pendulum_sac_builds_and_iterates():
+    if importlib.util.find_spec("mujoco") is None:
+        pytest.skip("MuJoCo tasks need the mujoco package: pip install 'reinforge[classic]'")
+    c = load_classic_config("inverted_pendulum_sac", ["classic.agent.learning_starts=4",
+                                                      "classic.agent.batch_size=4"]).classic
+    envs = make_vec_env(c.env, c.agent.settings.gamma, 0)
+    assert envs.single_observation_space.shape == (4,) and envs.bounded_action_space.shape == (1,)
+    agent = build_agent(c.agent.name, envs, 0, c.agent.settings)
+    seen: dict[str, float] = {}
+    for i in range(8):  # past learning_starts: critic and (every 2nd) actor steps run
+        seen |= agent.iterate(i / 8).metrics
+    assert np.isfinite(seen["train/q_loss"]) and np.isfinite(seen["train/actor_loss"])
