@@ -49,8 +49,8 @@ def test_a_bad_frame_stack_names_the_field():
 def test_inverted_pendulum_sac_builds_and_iterates():
     if importlib.util.find_spec("mujoco") is None:
         pytest.skip("MuJoCo tasks need the mujoco package: pip install 'reinforge[classic]'")
-    c = load_classic_config("inverted_pendulum_sac", ["classic.agent.learning_starts=4",
-                                                      "classic.agent.batch_size=4"]).classic
+    c = load_classic_config("inverted_pendulum_sac", ["classic.agent.learning_starts=4", "classic.agent.batch_size=4",
+                                                      "classic.agent.buffer_size=64", "classic.agent.hidden=[16]"]).classic
     envs = make_vec_env(c.env, c.agent.settings.gamma, 0)
     assert envs.single_observation_space.shape == (4,) and envs.bounded_action_space.shape == (1,)
     agent = build_agent(c.agent.name, envs, 0, c.agent.settings)
