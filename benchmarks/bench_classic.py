@@ -21,6 +21,8 @@ stops at the threshold. Runs are interleaved (seed 0: every implementation, then
 is written as a run directory (``metrics.jsonl`` with ``bench/env_steps_to_threshold``,
 ``bench/wall_s_to_threshold``, ``bench/env_steps_per_s``; a run that misses the threshold is scored at
 the cap) and the groups are aggregated by ``reinforge compare`` (reinforge.eval.compare.run_compare).
+``--throughput`` runs a fixed budget without a threshold (steps per second only: SAC's budget of 3,000
+steps includes 2,000 gradient steps after its 1,000 random ones).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import sys
 from pathlib import Path
 
 TASKS = {"ppo": ("CartPole-v1", 475.0, 20, 500_000), "sac": ("Pendulum-v1", -300.0, 10, 30_000)}
+THROUGHPUT = {"ppo": 20_480, "sac": 3_000}  # --throughput: a fixed budget, no threshold (steps/s only)
 IMPLS = ["reinforge-ppo", "cleanrl-ppo", "sb3-ppo", "reinforge-sac", "sb3-sac"]
 
 PRELUDE = r"""
@@ -158,8 +161,11 @@ report(steps)
 CHILDREN = {"reinforge": REINFORGE, "sb3": SB3, "cleanrl": CLEANRL}
 
 
-def run_one(impl: str, seed: int) -> dict:
-    env_id, threshold, window, cap = TASKS[impl.rsplit("-", 1)[1]]
+def run_one(impl: str, seed: int, throughput: bool = False) -> dict:
+    algo = impl.rsplit("-", 1)[1]
+    env_id, threshold, window, cap = TASKS[algo]
+    if throughput:
+        threshold, cap = float("inf"), THROUGHPUT[algo]
     code = PRELUDE + CHILDREN[impl.split("-")[0]]
     out = subprocess.run([sys.executable, "-c", code, impl, str(seed), str(threshold), str(window), str(cap)],
                          capture_output=True, text=True, timeout=7200)
@@ -192,11 +198,13 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--impls", default=",".join(IMPLS))
     p.add_argument("--out", type=Path, default=Path("runs/bench-classic"))
+    p.add_argument("--throughput", action="store_true", help="no threshold: a fixed budget per run "
+                   f"({THROUGHPUT}), for environment steps per second alone")
     args = p.parse_args()
     impls, results = args.impls.split(","), []
     for seed in (int(s) for s in args.seeds.split(",")):
         for impl in impls:
-            results.append(run_one(impl, seed))
+            results.append(run_one(impl, seed, args.throughput))
             write_run(args.out, results[-1])
             print(json.dumps(results[-1]), flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
