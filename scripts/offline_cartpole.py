@@ -1,12 +1,13 @@
-"""Offline RL on CartPole-v1 from logged data: CQL against offline DQN (alpha 0) and the behaviour policy
-(docs/classic.md, "Offline RL").
+"""Offline RL on CartPole-v1 from logged data: CQL and IQL against offline DQN (alpha 0) and the behaviour
+policy (docs/classic.md, "Offline RL").
 
     python scripts/offline_cartpole.py [--seed 0] [--episodes 50] [--eps-behavior 0.5] [--steps 10000]
 
 A DQN trained by the shipped ``cartpole_dqn`` recipe (seed ``--seed``) logs ``--episodes`` episodes of
 its ``--eps-behavior``-soft policy (a "medium" dataset: worse than the greedy policy, better than
-random); CQL(H) with ``--alpha`` and plain offline DQN (alpha 0) each train ``--steps`` steps on it
-alone; each greedy policy then plays ``--eval-episodes`` online episodes (undiscounted return).
+random); CQL(H) with ``--alpha``, plain offline DQN (alpha 0) and IQL (``--expectile``, ``--beta``) each
+train ``--steps`` steps on it alone; each greedy policy then plays ``--eval-episodes`` online episodes
+(undiscounted return).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from reinforge.classic.cql import fit_cql
 from reinforge.classic.envs import finished_episodes, make_vec_env, obs_tensor
+from reinforge.classic.iql import fit_iql
 from reinforge.classic.offline import collect
 
 
@@ -41,6 +43,8 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--eps-behavior", type=float, default=0.5)
     p.add_argument("--alpha", type=float, default=1.0)
+    p.add_argument("--expectile", type=float, default=0.7)
+    p.add_argument("--beta", type=float, default=3.0)
     p.add_argument("--steps", type=int, default=10_000)
     p.add_argument("--eval-episodes", type=int, default=20)
     args = p.parse_args()
@@ -55,6 +59,9 @@ def main() -> None:
     for name, alpha in (("offline DQN (alpha 0)", 0.0), (f"CQL (alpha {args.alpha})", args.alpha)):
         q, _ = fit_cql(data, int(env.single_action_space.n), alpha=alpha, steps=args.steps, seed=args.seed)
         rows.append((name, play(q, env, args.eval_episodes, args.seed + 5)))
+    pi, _, _ = fit_iql(data, int(env.single_action_space.n), expectile=args.expectile, beta=args.beta,
+                       steps=args.steps, seed=args.seed)
+    rows.append((f"IQL (expectile {args.expectile}, beta {args.beta})", play(pi, env, args.eval_episodes, args.seed + 5)))
     print(f"| policy | mean return | min-max |  (seed {args.seed}, {args.episodes} logged episodes, {len(data.reward)} "
           f"steps, {time.time() - t0:.0f} s)\n|---|---:|---|")
     for name, returns in rows:

@@ -69,3 +69,28 @@ def test_dr_needs_a_model_and_unknown_names_are_refused():
         _value("dr")
     with pytest.raises(ValueError, match="unknown estimator"):
         _value("magic")
+
+
+def test_sharpe_ratio_at_k_by_hand():
+    from reinforge.algo.ope import sharpe_ratio_at_k
+
+    estimated, true = torch.tensor([3.0, 1.0, 2.0]), torch.tensor([10.0, 20.0, 4.0])
+    # k = 2: the estimator's top two are policies 0 and 2 (true 10 and 4): best 10, std 3
+    assert sharpe_ratio_at_k(estimated, true, 5.0, 2) == pytest.approx({"best": 10.0, "std": 3.0, "sharpe": 5 / 3})
+    # k = 3: all three, mean 34/3, std sqrt((16 + 676 + 484) / 27)
+    got = sharpe_ratio_at_k(estimated, true, 5.0, 3)
+    assert got["best"] == 20.0 and got["sharpe"] == pytest.approx(15.0 / math.sqrt(1176 / 27))
+    with pytest.raises(ValueError, match="k must be"):
+        sharpe_ratio_at_k(estimated, true, 5.0, 1)
+
+
+def test_sharpe_ratio_at_k_prefers_underestimating_the_best_to_overestimating_a_poor_policy():
+    """The paper's first example: X underestimates the best policy, Y overestimates a poor one; both put the
+    best first (the same best@2 = 10), but Y's portfolio includes the worst policy: std 4.5 against 4."""
+    from reinforge.algo.ope import sharpe_ratio_at_k
+
+    true = torch.tensor([1.0, 2.0, 10.0])  # policy 0 is the behaviour policy, J(pi_b) = 1
+    x = sharpe_ratio_at_k(torch.tensor([1.0, 2.0, 5.0]), true, 1.0, 2)
+    y = sharpe_ratio_at_k(torch.tensor([9.0, 2.0, 10.0]), true, 1.0, 2)
+    assert x["best"] == y["best"] == 10.0
+    assert x["sharpe"] == pytest.approx(9 / 4) and y["sharpe"] == pytest.approx(2.0)

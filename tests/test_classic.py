@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_classic_recipes_load():
-    assert {"cartpole_ppo", "acrobot_ppo", "pendulum_ppo", "cartpole_dqn", "pendulum_sac", "cartpole_impala"} <= set(classic_recipe_names())
+    assert {"cartpole_ppo", "acrobot_ppo", "pendulum_ppo", "cartpole_dqn", "pendulum_sac", "cartpole_impala",
+            "inverted_pendulum_sac"} <= set(classic_recipe_names())
     for name in classic_recipe_names():
         path = classic_recipe_path(name)
         assert path is not None and path.read_text().startswith("# ")

@@ -83,3 +83,57 @@ def test_cql_pushes_down_actions_the_data_never_took():
         values = q(torch.zeros(1, 1))[0]
     assert abs(values[0].item() - 1.0) < 0.2 and values[1].item() < values[0].item() - 1.0, values
     assert stats["cql_penalty"] < 0.2
+
+
+def test_expectile_loss_by_hand():
+    from reinforge.algo.qlearning import expectile_loss
+
+    diff = torch.tensor([2.0, -1.0])  # Q - V: one above V, one below
+    assert expectile_loss(diff, 0.7).item() == pytest.approx((0.7 * 4 + 0.3 * 1) / 2)
+    assert expectile_loss(diff, 0.5).item() == pytest.approx(0.5 * (4 + 1) / 2)  # half the squared error
+
+
+def test_awr_weights_by_hand():
+    from reinforge.algo.qlearning import awr_weights
+
+    got = awr_weights(torch.tensor([0.0, math.log(2.0), -math.log(4.0), 10.0]), beta=1.0, max_weight=100.0)
+    assert torch.allclose(got, torch.tensor([1.0, 2.0, 0.25, 100.0]))
+    assert awr_weights(torch.tensor([math.log(4.0)]), beta=0.5).item() == pytest.approx(2.0)
+    assert torch.equal(awr_weights(torch.tensor([3.0, -3.0]), beta=0.0), torch.ones(2))  # beta 0: cloning
+
+
+def test_iql_picks_the_rare_better_action_and_its_value_is_the_expectile():
+    """One-step episodes from s = [0]: action 1 logged 90% of the time (reward 0), action 0 10% (reward 1).
+    Behaviour cloning would pick 1; IQL's policy picks 0. Q(s, 0) = 1, Q(s, 1) = 0, and V is the 0.9-expectile
+    of Q over the logged actions: 0.9 * 0.1 * (1 - m) = 0.1 * 0.9 * m, so m = 0.5 (the mean would be 0.1)."""
+    from reinforge.classic.iql import fit_iql
+
+    n = 100
+    action = (np.arange(n) % 10 != 0).astype(np.int64)
+    data = Logged(episode=np.arange(n), t=np.zeros(n, dtype=np.int64), obs=np.zeros((n, 1), dtype=np.float32),
+                  next_obs=np.zeros((n, 1), dtype=np.float32), action=action, reward=(action == 0).astype(float),
+                  terminated=np.ones(n, dtype=bool), truncated=np.zeros(n, dtype=bool), behavior_logp=np.zeros(n))
+    pi, stats, nets = fit_iql(data, 2, expectile=0.9, beta=3.0, steps=300, batch=100, lr=1e-2, target_tau=0.1,
+                              hidden=[16], seed=0)
+    with torch.no_grad():
+        s = torch.zeros(1, 1)
+        logits, v, q1 = pi(s)[0], nets["v"](s)[0, 0], nets["q1"](s)[0]
+    assert torch.allclose(q1, torch.tensor([1.0, 0.0]), atol=0.1), q1
+    assert v.item() == pytest.approx(0.5, abs=0.1)
+    assert logits.argmax().item() == 0 and set(stats) == {"v_loss", "q_loss", "pi_loss", "weight_mean"}
+
+
+def test_collect_stops_at_the_first_episode_end_after_max_steps():
+    from reinforge.classic.envs import EnvConfig, make_vec_env
+    from reinforge.classic.offline import collect
+
+    class AlwaysLeft:
+        def act(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+            return torch.zeros(obs.shape[0], dtype=torch.int64)
+
+    env = make_vec_env(EnvConfig(id="CartPole-v1", num_envs=1), 0.99, 0)
+    data = collect(AlwaysLeft(), env, 1000, 0.0, 0, max_steps=30)
+    ends = data.terminated | data.truncated
+    assert len(data.reward) >= 30 and ends[-1] and not ends[:-1][data.t[1:] != 0].any()
+    assert ends[:-1].sum() == len(np.unique(data.episode)) - 1  # every episode whole, the last one ends the data
+    assert np.all(data.action == 0) and len(np.unique(data.episode)) < 1000  # the step budget stopped it

@@ -65,3 +65,24 @@ def ope_estimate(num: Tensor, den: Tensor, samples: int = 2000, seed: int = 0) -
     boot = num[idx].sum(-1) / den[idx].sum(-1)
     lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=boot.dtype)).tolist()
     return {"value": ope_value(num, den), "ci_low": lo, "ci_high": hi}
+
+
+def sharpe_ratio_at_k(estimated: Tensor, true: Tensor, behavior_value: float, k: int) -> dict[str, float]:
+    """SharpeRatio@k of an estimator over P candidate policies (Kiyohara et al. 2023, "Towards Assessing and
+    Benchmarking Risk-Return Tradeoff of Off-Policy Evaluation", arXiv:2311.18207): the k policies the
+    estimator ranks highest (``estimated`` [P], ties broken by the order given) form its portfolio Pi_k, and
+
+        SharpeRatio@k = (best@k - J(pi_b)) / std@k,  best@k = max_{pi in Pi_k} J(pi),
+        std@k = sqrt(1/k sum_{pi in Pi_k} (J(pi) - mean_{Pi_k} J)^2)
+
+    with J the true values (``true`` [P]) and J(pi_b) the behaviour policy's (the risk-free baseline; the
+    paper counts pi_b among the candidates, which the caller does by listing it). k >= 2: one policy has no
+    spread. Returns ``best``, ``std``, ``sharpe`` (inf when the k true values are equal and best beats pi_b)."""
+    if not 2 <= k <= estimated.shape[0]:
+        raise ValueError(f"k must be in [2, {estimated.shape[0]}] (the candidates), got {k}")
+    top = torch.argsort(estimated, descending=True, stable=True)[:k]
+    values = true[top].double()
+    best, std = float(values.max()), float(values.std(unbiased=False))
+    excess = best - behavior_value
+    sharpe = excess / std if std > 0 else (float("inf") if excess > 0 else 0.0)
+    return {"best": best, "std": std, "sharpe": sharpe}

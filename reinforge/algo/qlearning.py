@@ -1,4 +1,5 @@
-"""Q-learning targets (pure tensor math), for value-based agents (reinforge/classic/dqn.py).
+"""Q-learning targets and offline-RL losses (pure tensor math), for value-based agents (reinforge/classic/dqn.py,
+cql.py, iql.py).
 
     y = R + (1 - d) * g * Q_target(s', a*)
 
@@ -54,3 +55,22 @@ def cql_penalty(q_all: Tensor, actions: Tensor) -> Tensor:
     down the values of actions the data does not support. ``q_all`` [B, A], ``actions`` [B]."""
     taken = q_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
     return (torch.logsumexp(q_all, -1) - taken).mean()
+
+
+def expectile_loss(diff: Tensor, expectile: float) -> Tensor:
+    """Implicit Q-learning's value loss (Kostrikov, Nair & Levine 2021, arXiv:2110.06169, eq. 5):
+    mean of L_2^tau(u) = |tau - 1(u < 0)| u^2 with u = Q_target(s, a) - V(s) over the batch. With
+    tau = 0.5 it is half the squared error (V the mean of Q over the data's actions); tau -> 1 pushes V
+    towards the largest Q among the actions the data took. ``diff`` [B]."""
+    weight = torch.where(diff < 0, 1.0 - expectile, expectile)
+    return (weight * diff.pow(2)).mean()
+
+
+def awr_weights(advantages: Tensor, beta: float, max_weight: float = 100.0) -> Tensor:
+    """Advantage-weighted regression's weights for IQL's policy extraction (arXiv:2110.06169, eq. 7;
+    Peng et al. 2019, arXiv:1910.00177): w = min(exp(beta (Q(s, a) - V(s))), max_weight), the policy loss
+    being -mean(w log pi(a | s)) over the data's actions. ``beta`` is the inverse temperature (0: behaviour
+    cloning); the clip at ``max_weight`` (100 in the paper's code) keeps one large advantage from
+    dominating a batch. No gradient."""
+    with torch.no_grad():
+        return torch.exp(beta * advantages).clamp(max=max_weight)

@@ -28,10 +28,7 @@ def fit_cql(data: Logged, n_actions: int, gamma: float = 0.99, alpha: float = 1.
     q = q_network(data.obs.shape[1], hidden or [256, 256], n_actions)
     target = copy.deepcopy(q)
     opt = torch.optim.Adam(q.parameters(), lr=lr)
-    obs, next_obs = torch.from_numpy(data.obs), torch.from_numpy(data.next_obs)
-    action = torch.as_tensor(data.action, dtype=torch.int64)
-    reward = torch.as_tensor(data.reward, dtype=torch.float32)
-    done = torch.as_tensor(data.terminated, dtype=torch.float32)
+    obs, next_obs, action, reward, done = data.transitions()
     ones = torch.full_like(reward, gamma)
     rng = np.random.default_rng(seed)
     stats: dict[str, float] = {}

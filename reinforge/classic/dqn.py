@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from reinforge.algo.qlearning import q_learning_targets
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
 from reinforge.classic.envs import finished_episodes, next_observations, obs_tensor
-from reinforge.classic.networks import action_spec
+from reinforge.classic.networks import action_spec, polyak_update
 from reinforge.classic.replay import NStep, Replay, store_vector_step
 from reinforge.errors import ConfigError
 from reinforge.registry import Settings
@@ -146,7 +146,5 @@ class DQN:
         self.optimizer.step()
         return {"train/td_loss": loss.item(), "train/q_mean": q.mean().item()}
 
-    @torch.no_grad()
     def _update_target(self) -> None:
-        for p_target, p in zip(self.target.parameters(), self.net.parameters(), strict=True):
-            p_target.mul_(1.0 - self.cfg.tau).add_(p, alpha=self.cfg.tau)
+        polyak_update(self.target, self.net, self.cfg.tau)

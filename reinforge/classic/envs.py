@@ -2,7 +2,8 @@
 API (``gymnasium.make_vec``, sync or async), with Gymnasium's own wrappers on each environment (as
 CleanRL's ``make_env``): ``RecordEpisodeStatistics`` always, ``ClipAction`` for Box actions (the agent
 keeps the unclipped sample and its log-prob), optionally ``NormalizeObservation`` and
-``NormalizeReward``, each followed by a clip (``TransformObservation`` / ``TransformReward``).
+``NormalizeReward``, each followed by a clip (``TransformObservation`` / ``TransformReward``), and
+``FrameStackObservation`` (``frame_stack``: the last k observations, after normalisation, flattened).
 
 The vector environment resets a finished environment in the same step (``AutoresetMode.SAME_STEP``):
 the step that ends an episode returns the next episode's first observation, the finished one's last
@@ -39,6 +40,8 @@ class EnvConfig(Settings):
                                    "(scales by the std of a discounted return, gamma = ppo.gamma)")
     clip_obs: float = Field(10.0, gt=0, description="clip normalised observations to [-clip_obs, clip_obs]")
     clip_reward: float = Field(10.0, gt=0, description="clip normalised rewards to [-clip_reward, clip_reward]")
+    frame_stack: int = Field(1, ge=1, description="observations stacked (gymnasium.wrappers.FrameStackObservation, "
+                             "padded at reset with the first one; flattened for the MLPs); 1 = off")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
 
     @model_validator(mode="after")
@@ -78,6 +81,12 @@ def _normalize_reward(env: Any, gamma: float, clip: float) -> Any:
     return TransformReward(NormalizeReward(env, gamma=gamma), lambda r: float(np.clip(r, -clip, clip)))
 
 
+def _frame_stack(env: Any, size: int) -> Any:
+    from gymnasium.wrappers import FlattenObservation, FrameStackObservation
+
+    return FlattenObservation(FrameStackObservation(env, size))
+
+
 def env_wrappers(cfg: EnvConfig, gamma: float) -> list[Callable[[Any], Any]]:
     """The wrappers of each environment, innermost first."""
     from gymnasium.wrappers import RecordEpisodeStatistics
@@ -85,6 +94,8 @@ def env_wrappers(cfg: EnvConfig, gamma: float) -> list[Callable[[Any], Any]]:
     out: list[Callable[[Any], Any]] = [RecordEpisodeStatistics, _clip_action]
     if cfg.normalize_obs:
         out.append(functools.partial(_normalize_obs, clip=cfg.clip_obs))
+    if cfg.frame_stack > 1:
+        out.append(functools.partial(_frame_stack, size=cfg.frame_stack))
     if cfg.normalize_reward:
         out.append(functools.partial(_normalize_reward, gamma=gamma, clip=cfg.clip_reward))
     return out

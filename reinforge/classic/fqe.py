@@ -32,10 +32,7 @@ def fit_fqe(data: Logged, policy: Policy, n_actions: int, gamma: float, iteratio
     torch.manual_seed(seed)
     q = q_network(data.obs.shape[1], hidden or [64, 64], n_actions)
     opt = torch.optim.Adam(q.parameters(), lr=lr)
-    obs, next_obs = torch.from_numpy(data.obs), torch.from_numpy(data.next_obs)
-    action = torch.as_tensor(data.action, dtype=torch.int64)
-    reward = torch.as_tensor(data.reward, dtype=torch.float32)
-    done = torch.as_tensor(data.terminated, dtype=torch.float32)
+    obs, next_obs, action, reward, done = data.transitions()
     with torch.no_grad():
         pi_next = policy(next_obs).float()
     rng = np.random.default_rng(seed)

@@ -98,3 +98,10 @@ def action_spec(space: object) -> ActionSpec:
     if isinstance(space, Box):
         return ActionSpec(dim=int(math.prod(space.shape)))
     raise ValueError(f"unsupported action space {space}: the classic agents take Discrete or Box actions")
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """theta' <- tau theta + (1 - tau) theta' for every parameter (tau = 1: a hard copy)."""
+    for p_target, p in zip(target.parameters(), online.parameters(), strict=True):
+        p_target.mul_(1.0 - tau).add_(p, alpha=tau)

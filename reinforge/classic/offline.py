@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -47,6 +47,22 @@ class Logged:
             mask[i, :n] = 1.0
         return out, mask
 
+    def transitions(self) -> Transitions:
+        """The steps as tensors for offline learners (obs, next_obs float32; action int64; reward and
+        terminated float32)."""
+        return Transitions(torch.from_numpy(self.obs), torch.from_numpy(self.next_obs),
+                           torch.as_tensor(self.action, dtype=torch.int64),
+                           torch.as_tensor(self.reward, dtype=torch.float32),
+                           torch.as_tensor(self.terminated, dtype=torch.float32))
+
+
+class Transitions(NamedTuple):
+    obs: Tensor
+    next_obs: Tensor
+    action: Tensor
+    reward: Tensor
+    done: Tensor
+
 
 def soft_logp(greedy: Tensor, actions: Tensor, epsilon: float, n_actions: int) -> Tensor:
     """log of epsilon / n + (1 - epsilon) [a = greedy] for each step."""
@@ -54,14 +70,15 @@ def soft_logp(greedy: Tensor, actions: Tensor, epsilon: float, n_actions: int) -
     return torch.log(p)
 
 
-def collect(agent: Any, envs: Any, episodes: int, epsilon: float, seed: int) -> Logged:
-    """``episodes`` episodes of ``agent``'s epsilon-soft policy on the single environment of ``envs``."""
+def collect(agent: Any, envs: Any, episodes: int, epsilon: float, seed: int, max_steps: int | None = None) -> Logged:
+    """``episodes`` episodes of ``agent``'s epsilon-soft policy on the single environment of ``envs`` (fewer if
+    ``max_steps`` is given and reached: then at the first episode end from that many steps on)."""
     n = int(envs.single_action_space.n)
     rng = np.random.default_rng(seed)
     rows: dict[str, list] = {k: [] for k in Logged.__dataclass_fields__}
     obs, _ = envs.reset(seed=seed)
     episode, t = 0, 0
-    while episode < episodes:
+    while episode < episodes and (max_steps is None or len(rows["t"]) < max_steps or t > 0):
         greedy = int(agent.act(obs_tensor(obs), True)[0])
         action = int(rng.integers(n)) if rng.random() < epsilon else greedy
         logp = float(soft_logp(torch.tensor(greedy), torch.tensor(action), epsilon, n))

@@ -29,7 +29,7 @@ from reinforge.algo.qlearning import soft_q_targets
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
 from reinforge.classic.dqn import q_network
 from reinforge.classic.envs import finished_episodes, next_observations, obs_tensor
-from reinforge.classic.networks import action_spec
+from reinforge.classic.networks import action_spec, polyak_update
 from reinforge.classic.replay import NStep, Replay, store_vector_step
 from reinforge.errors import ConfigError
 from reinforge.registry import Settings
@@ -191,9 +191,7 @@ class SAC:
             for _ in range(self.cfg.policy_frequency):
                 metrics.update(self._actor_step(t["obs"]))
         if self.critic_steps % self.cfg.target_network_frequency == 0:
-            with torch.no_grad():
-                for p_t, p in zip(self.targets.parameters(), self.critics.parameters(), strict=True):
-                    p_t.mul_(1.0 - self.cfg.tau).add_(p, alpha=self.cfg.tau)
+            polyak_update(self.targets, self.critics, self.cfg.tau)
         return metrics
 
     def _actor_step(self, obs: Tensor) -> dict[str, float]:
