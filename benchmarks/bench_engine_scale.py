@@ -44,8 +44,8 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
-def build(size: str):  # type: ignore[no-untyped-def]
-    """(model, tokenizer, requests, params) of a setting."""
+def build(size: str, new_tokens: int | None = None):  # type: ignore[no-untyped-def]
+    """(model, tokenizer, requests, params) of a setting (``new_tokens`` overrides its max_new_tokens)."""
     from reinforge.data.arithmetic import arithmetic_splits
     from reinforge.models.loading import load_model, load_tokenizer
     from reinforge.rollout.prompts import encode_prompt
@@ -62,7 +62,7 @@ def build(size: str):  # type: ignore[no-untyped-def]
     prompts, samples, new, ignore_eos = SETTINGS[size]
     tasks = list(arithmetic_splits().heldout)[:prompts]
     reqs = [GenerationRequest(encode_prompt(tok, t.prompt), t.id) for t in tasks]
-    return model, tok, reqs, SamplingParams(max_new_tokens=new, n=samples, ignore_eos=ignore_eos)
+    return model, tok, reqs, SamplingParams(max_new_tokens=new_tokens or new, n=samples, ignore_eos=ignore_eos)
 
 
 def flops(model, reqs, gens) -> float:  # type: ignore[no-untyped-def]
@@ -125,11 +125,11 @@ def time_generate(engine, reqs, params) -> tuple[float, list]:  # type: ignore[n
     return time.perf_counter() - t0, gens
 
 
-def worker(size: str) -> None:
+def worker(size: str, new_tokens: int | None) -> None:
     """Build one engine, then answer each stdin line with one timed generate as a JSON line."""
     from reinforge.rollout.torch_engine import TorchRolloutEngine
 
-    model, tok, reqs, params = build(size)
+    model, tok, reqs, params = build(size, new_tokens)
     engine = TorchRolloutEngine(model, tok, seed=0)
     time_generate(engine, reqs, params)  # warm-up
     print(json.dumps({"ready": True}), flush=True)
@@ -139,8 +139,9 @@ def worker(size: str) -> None:
                           "flops": flops(model, reqs, gens)}), flush=True)
 
 
-def spawn(size: str, code_root: Path) -> subprocess.Popen:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--size", size, "--code-root", str(code_root)]
+def spawn(size: str, code_root: Path, new_tokens: int | None, threads: int) -> subprocess.Popen:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--size", size, "--code-root", str(code_root),
+           "--threads", str(threads)] + (["--new-tokens", str(new_tokens)] if new_tokens else [])
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert json.loads(proc.stdout.readline())["ready"]
     return proc
@@ -159,8 +160,9 @@ def run_interleaved(workers: dict[str, subprocess.Popen], repeats: int) -> dict[
     return results
 
 
-def report(size: str, results: dict[str, list[dict]], peak: float) -> None:
+def report(size: str, results: dict[str, list[dict]], peak: float, new_tokens: int | None) -> None:
     prompts, samples, new, _ = SETTINGS[size]
+    new = new_tokens or new
     print(f"\n{size}: {prompts} prompts x {samples} samples, max_new_tokens {new}\n")
     print("| code | median s (min-max) | generated tok/s | GFLOP/s | of matmul peak |")
     print("|---|---|---|---|---|")
@@ -186,13 +188,13 @@ def checkout(ref: str) -> Path:
     return path
 
 
-def profile(size: str, rows: int) -> None:
+def profile(size: str, rows: int, new_tokens: int | None) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     from reinforge.rollout.torch_engine import TorchRolloutEngine
 
-    model, tok, reqs, params = build(size)
+    model, tok, reqs, params = build(size, new_tokens)
     engine = TorchRolloutEngine(model, tok, seed=0)
     engine.generate(reqs, params)
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -210,31 +212,32 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=25)
     p.add_argument("--peak", action="store_true", help="only measure the fp32 matmul peak")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, help="override the setting's max_new_tokens (quicker runs)")
+    p.add_argument("--code-root", default=str(ROOT), help="import reinforge from here (e.g. a worktree of REF)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--code-root", default=str(ROOT), help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     sys.path.insert(0, args.code_root)
     if args.worker:
-        return worker(args.size)
+        return worker(args.size, args.new_tokens)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    peaks = matmul_peak(decode_shapes())
-    stream = streaming_peak()
-    print("fp32 torch.mm GFLOP/s, operands in cache: " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()))
-    print(f"the 135M decode step's matmuls alone (batch 64, weights streamed from memory): {stream:.0f} GFLOP/s")
-    peak = peaks["1024x1024x1024"]
+    peak = matmul_peak([(1024, 1024, 1024)])["1024x1024x1024"]
+    print(f"fp32 torch.mm peak (1024^3, operands in cache): {peak:.0f} GFLOP/s")
     if args.peak:
+        peaks = matmul_peak(decode_shapes())
+        print("fp32 torch.mm GFLOP/s by shape, operands in cache: " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()))
+        print(f"the 135M decode step's matmuls alone (batch 64, weights streamed from memory): {streaming_peak():.0f} GFLOP/s")
         return None
     if args.profile:
-        return profile(args.size, args.rows)
+        return profile(args.size, args.rows, args.new_tokens)
     workers = {}
     ref_path = None
     try:
         if args.compare:
             ref_path = checkout(args.compare)
-            workers[args.compare] = spawn(args.size, ref_path)
-        workers["this tree"] = spawn(args.size, ROOT)
-        report(args.size, run_interleaved(workers, args.repeats), peak)
+            workers[args.compare] = spawn(args.size, ref_path, args.new_tokens, args.threads)
+        workers["this tree"] = spawn(args.size, Path(args.code_root), args.new_tokens, args.threads)
+        report(args.size, run_interleaved(workers, args.repeats), peak, args.new_tokens)
     finally:
         if ref_path is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_path)], check=False)
