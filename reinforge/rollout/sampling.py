@@ -31,9 +31,9 @@ def draw_categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor
     for every entry (a draw from a 49k vocabulary costs ~20 softmax passes there). Indices of zero
     weight are never returned: the search is capped at the last index with weight.
     """
-    cdf = probs.cumsum(-1)
+    cdf = probs.cumsum(-1, dtype=torch.float64)
     total = cdf[:, -1:]
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype, device=probs.device)
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
     index = torch.searchsorted(cdf, u * total, right=True)
     last_with_weight = (cdf < total).sum(-1, keepdim=True)  # cdf reaches the total at the last weighted index
     return torch.minimum(index, last_with_weight).squeeze(-1)
