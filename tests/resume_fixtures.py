@@ -1,4 +1,4 @@
-"""A run trained straight and the same run killed right after its step-2 checkpoint, then resumed."""
+"""A run trained straight and the same run killed right after one of its checkpoints, then resumed."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ TIMED = ("time/", "perf/", "memory/", "rollout/gen_time")  # metrics that depend
 
 
 class Killed(Exception):
-    """Stands for the process being killed right after the step-2 checkpoint."""
+    """Stands for the process being killed right after a checkpoint."""
 
 
-def straight_and_resumed(monkeypatch, cfg: Callable[[str], Any]):
-    """``train(cfg("straight"))`` and ``train(cfg("split"))`` killed after its step-2 checkpoint, then
-    resumed from its run directory: the two ``TrainResult``s."""
+def straight_and_resumed(monkeypatch, cfg: Callable[[str], Any], kill_at: int = 2):
+    """``train(cfg("straight"))`` and ``train(cfg("split"))`` killed after its step-``kill_at``
+    checkpoint, then resumed from its run directory: the two ``TrainResult``s."""
     from reinforge.orchestrate.loop import Loop
     from reinforge.orchestrate.run import train
 
@@ -25,7 +25,7 @@ def straight_and_resumed(monkeypatch, cfg: Callable[[str], Any]):
 
     def save_then_die(self, step):
         save(self, step)
-        if step == 2:
+        if step == kill_at:
             raise Killed
 
     monkeypatch.setattr(Loop, "save", save_then_die)
@@ -39,7 +39,8 @@ def straight_and_resumed(monkeypatch, cfg: Callable[[str], Any]):
 
 
 def untimed(run) -> list[dict[str, Any]]:
-    """The run's metrics records without the timing-dependent keys."""
+    """The run's metrics records without the timing-dependent keys (``TIMED``, and seconds: ``*_s``)."""
     from reinforge.track.jsonl import read_jsonl
 
-    return [{k: v for k, v in r.items() if not k.startswith(TIMED)} for r in read_jsonl(run.run_dir / "metrics.jsonl")]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMED) and not k.endswith("_s")}
+            for r in read_jsonl(run.run_dir / "metrics.jsonl")]

@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import pytest
+from resume_fixtures import straight_and_resumed, untimed
 
 from reinforge.config import load_config
-from reinforge.orchestrate.loop import Loop
 from reinforge.orchestrate.run import train
-from reinforge.track.jsonl import read_jsonl
 
-TIMING = ("time/", "perf/", "memory/")
 # one-digit sums: 80 training prompts, 16 a step, so every prompt comes back after 5 steps
 SMALL = ("task.digits=1", "task.heldout_size=20", "rollout.prompts_per_step=16", "rollout.group_size=4",
          "rollout.max_new_tokens=4", "train.time_limit_s=0", "eval.final_samples=0", "log.report=false")
@@ -20,33 +18,12 @@ def _cfg(tmp_path, name, *overrides):
     return load_config(None, [f"output_dir={tmp_path}", f"name={name}", *SMALL, *overrides])
 
 
-def _untimed(run_dir):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING) and not k.endswith("_s")}
-            for r in read_jsonl(run_dir / "metrics.jsonl")]
-
-
-class Killed(Exception):
-    pass
-
-
 @pytest.mark.slow
 def test_spec_rl_resumes_exactly_with_its_cache(tmp_path, monkeypatch):
     common = ("rollout.group_sampler={name: spec_rl}", "train.steps=6", "eval.every=0", "checkpoint.every=3",
               "train.lr=1e-3")
-    straight = train(_cfg(tmp_path, "straight", *common))
-    save = Loop.save
-
-    def save_then_die(self, step):
-        save(self, step)
-        if step == 3:
-            raise Killed
-
-    monkeypatch.setattr(Loop, "save", save_then_die)
-    with pytest.raises(Killed):
-        train(_cfg(tmp_path, "split", *common))
-    monkeypatch.undo()
-    resumed = train(resume=tmp_path / "split")
-    a, b = _untimed(straight.run_dir), _untimed(resumed.run_dir)
+    straight, resumed = straight_and_resumed(monkeypatch, lambda name: _cfg(tmp_path, name, *common), kill_at=3)
+    a, b = untimed(straight), untimed(resumed)
     assert a == b
     steps = [r for r in a if "rollout/tokens_reused" in r]
     assert steps[0]["rollout/tokens_reused"] == 0 and steps[5]["rollout/tokens_reused"] > 0

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from numerics import assert_all_exact, assert_exact, float64_model
+from resume_fixtures import straight_and_resumed, untimed
 from safetensors.torch import load_file
 
 from reinforge.config import load_config
@@ -15,13 +16,10 @@ from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.models.loading import load_model
 from reinforge.orchestrate.components import LoraTorchRolloutEngine, build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
-from reinforge.orchestrate.loop import Loop
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 from reinforge.train.logprobs import token_logprobs
 from reinforge.train.shared_prefix import shared_prefix_logprobs
-
-TIMING = ("time/", "perf/", "memory/")  # wall-clock and resident memory vary between runs
 
 
 def _cfg(tmp_path, name, *overrides):
@@ -162,32 +160,15 @@ def test_bad_target_modules_fail_with_the_field_name(tiny_model):
         wrap_lora(tiny_model, cfg)
 
 
-class Killed(Exception):
-    """Stands for the process being killed right after the step-2 checkpoint."""
-
-
 def test_adapter_checkpoints_resume_exactly_and_export_merged(tmp_path, monkeypatch):
     """4 steps straight == 2 steps, a kill and a resume (KL on, 2 epochs x 2 mini-batches); the
     checkpoint holds the adapter only; `reinforge export` writes an HF model with the policy's logits."""
     common = ("algo.kl.coef=0.05", "train.steps=4", "eval.every=2", "checkpoint.every=2", "train.minibatches=2",
               "train.epochs=2", "train.lr=1e-3", "model.lora.r=4", "model.lora.target_modules=[q_proj,v_proj,up_proj]")
-    straight = train(_cfg(tmp_path, "straight", *common))
-    save = Loop.save
-
-    def save_then_die(self, step):
-        save(self, step)
-        if step == 2:
-            raise Killed
-
-    monkeypatch.setattr(Loop, "save", save_then_die)
-    with pytest.raises(Killed):
-        train(_cfg(tmp_path, "split", *common))
-    monkeypatch.undo()
-    resumed = train(resume=tmp_path / "split")
-    untimed = [[{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in read_jsonl(run / "metrics.jsonl")]
-               for run in (straight.run_dir, resumed.run_dir)]
-    assert [r["step"] for r in untimed[1]] == [0, 1, 2, 3, 4] and untimed[0] == untimed[1]
-    assert untimed[0][-1]["train/kl_ref"] > 0
+    straight, resumed = straight_and_resumed(monkeypatch, lambda name: _cfg(tmp_path, name, *common))
+    records = [untimed(straight), untimed(resumed)]
+    assert [r["step"] for r in records[1]] == [0, 1, 2, 3, 4] and records[0] == records[1]
+    assert records[0][-1]["train/kl_ref"] > 0
 
     ckpt = straight.run_dir / "checkpoints/step_4"
     assert (ckpt / "adapter_config.json").is_file() and not (ckpt / "model.safetensors").exists()

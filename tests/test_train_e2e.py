@@ -4,11 +4,11 @@ import json
 
 import pytest
 import torch
+from resume_fixtures import straight_and_resumed
 from safetensors.torch import load_file
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
-from reinforge.orchestrate.loop import Loop
 from reinforge.orchestrate.run import train
 from reinforge.orchestrate.step_metrics import CollapseDetector
 from reinforge.track import provenance
@@ -28,10 +28,6 @@ def _untimed(records):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
 
 
-class Killed(Exception):
-    """Stands for the process being killed right after the step-3 checkpoint."""
-
-
 @pytest.mark.parametrize("algo", [
     (),
     # critic + its optimizer, adaptive KL controller, KL in the reward, dynamic sampling: all resumed exactly
@@ -41,19 +37,7 @@ def test_resume_is_exact(tmp_path, monkeypatch, algo):
     """6 steps straight == 3 steps, a kill, and a resume (cosine schedule, 2 epochs x 2 mini-batches)."""
     common = (*algo, "train.steps=6", "eval.every=3", "checkpoint.every=3", "train.minibatches=2",
               "train.epochs=2", "train.lr_schedule=cosine")
-    straight = train(_cfg(tmp_path, "straight", *common))
-    save = Loop.save
-
-    def save_then_die(self, step):
-        save(self, step)
-        if step == 3:
-            raise Killed
-
-    monkeypatch.setattr(Loop, "save", save_then_die)
-    with pytest.raises(Killed):
-        train(_cfg(tmp_path, "split", *common))
-    monkeypatch.undo()
-    resumed = train(resume=tmp_path / "split")
+    straight, resumed = straight_and_resumed(monkeypatch, lambda name: _cfg(tmp_path, name, *common), kill_at=3)
     assert resumed.steps == 6 and resumed.heldout_before is None
     sessions = provenance.read(resumed.run_dir)  # the start and the resume, each with its provenance
     assert len(sessions) == 2 and sessions[1]["resumed_from_step"] == 3
