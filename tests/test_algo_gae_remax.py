@@ -110,12 +110,17 @@ def test_outcome_estimators_add_returns_to_go(name, gamma):
 @pytest.mark.parametrize("name", sorted(ADVANTAGES.names()))
 def test_every_estimator_accepts_the_keyword_arguments(name):
     """Every estimator, given every rollout field it may read (per-token log-probs and entropies for
-    the ones that declare them), gives finite advantages, zero off the mask."""
+    the ones that declare them, a prompt key per sequence), gives finite advantages, zero off the mask.
+    A stateful estimator (its settings declare a ``controller``, e.g. SPO's tracker) gets it as ``cfg``,
+    as the learner gives it."""
     values = torch.zeros_like(MASK)
     gen = torch.Generator().manual_seed(0)
     logps = {k: -torch.rand(MASK.shape, generator=gen) * MASK for k in ("old_logp", "ref_logp", "sampling_logp")}
-    adv = advantage(name, REWARDS, GROUPS, MASK, values, None, token_rewards=TOKEN_R, baseline=BASELINE,
-                    entropy=torch.rand(MASK.shape, generator=gen) * MASK, **logps)
+    settings = ADVANTAGES.entry(name).make_settings({}, name)
+    controller = getattr(type(settings), "controller", None)
+    cfg = controller(settings) if controller is not None else None
+    adv = advantage(name, REWARDS, GROUPS, MASK, values, cfg, token_rewards=TOKEN_R, baseline=BASELINE,
+                    entropy=torch.rand(MASK.shape, generator=gen) * MASK, prompt_key=GROUPS.clone(), **logps)
     assert adv.shape == MASK.shape and adv.dtype == MASK.dtype
     assert torch.isfinite(adv).all() and (adv[MASK == 0] == 0).all()
 

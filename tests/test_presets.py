@@ -19,7 +19,7 @@ from reinforge.errors import ConfigError
 
 EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo", "online_dpo", "apo",
             "rapo", "astar_po", "pacs", "bapo", "dcpo", "aspo", "m2po",
-            "gtpo", "grpo_s", "aepo"}
+            "gtpo", "grpo_s", "aepo", "repo"}
 
 
 def test_every_issue_preset_ships_and_validates():
