@@ -48,6 +48,14 @@ def _flat(tensors) -> torch.Tensor:
     return torch.cat([t.detach().flatten() for t in tensors if t is not None]).clone()
 
 
+def _sampled_by_an_older_policy(batch):
+    """The batch with its sampling log-probs moved off the current policy's by a fixed pattern (at most
+    0.1 nats a token), as if an older policy had sampled it."""
+    sampling = batch.sampling_logprobs
+    shift = 0.1 * torch.sin(torch.arange(sampling.numel(), dtype=sampling.dtype)).view_as(sampling)
+    return dataclasses.replace(batch, sampling_logprobs=sampling + shift)
+
+
 def _update_recording_gradients(learner: Learner, batch) -> tuple[dict[str, float], list[torch.Tensor]]:
     """``learner.update(batch)`` and the policy's flattened gradient at every optimizer step."""
     grads: list[torch.Tensor] = []
@@ -70,11 +78,14 @@ def test_preset_takes_several_updates_and_its_clip_binds(name, demo_batch, tmp_p
 def test_no_two_presets_update_the_policy_the_same_way(demo_batch, tmp_path):
     """Pairwise over every preset: the weights after the update differ, and where two presets take
     the same number of optimizer steps, so do their gradients (dapo and cispo differ only where a
-    token is clipped; gspo and grpo only where the sequence ratio is)."""
+    token is clipped; gspo and grpo only where the sequence ratio is). The batch's sampling log-probs
+    are an older policy's, as for rows an asynchronous run or a replay buffer brings: repo (grpo with its
+    ratio to the policy that sampled each row) differs from grpo only there."""
+    batch = _sampled_by_an_older_policy(demo_batch)
     grads, weights = {}, {}
     for name in preset_names():
         learner = _learner(name, tmp_path)
-        grads[name] = _update_recording_gradients(learner, demo_batch)[1]
+        grads[name] = _update_recording_gradients(learner, batch)[1]
         weights[name] = _flat(learner.model.parameters())
     for a, b in itertools.combinations(sorted(grads), 2):
         assert not torch.allclose(weights[a], weights[b], rtol=0, atol=1e-7), f"{a} and {b} update alike"
