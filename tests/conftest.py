@@ -29,3 +29,10 @@ def tiny_model():
     from reinforge.models.loading import load_model
 
     return load_model("tiny-base")
+
+
+def pytest_collection_modifyitems(config, items):
+    """End-to-end runs (marked ``slow``) first, in their collected order: with `make test`'s xdist
+    workers stealing work from each other (``--dist worksteal``), the long runs start at once and the
+    short tests fill the gaps, instead of one worker finishing a 2-minute run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
