@@ -270,6 +270,7 @@ def doctor() -> None:
 def algos() -> None:
     """List the algorithm presets and every registered part (of every kind) with its formula and paper."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from reinforge.config import config_from_dict, preset_names, preset_summary
@@ -283,7 +284,7 @@ def algos() -> None:
         a = config_from_dict({"preset": name}, source=f"preset {name}").algo
         kl = f"{a.kl.estimator} x {a.kl.coef:g} in {a.kl.placement}" if a.kl.coef > 0 else "-"
         parts = [_changed_options(kind, getattr(a, kind)) for kind in ("advantage", "policy_loss", "loss_agg")]
-        presets.add_row(name, *parts, kl, preset_summary(name))
+        presets.add_row(*map(escape, (name, *parts, kl, preset_summary(name))))
     console.print(presets)
     for kind, registry in all_kinds().items():
         table = Table(title=f"{kind} ({registry.kind})", show_lines=False, title_justify="left")
@@ -292,7 +293,8 @@ def algos() -> None:
         table.add_column("paper")
         table.add_column("settings (defaults)")
         for e in registry.entries():
-            table.add_row(e.name, e.formula, e.paper, _options(e.options()) or "-")
+            # escaped: a formula such as `[/ ... ]` or `x[i]` is text, not Rich markup
+            table.add_row(*map(escape, (e.name, e.formula, e.paper, _options(e.options()) or "-")))
         console.print(table)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -190,6 +191,18 @@ def test_algos_lists_each_parts_options_with_defaults(monkeypatch):
     for shown in ("clip_low=0.2, clip_high=0.2, dual_clip=0", "gamma=1, adv_eps=1e-06, scale_by_std=True, lam=0.95",
                   "tis_cap=0", "max_len_norm=0", "ppo_clip (clip_high=0.28)"):
         assert shown in out, shown
+
+
+def test_algos_prints_formulas_that_look_like_rich_markup(monkeypatch):
+    """A formula with brackets (`[/ ...]` closes a Rich style, `[bold]` opens one) is printed as written."""
+    from reinforge.algo.kl import KL_ESTIMATORS
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setitem(KL_ESTIMATORS._entries, "bracketed", dataclasses.replace(
+        KL_ESTIMATORS.entry("k1"), name="bracketed", formula="E[ratio] [/i] [bold]x[/bold]", paper="[/paper]"))
+    result = CliRunner().invoke(app, ["algos"])
+    assert result.exit_code == 0, result.output
+    assert "E[ratio] [/i] [bold]x[/bold]" in result.output and "[/paper]" in result.output
 
 
 def test_compare_names_a_part_written_with_its_options():
