@@ -84,7 +84,7 @@ class SingleTurn:
                     if sampler is not None else {})
         t0 = time.perf_counter()
         trajectories = score_single_turn(tasks, generations, params.n, self.pool, group_offset=group_offset)
-        metrics, steps = dict(counters), getattr(self.pool, "steps", None)  # a step verifier's (reward.step_verifier)
+        metrics, steps = dict(counters), self.pool.steps  # a step verifier's (reward.step_verifier)
         if steps is not None:  # process rewards: per-token rewards at the steps' ends
             metrics |= steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
                                   self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])
@@ -189,7 +189,7 @@ def build_collector(env: EnvConfig, rollout: RolloutConfig, engine, make_env: Ca
         return AgentDriven(AgentRunner(env.agent, engine, max_tokens=limits.max_turn_tokens,
                                        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                        workers=env.agent_workers))
-    if getattr(pool, "steps", None) is not None and (spec.multi_turn or spec.agent_driven):
+    if pool.steps is not None and (spec.multi_turn or spec.agent_driven):
         raise ConfigError(f"reward.step_verifier: env {env.name} is multi-turn; step rewards are for single-turn "
                           "completions (a multi-turn environment's steps have their own turn rewards)")
     if spec.multi_turn:

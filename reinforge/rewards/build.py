@@ -53,8 +53,7 @@ def build_reward_pool(reward: RewardConfig, verifier: Verifier, kind: PoolKind) 
     if step is not None:
         from reinforge.rewards.steps import StepRewards
 
-        # read by the single-turn collector with getattr: a pool without a step verifier has no ``steps``
-        pool.steps = StepRewards(step.name, step.settings(), step.coef)  # type: ignore[attr-defined]
+        pool.steps = StepRewards(step.name, step.settings(), step.coef)
     return pool
 
 
