@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from reinforge.config import load_config
-from reinforge.data.demonstrations import completion_demonstration, demonstration
+from reinforge.data.demonstrations import demonstration
 from reinforge.errors import ConfigError
-from reinforge.models.loading import load_tokenizer
 from reinforge.orchestrate.demo_batches import GroupGuidance
 from reinforge.orchestrate.guidance_rules import FailedGroupSettings, every_group, failed_groups
 from reinforge.types import Trajectory
@@ -32,10 +31,8 @@ def _row(prompt: list[int], group: int, task_id: str, reward: float) -> Trajecto
 
 
 def _guidance(settings: FailedGroupSettings):
-    tok = load_tokenizer("tiny-base")
-    demos = [demonstration(*completion_demonstration(tok, p, a, "x"), f"d{k}", a)
-             for k, (p, a) in enumerate([("1+1=", "2"), ("2+2=", "4"), ("3+3=", "6")])]
-    prompts = [d.token_ids[: d.loss_mask.index(1)] for d in demos]
+    prompts = [[1, 4, 2], [1, 5, 3], [1, 6, 3]]  # token ids of three prompts, then an answer and EOS
+    demos = [demonstration([*p, 9, 2], [0, 0, 0, 1, 1], f"d{k}", a) for k, (p, a) in enumerate(zip(prompts, "246", strict=True))]
     tasks = [type("T", (), {"id": i})() for i in ("a", "b", "c", "e")]
     guidance = GroupGuidance(demos, tasks, lambda ts, texts: [1.0] * len(texts),
                              lambda r, c, ref: failed_groups(r, c, ref, settings), with_reference=True)
