@@ -27,7 +27,9 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.data.curriculum  # noqa: F401  (difficulty_filter, dump task samplers)
     import reinforge.data.insight  # noqa: F401  (insight task sampler)
     import reinforge.data.samplers  # noqa: F401
+    import reinforge.data.spo_sampler  # noqa: F401  (spo task sampler)
     import reinforge.envs.registry  # noqa: F401
+    import reinforge.orchestrate.guidance_rules  # noqa: F401  (every_group, failed_groups)
     import reinforge.orchestrate.replay  # noqa: F401  (RePO's replay strategies)
     import reinforge.rewards  # noqa: F401
     import reinforge.rewards.steps  # noqa: F401  (step verifiers: process rewards)

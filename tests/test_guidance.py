@@ -156,8 +156,11 @@ def test_group_guidance_adds_each_groups_demonstration_scored_by_the_verifier():
     guidance = GroupGuidance(demos, tasks, score)
     kept = [_sampled(prompts[0], 0, "a"), _sampled(prompts[0], 0, "a"), _sampled(prompts[1], 1, "b"),
             _sampled([5, 5, 5], 2, "c")]  # group 2's prompt has no demonstration
-    rows = guidance.rows(kept)
+    out, baseline, metrics = guidance.apply(kept, None)
+    assert out[:4] == kept and baseline is None
+    rows = out[4:]  # added after the sampled rows (the default rule: every group)
     assert [(r.group_id, r.task_id, r.reward, r.demonstration) for r in rows] == [(0, "a", 1.0, True), (1, "b", 0.0, True)]
+    assert metrics == {"demonstrations/rows": 2.0, "demonstrations/replaced": 0.0, "demonstrations/reward": 0.5}
     assert scored == [(["a", "b"], ["2", "5"])]
     assert rows[0].token_ids == demos[0].token_ids
     chat = demonstration([1, 2], [0, 1], "chat.jsonl:3")

@@ -27,7 +27,7 @@ class PVPOSettings(GroupNormSettings):
                               "solved_reward (trivial: the paper filters them out)")
     solved_reward: float = Field(1.0, description="the reward of a solved sample (skip_solved)")
     skip_unsolved: bool = Field(False, description="no loss for a prompt none of whose reference samples scored "
-                                "(the paper keeps them and injects ground-truth trajectories, not done here)")
+                                "(the paper keeps them and injects ground-truth trajectories: demonstrations.guidance failed_groups)")
 
 
 @ADVANTAGES.register(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from reinforge.config.base import _Strict
+from reinforge.config.base import Part, PartRef, _Strict
 
 
 class DemonstrationColumns(_Strict):
@@ -30,6 +30,9 @@ class DemonstrationsConfig(_Strict):
         "own_group", description="own_group: each demonstration a group of its own, trained on by its terms (SFT, "
         "CHORD); in_group (LUFFY, needs mix: true): each rollout group gains its prompt's demonstration as a "
         "member, scored by the verifier, and per_step is not used")
+    guidance: Annotated[PartRef, Part("demo_guidance")] = Field(
+        "every_group", validate_default=True, description="with placement in_group: which groups gain their prompt's demonstration and "
+        "how (every_group: LUFFY, all of them; failed_groups: PVPO, in place of a sample of a group that all failed)")
     columns: DemonstrationColumns = Field(default_factory=DemonstrationColumns)
 
 

@@ -8,7 +8,8 @@ uninterrupted one would have). An optional ``metrics() -> dict[str, float]`` add
 own ``sampler/...`` keys to each step's record (docs/metrics.md).
 
 Built in: ``uniform`` (here), ``difficulty_filter`` and ``dump`` (data/curriculum.py), ``insight``
-(data/insight.py); per-prompt statistics in data/prompt_stats.py (docs/strategies.md).
+(data/insight.py), ``spo`` (data/spo_sampler.py); per-prompt statistics in data/prompt_stats.py
+(docs/strategies.md).
 """
 
 from __future__ import annotations

@@ -21,13 +21,16 @@ from typing import Any
 
 import torch
 
+from reinforge.algo.objective import required_inputs
 from reinforge.config import RunConfig
 from reinforge.data.base import Task
 from reinforge.data.demonstrations import rows_to_demonstrations, task_demonstrations
 from reinforge.data.preferences import rows_to_pairs, task_pairs
+from reinforge.data.prompt_stats import is_correct
 from reinforge.data.tabular import table_rows
 from reinforge.errors import ConfigError, DataError
 from reinforge.orchestrate.batch_sources import BatchSource, Rollout
+from reinforge.orchestrate.guidance_rules import GUIDANCE_RULES
 from reinforge.types import Trajectory
 
 SEED_OFFSET = 4_243  # the demonstrations' shuffle is apart from the run's other random streams
@@ -40,31 +43,67 @@ def prompt_key(trajectory: Trajectory) -> tuple[int, ...]:
 
 
 class GroupGuidance:
-    """Each rollout group's demonstration as a member of the group (``placement: in_group``).
-    ``score(tasks, completions)`` is the run's verifier: the rewards of the demonstrations' answers."""
+    """Rollout groups' demonstrations as members of the groups (``placement: in_group``). ``score(tasks,
+    completions)`` is the run's verifier (the rewards of the demonstrations' answers); ``rule`` (a
+    ``demonstrations.guidance`` part, orchestrate/guidance_rules.py, as ``rule(rewards, correct, reference)``)
+    decides per group whether its prompt's demonstration is added, replaces the group's last sample, or
+    is left out (default: added to every group); ``with_reference``: the rows' baselines are the prompts'
+    reference values V_ref, handed to the rule."""
 
     def __init__(self, demos: list[Trajectory], tasks: list[Task],
-                 score: Callable[[list[Task], list[str]], list[float]]) -> None:
+                 score: Callable[[list[Task], list[str]], list[float]],
+                 rule: Callable[[list[float], list[bool], float | None], str] | None = None,
+                 with_reference: bool = False) -> None:
         unscorable = next((d.task_id for d in demos if not d.completion_text), None)
         if unscorable is not None:
             raise DataError(f"{unscorable}: demonstrations.placement=in_group scores each demonstration's answer; "
                             "give prompt/completion rows (a chat row has no single answer)")
         self.by_prompt = {prompt_key(d): d for d in demos}
         self.tasks, self.score = {t.id: t for t in tasks}, score
+        self.rule = rule or (lambda rewards, correct, reference: "add")
+        self.with_reference = with_reference
 
-    def rows(self, kept: list[Trajectory]) -> list[Trajectory]:
-        """The demonstrations of ``kept``'s groups (one per group whose prompt has one), scored."""
-        first: dict[int, Trajectory] = {}
-        for t in kept:
+    def _plans(self, kept: list[Trajectory], baseline: list[float] | None) -> list[tuple[Trajectory, str, list[int]]]:
+        """(demonstration, action, the group's row indices) of every group the rule gives its demonstration."""
+        groups: dict[int, list[int]] = {}
+        for i, t in enumerate(kept):
             if not t.demonstration and t.group_id >= 0:
-                first.setdefault(t.group_id, t)
-        found = [(g, self.by_prompt.get(prompt_key(t)), t.task_id) for g, t in first.items()]
-        found = [(g, d, task_id) for g, d, task_id in found if d is not None]
-        if not found:
-            return []
-        rewards = self.score([self.tasks[task_id] for _, _, task_id in found], [d.completion_text for _, d, _ in found])
-        return [dataclasses.replace(d, group_id=g, task_id=task_id, reward=float(r))
-                for (g, d, task_id), r in zip(found, rewards, strict=True)]
+                groups.setdefault(t.group_id, []).append(i)
+        plans = []
+        for idx in groups.values():
+            demo = self.by_prompt.get(prompt_key(kept[idx[0]]))
+            if demo is None:
+                continue
+            reference = baseline[idx[0]] if self.with_reference and baseline is not None else None
+            action = self.rule([kept[i].reward for i in idx], [is_correct(kept[i]) for i in idx], reference)
+            if action != "skip":
+                plans.append((demo, action, idx))
+        return plans
+
+    def apply(self, kept: list[Trajectory], baseline: list[float] | None
+              ) -> tuple[list[Trajectory], list[float] | None, dict[str, float]]:
+        """``kept`` with the groups' demonstrations (scored, with the group's id, task and baseline): a
+        replacing one in place of its group's last sample, an added one after the rows; the baselines
+        alike; and the metrics ``demonstrations/rows``, ``/replaced``, ``/reward``."""
+        plans = self._plans(kept, baseline)
+        metrics = {"demonstrations/rows": float(len(plans)),
+                   "demonstrations/replaced": float(sum(a == "replace" for _, a, _ in plans))}
+        if not plans:
+            return kept, baseline, metrics
+        rewards = self.score([self.tasks[kept[idx[0]].task_id] for _, _, idx in plans],
+                             [d.completion_text for d, _, _ in plans])
+        out, base = list(kept), (list(baseline) if baseline is not None else None)
+        added, added_base = [], []
+        for (demo, action, idx), r in zip(plans, rewards, strict=True):
+            first = kept[idx[0]]
+            row = dataclasses.replace(demo, group_id=first.group_id, task_id=first.task_id, reward=float(r))
+            if action == "replace":
+                out[idx[-1]] = row
+            else:
+                added.append(row)
+                added_base.append(base[idx[0]] if base is not None else 0.0)
+        metrics["demonstrations/reward"] = sum(float(r) for r in rewards) / len(rewards)
+        return out + added, (base + added_base if base is not None else None), metrics
 
 
 class DemonstrationBatches:
@@ -97,13 +136,15 @@ class DemonstrationBatches:
 
     def collect(self, step: int) -> Rollout:
         rollout = self.inner.collect(step) if self.inner is not None else Rollout()
-        demos = self.guidance.rows(rollout.kept) if self.guidance is not None else self.rows(step)
+        if self.guidance is not None:
+            rollout.kept, rollout.baseline, metrics = self.guidance.apply(rollout.kept, rollout.baseline)
+            rollout.metrics = {**rollout.metrics, **metrics}
+            return rollout
+        demos = self.rows(step)
         rollout.kept = [*rollout.kept, *demos]
         if rollout.baseline is not None:
             rollout.baseline = [*rollout.baseline, *([0.0] * len(demos))]
         rollout.metrics = {**rollout.metrics, "demonstrations/rows": float(len(demos))}
-        if self.guidance is not None and demos:
-            rollout.metrics["demonstrations/reward"] = sum(d.reward for d in demos) / len(demos)
         return rollout
 
     def published(self, model: torch.nn.Module, version: int) -> None:
@@ -152,6 +193,10 @@ def demonstration_batches(c: Any, collector: Any, inner: Callable[[Any, Any], Ba
         if pool is None:
             raise ConfigError("demonstrations.placement=in_group: the demonstrations are scored by the run's "
                               "verifier, which needs a single-turn environment")
-        guidance = GroupGuidance(demos, train, lambda tasks, texts: [o.reward for o in pool.score(tasks, texts)])
+        rule = cfg.demonstrations.guidance
+        guidance = GroupGuidance(demos, train, lambda tasks, texts: [o.reward for o in pool.score(tasks, texts)],
+                                 lambda rewards, correct, reference: GUIDANCE_RULES.entry(rule).fn(
+                                     rewards, correct, reference, rule.settings),
+                                 with_reference="reference_value" in required_inputs(cfg.algo))
     return DemonstrationBatches(demos, cfg.demonstrations.per_step, cfg.seed,
                                 inner(c, collector) if inner is not None else None, guidance)
