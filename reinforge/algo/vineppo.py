@@ -13,7 +13,7 @@ the end, the value of the terminal state 0), and every token of the step gets it
 so the last step gets R - V(s_{m-1}). The paper whitens the advantages over the batch's tokens
 (``whiten``, on by default). The loop hands the values as two [N, T] context fields:
 ``state_values`` (V(s_k) at position p_k, 0 elsewhere) and ``state_mask`` (1 at the p_k). A row
-without any estimated state (none was cut, e.g. a demonstration) gets A_t = R.
+without any estimated state (e.g. a demonstration; or every row, when no values are given) gets A_t = R.
 """
 
 from __future__ import annotations
@@ -74,9 +74,8 @@ def step_values(rewards: Tensor, mask: Tensor, state_values: Tensor, state_mask:
 def vineppo_advantage(rewards: Tensor, mask: Tensor, cfg: VineSettings, state_values: Tensor | None = None,
                       state_mask: Tensor | None = None) -> Tensor:
     """VinePPO's per-step temporal difference of Monte Carlo values (module docstring), per token."""
-    if state_values is None or state_mask is None:
-        raise ValueError("vineppo needs state_values and state_mask (Monte Carlo values of intermediate states, "
-                         "estimated by the loop: orchestrate/state_values.py)")
+    if state_values is None or state_mask is None:  # no state estimated anywhere: A_t = R
+        state_values = state_mask = torch.zeros_like(mask)
     before, after = step_values(rewards, mask, state_values, state_mask)
     live = mask != 0
     adv = torch.where(live, after - before, 0.0)
