@@ -18,7 +18,7 @@ from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import exact_match
 from reinforge.rollout.continuation import continue_budgeted
 from reinforge.rollout.torch_engine import TorchRolloutEngine
-from reinforge.rollout.types import SamplingParams
+from reinforge.rollout.types import Generation, SamplingParams
 from reinforge.types import Trajectory
 
 CHARS = {10: "a", 11: "b", 12: "\n", 13: " "}
@@ -82,6 +82,31 @@ def test_continuations_share_one_engine_call_and_keep_each_budget(tiny):
     gens, _ = continue_budgeted(engine, [prompt] * 3, prefixes, SamplingParams(max_new_tokens=6, n=2, ignore_eos=True))
     assert [len(g.token_ids) for g in gens] == [6, 6, 3, 3, 1, 1]  # cut to 6 - len(prefix)
     assert all(g.finish_reason == "length" for g in gens)
+
+
+class FixedEngine:
+    """Writes token 7 ('3') up to the limit; a model context of ``context`` positions. Records its calls."""
+
+    def __init__(self, tokenizer, context: int) -> None:
+        self.tokenizer, self.calls = tokenizer, []
+        self.model = type("M", (), {"config": type("C", (), {"max_position_embeddings": context})()})()
+
+    def generate(self, requests, params):
+        self.calls.append((len(requests), params.n, params.max_new_tokens))
+        return [Generation(r.request_id, r.prompt_ids, [7] * params.max_new_tokens, [-0.1] * params.max_new_tokens,
+                           "length", 0, sample_index=c) for r in requests for c in range(params.n)]
+
+
+def test_a_call_per_budget_when_one_would_exceed_the_context_and_stop_strings_across_the_prefix(tiny_tokenizer):
+    engine = FixedEngine(tiny_tokenizer, context=10)
+    gens, decoded = continue_budgeted(engine, [[1, 5, 14, 5]] * 2, [[], [4, 4, 4]], SamplingParams(max_new_tokens=6))
+    assert engine.calls == [(1, 1, 3), (1, 1, 6)] and decoded == 9  # 4 + 3 + 6 > 10: one call per budget
+    assert [len(g.token_ids) for g in gens] == [6, 3]
+    engine = FixedEngine(tiny_tokenizer, context=64)
+    gens, _ = continue_budgeted(engine, [[1, 5]] * 2, [[4], [7]], SamplingParams(max_new_tokens=5, stop=("33",)))
+    assert engine.calls == [(2, 1, 4)]
+    assert gens[0].token_ids == [7, 7] and gens[0].finish_reason == "stop"  # "0" + "33": the stop ends in it
+    assert gens[1].token_ids == [7] and gens[1].finish_reason == "stop" and gens[1].text == "33"  # "3" + "3"
 
 
 def _traj(prompt, gen, task_id, group):
