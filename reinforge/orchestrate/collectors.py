@@ -78,7 +78,7 @@ class Continued:
 class ContinuesStates(Protocol):
     """A collector that can sample more of a partial completion and score the result with the run's
     reward (single-turn episodes); what a part's Monte Carlo values of states need
-    (orchestrate/state_values.py)."""
+    (orchestrate/state_values.py, which also decodes completions with its ``engine.tokenizer``)."""
 
     def continue_states(self, tasks: Sequence[Task], prompts: Sequence[list[int]], prefixes: Sequence[list[int]],
                         params: SamplingParams) -> Continued: ...
