@@ -77,7 +77,9 @@ class Batch:
     loss mask's positions. ``demo`` [N] (bool) marks demonstration rows (None: the batch has none).
     For the parts that declare them (``build_batch``): ``turn_returns``, ``turn_states``,
     ``turn_index`` [N, L] and ``prompt_key`` [N] (see ``algo.context.Context``); ``subgroups`` [N, K] (long) the nested groups within its
-    group each row belongs to (from ``metadata['subgroups']``, when a part needs them; -1 padding).
+    group each row belongs to (from ``metadata['subgroups']``, when a part needs them; -1 padding);
+    ``state_values`` and ``state_mask`` [N, L] the Monte Carlo values of intermediate states (from
+    ``metadata['state_values']``, when a part needs ``state_values``).
     """
 
     input_ids: Tensor
@@ -101,6 +103,8 @@ class Batch:
     demo: Tensor | None = None
     teacher_logprobs: Tensor | None = None
     subgroups: Tensor | None = None
+    state_values: Tensor | None = None
+    state_mask: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

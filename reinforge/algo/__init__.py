@@ -14,6 +14,7 @@ import reinforge.algo.preference  # noqa: F401  (registers the dpo and ipo polic
 import reinforge.algo.pvpo  # noqa: F401  (registers the pvpo estimator)
 import reinforge.algo.spo  # noqa: F401  (registers the spo estimator)
 import reinforge.algo.supervised  # noqa: F401  (registers the nll loss term)
+import reinforge.algo.vineppo  # noqa: F401  (registers the vineppo estimator)
 import reinforge.algo.vtrace  # noqa: F401  (registers the vtrace estimator)
 from reinforge.algo.advantages import (
     ADVANTAGES,

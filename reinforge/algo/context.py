@@ -27,6 +27,8 @@ class Context:
     a hash of the task each sequence answers, for parts that keep per-prompt state across steps).
     ``subgroups`` [N, K] (long: the nested groups
     within its group each sequence belongs to, e.g. the subtrees of a tree sampler; -1 padding).
+    ``state_values`` [N, T] (the Monte Carlo value of the state y_<t at each position t where one was
+    estimated, 0 elsewhere; VinePPO) and ``state_mask`` [N, T] (1 at those positions).
 
     Log-probabilities [N, T]: ``logp`` (current policy, with gradient), ``old_logp`` (pi_old, the
     proximal policy of the PPO ratio), ``sampling_logp`` (the rollout engine's, the behaviour
@@ -57,6 +59,8 @@ class Context:
     turn_index: Tensor | None = None
     prompt_key: Tensor | None = None
     subgroups: Tensor | None = None
+    state_values: Tensor | None = None
+    state_mask: Tensor | None = None
     logp: Tensor | None = None
     old_logp: Tensor | None = None
     sampling_logp: Tensor | None = None

@@ -335,6 +335,26 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _state_values_are_estimated(self) -> RunConfig:
+        """Monte Carlo values of intermediate states (``state_values``, VinePPO's) are estimated by the
+        synchronous loop, by continuing single-turn completions (orchestrate/state_values.py)."""
+        from reinforge.algo.objective import required_inputs
+        from reinforge.envs.registry import environment_spec
+
+        if "state_values" not in required_inputs(self.algo):
+            return self
+        if self.orchestrate.mode == "async":
+            raise ValueError(f"orchestrate.mode=async: algo.advantage={self.algo.advantage} needs Monte Carlo values "
+                             "of intermediate states, estimated with the current policy by the synchronous loop; "
+                             "use orchestrate.mode=sync")
+        spec = environment_spec(self.env.name)
+        if spec.multi_turn or spec.agent_driven:
+            raise ValueError(f"env.name={self.env.name}: algo.advantage={self.algo.advantage} needs Monte Carlo "
+                             "values of intermediate states, which continue single-turn completions; a multi-turn "
+                             "or agent episode cannot be continued from a partial turn (use env.name=single_turn)")
+        return self
+
+    @model_validator(mode="after")
     def _preferences_are_used(self) -> RunConfig:
         """Preference pairs are trained on by a loss computed per group (dpo, ipo), offline only."""
         from reinforge.algo.losses import POLICY_LOSSES

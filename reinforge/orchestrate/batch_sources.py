@@ -176,24 +176,28 @@ class LocalBatches:
     """Rollout in this process with the loop's engine: rounds of ``prompts_per_step`` tasks. With
     several ranks every rank draws the same tasks and samples its share ``[lo, hi)`` of them. The
     optional ``parts`` (``round_parts.RoundParts``: a budget's per-prompt group sizes, a replay
-    buffer's past samples) shape each step's groups."""
+    buffer's past samples) shape each step's groups; the optional ``states`` (``state_values.StateValues``)
+    estimates the values of intermediate states of the step's kept completions."""
 
     def __init__(self, algo: AlgoConfig, rollout: RolloutConfig, seed: int, sampler, collector: Collector,
                  params: SamplingParams, generator, prompt_baseline: PromptBaseline | None = None,
-                 parts=None) -> None:
+                 parts=None, states=None) -> None:
         self.algo, self.rollout, self.seed = algo, rollout, seed
         self.sampler, self.collector, self.params, self.generator = sampler, collector, params, generator
         self.with_baseline = needs_baseline(algo)
         self.prompt_baseline = prompt_baseline  # a per-prompt value a part needs (value_estimates.py)
         self.parts = parts
+        self.states = states  # Monte Carlo values of intermediate states a part needs (state_values.py)
 
     def collect(self, step: int) -> Rollout:
         n_prompts = self.rollout.prompts_per_step
         lo, hi = distributed.shard(n_prompts)
         distributed.seed_rollout(self.generator, self.seed, step)
         rounds = Rounds(self.algo, self.rollout.max_new_tokens, hi - lo)
+        drawn: dict[str, Task] = {}
         while True:
             tasks = self.sampler.next_batch(n_prompts)[lo:hi]  # every rank draws the same tasks
+            drawn.update((t.id, t) for t in tasks)
             offset = rounds.out.rounds * n_prompts + lo
             sizes = self.parts.sizes(tasks, self.params.n) if self.parts is not None else None
             rounds.add(sample_round(self.collector, tasks, self.params, step, offset, self.with_baseline,
@@ -203,6 +207,8 @@ class LocalBatches:
                     rounds.out.metrics.update(self.prompt_baseline.metrics())
                 if self.parts is not None:
                     self.parts.finish(rounds.out, step)
+                if self.states is not None:  # after replay: every kept row gets the current policy's values
+                    rounds.out.metrics.update(self.states(drawn, rounds.out.kept, self.params))
                 return rounds.out
 
     def published(self, model: torch.nn.Module, version: int) -> None:

@@ -31,6 +31,7 @@ from reinforge.orchestrate.env_calls import EnvCalls
 from reinforge.orchestrate.episodes import generate_single_turn, score_single_turn
 from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
 from reinforge.rewards.pool import VerifierPool
+from reinforge.rollout.continuation import continue_budgeted
 from reinforge.rollout.group_samplers import build_group_sampler
 from reinforge.rollout.types import SamplingParams
 from reinforge.types import Trajectory
@@ -64,6 +65,25 @@ class Collector(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class Continued:
+    """``ContinuesStates.continue_states``'s result: the rewards of each state's continuations, the
+    tokens the engine decoded for them, the seconds spent scoring them."""
+
+    rewards: list[list[float]]
+    tokens_generated: int = 0
+    reward_s: float = 0.0
+
+
+class ContinuesStates(Protocol):
+    """A collector that can sample more of a partial completion and score the result with the run's
+    reward (single-turn episodes); what a part's Monte Carlo values of states need
+    (orchestrate/state_values.py, which also decodes completions with its ``engine.tokenizer``)."""
+
+    def continue_states(self, tasks: Sequence[Task], prompts: Sequence[list[int]], prefixes: Sequence[list[int]],
+                        params: SamplingParams) -> Continued: ...
+
+
 class SingleTurn:
     """One completion per sample, then the reward pool."""
 
@@ -89,6 +109,18 @@ class SingleTurn:
             metrics |= steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
                                   self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])
         return Collected(trajectories, time.perf_counter() - t0, metrics=metrics)
+
+    def continue_states(self, tasks: Sequence[Task], prompts: Sequence[list[int]], prefixes: Sequence[list[int]],
+                        params: SamplingParams) -> Continued:
+        """``params.n`` continuations of each state (``prompts[i]`` and the partial completion ``prefixes[i]``
+        of task ``tasks[i]``), each within the rest of ``max_new_tokens``, in one engine call
+        (``continuation.continue_budgeted``); each whole completion is scored in the pool like a sample."""
+        gens, decoded = continue_budgeted(self.engine, prompts, prefixes, params)
+        t0 = time.perf_counter()
+        outcomes = self.pool.score([tasks[i // params.n] for i in range(len(gens))], [g.text for g in gens])
+        r = [o.reward for o in outcomes]
+        return Continued([r[i * params.n: (i + 1) * params.n] for i in range(len(prompts))], decoded,
+                         time.perf_counter() - t0)
 
     def state_dict(self) -> dict[str, Any]:
         """The group sampler's state (e.g. SPEC-RL's earlier rollouts), for checkpoints."""

@@ -145,7 +145,20 @@ def build_batch(
         batch.prompt_key = torch.tensor([stable_hash(t.task_id) for t in kept], dtype=torch.long)
     if "subgroups" in needs:
         batch.subgroups = subgroup_tensor(kept)
+    if "state_values" in needs:
+        batch.state_values, batch.state_mask = state_value_tensors(kept, batch.input_ids.shape[1])
     return batch, stats
+
+
+def state_value_tensors(trajs: list[Trajectory], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, width] each: the Monte Carlo value of the state before each position listed in
+    ``metadata['state_values']`` (``[[position, value], ...]``, orchestrate/state_values.py), 0 elsewhere,
+    and 1 at those positions."""
+    values, mask = torch.zeros((len(trajs), width)), torch.zeros((len(trajs), width))
+    for i, t in enumerate(trajs):
+        for pos, v in t.metadata.get("state_values", ()):
+            values[i, int(pos)], mask[i, int(pos)] = float(v), 1.0
+    return values, mask
 
 
 def stable_hash(text: str) -> int:

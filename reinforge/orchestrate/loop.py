@@ -27,6 +27,7 @@ from reinforge.orchestrate.collectors import Collector, play
 from reinforge.orchestrate.components import Components
 from reinforge.orchestrate.episodes import build_batch
 from reinforge.orchestrate.round_parts import RoundParts
+from reinforge.orchestrate.state_values import state_value_stage
 from reinforge.orchestrate.step_metrics import (
     CollapseDetector,
     gather_step,
@@ -68,11 +69,13 @@ class TrainResult:
 
 def local_batches(c: Components, collector: Collector, run_dir: Path | None = None) -> BatchSource:
     """Synchronous RL: each step samples its batch here, with the loop's engine; with the per-prompt
-    value a part declares it needs (``value_estimates.prompt_values``) and the run's budget and replay
-    (``round_parts.RoundParts``), their state from ``run_dir``'s checkpoint when resuming."""
+    value a part declares it needs (``value_estimates.prompt_values``), the run's budget and replay
+    (``round_parts.RoundParts``), their state from ``run_dir``'s checkpoint when resuming, and the Monte
+    Carlo values of intermediate states a part declares it needs (``state_values.state_value_stage``)."""
     cfg = c.cfg
     return LocalBatches(cfg.algo, cfg.rollout, cfg.seed, c.sampler, collector, c.sampling_params(), c.engine.generator,
-                        prompt_values(c, run_dir), RoundParts.from_config(cfg.rollout, cfg.seed, run_dir))
+                        prompt_values(c, run_dir), RoundParts.from_config(cfg.rollout, cfg.seed, run_dir),
+                        state_value_stage(cfg.algo, collector))
 
 
 class Loop:

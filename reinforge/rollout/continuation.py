@@ -9,6 +9,8 @@
   (one forward of ``engine.model`` over prompt + draft).
 * ``continue_from``: more tokens after a given prefix of generated tokens (the prefix is appended to
   the prompt), grouped by remaining budget.
+* ``continue_budgeted``: ``params.n`` continuations of each (prompt, prefix), each within what is left
+  of ``max_new_tokens`` after its prefix, in one engine call (VinePPO's re-rollouts).
 * ``cut_at_stop``: a completion assembled from pieces cut where a stop string first ends, as one
   ``generate`` call would have stopped.
 """
@@ -156,3 +158,48 @@ def cut_at_stop(tokenizer, tokens: list[int], stop: Sequence[str], start: int = 
         if any(text.endswith(s) for s in stop):
             return end
     return None
+
+
+def continue_budgeted(engine, prompts: Sequence[list[int]], prefixes: Sequence[list[int]], params: SamplingParams
+                      ) -> tuple[list[Generation], int]:
+    """``params.n`` continuations of every ``prompt + prefix`` (request order, sample index fastest), each
+    of at most ``params.max_new_tokens - len(prefix)`` tokens, and the number of tokens the engine decoded.
+
+    One engine call at the largest budget; a continuation longer than its own budget is cut there and
+    ends ``length``, which is what a call at that budget returns (the first b tokens of a sample are
+    a sample of b tokens: the engine decides each token from the ones before it). A stop string that
+    begins in the prefix and ends in the continuation stops it too (``cut_at_stop``). When the longest
+    request plus the largest budget would exceed the model's context, one call per distinct budget.
+    Each generation's ``token_ids`` are the continuation's; its ``text`` is the whole completion's
+    (prefix and continuation, decoded together), what a verifier scores."""
+    budgets = [params.max_new_tokens - len(p) for p in prefixes]
+    if min(budgets, default=1) < 1:
+        raise ValueError(f"a prefix of {max(map(len, prefixes))} tokens leaves nothing of max_new_tokens="
+                         f"{params.max_new_tokens}")
+    limit = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
+    longest = max((len(p) + len(q) for p, q in zip(prompts, prefixes, strict=True)), default=0)
+    calls = ([list(range(len(prompts)))] if limit is None or longest + max(budgets, default=0) <= limit
+             else [[i for i, b in enumerate(budgets) if b == budget] for budget in sorted(set(budgets))])
+    out: list[Generation | None] = [None] * (len(prompts) * params.n)
+    decoded = 0
+    for idx in calls:
+        reqs = [GenerationRequest(list(prompts[i]) + list(prefixes[i]), str(i)) for i in idx]
+        gens = engine.generate(reqs, dataclasses.replace(params, max_new_tokens=max(budgets[i] for i in idx)))
+        decoded += sum(len(g.token_ids) for g in gens)
+        for j, g in enumerate(gens):
+            i = idx[j // params.n]
+            out[i * params.n + j % params.n] = _within(engine.tokenizer, g, list(prefixes[i]), budgets[i], params.stop)
+    return [g for g in out if g is not None], decoded
+
+
+def _within(tokenizer, g: Generation, prefix: list[int], budget: int, stop: Sequence[str]) -> Generation:
+    """``g`` cut at its budget and at a stop string ending after the prefix; text of prefix + continuation."""
+    n, finish = len(g.token_ids), g.finish_reason
+    if n > budget:
+        n, finish = budget, "length"
+    end = cut_at_stop(tokenizer, prefix + g.token_ids[:n], stop, start=len(prefix) + 1) if stop else None
+    if end is not None and end - len(prefix) < n:
+        n, finish = end - len(prefix), "stop"
+    text = tokenizer.decode(prefix + g.token_ids[:n], skip_special_tokens=True)
+    return dataclasses.replace(g, token_ids=g.token_ids[:n], logprobs=g.logprobs[:n], finish_reason=finish,
+                               text=text, token_versions=g.token_versions[:n])

@@ -122,7 +122,8 @@ class PreparesBatches:
             "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
             "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
             "turn_states": batch.turn_states, "turn_index": batch.turn_index, "prompt_key": batch.prompt_key,
-            "subgroups": batch.subgroups, "demo": batch.demo,
+            "subgroups": batch.subgroups, "state_values": batch.state_values, "state_mask": batch.state_mask,
+            "demo": batch.demo,
         }
         if inputs is not None:  # what the estimator declares it needs from the no-grad passes
             extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs,
