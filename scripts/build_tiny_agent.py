@@ -45,6 +45,15 @@ from a ``--save-evals`` run, ``--max-steps 0`` writes its ``--init`` as is (last
        --stop-at-step 350 --search-names ids --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.3,search=0.5
     $B --init /tmp/tat4 --out reinforge/assets/tiny-agent-tools --max-steps 0 --search-names ids \
        --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.3,search=0.5 --note "..."
+
+``tiny-agent-search`` (the `search` tool on value-first passages, the agent_search recipe) is two more runs,
+from tiny-agent-tools (stage 1 stopped by the --low/--high rule at step 200, greedy search 0.26)::
+
+    S="python scripts/build_tiny_agent.py --arith-steps 0 --threads 1 --search-names ids --search-layout value_first \
+       --stop-envs search --mix arithmetic=0.1,search=0.9"
+    $S --init tiny-agent-tools --out /tmp/tas1 --warmup 20 --lr 5e-4 --eval-every 25 --low 0.15 --high 0.6 \
+       --max-steps 300 --save-evals
+    $S --init /tmp/tas1/step-200 --out reinforge/assets/tiny-agent-search --max-steps 0 --note "..."
 """
 
 from __future__ import annotations
