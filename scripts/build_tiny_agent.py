@@ -45,6 +45,15 @@ from a ``--save-evals`` run, ``--max-steps 0`` writes its ``--init`` as is (last
        --stop-at-step 350 --search-names ids --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.3,search=0.5
     $B --init /tmp/tat4 --out reinforge/assets/tiny-agent-tools --max-steps 0 --search-names ids \
        --mix arithmetic=0.05,calculator=0.1,retry=0.05,code_interpreter=0.3,search=0.5 --note "..."
+
+``tiny-agent-search`` (the `search` tool on value-first passages, the agent_search recipe) is two more runs,
+from tiny-agent-tools (stage 1 stopped by the --low/--high rule at step 200, greedy search 0.26)::
+
+    S="python scripts/build_tiny_agent.py --arith-steps 0 --threads 1 --search-names ids --search-layout value_first \
+       --stop-envs search --mix arithmetic=0.1,search=0.9"
+    $S --init tiny-agent-tools --out /tmp/tas1 --warmup 20 --lr 5e-4 --eval-every 25 --low 0.15 --high 0.6 \
+       --max-steps 300 --save-evals
+    $S --init /tmp/tas1/step-200 --out reinforge/assets/tiny-agent-search --max-steps 0 --note "..."
 """
 
 from __future__ import annotations
@@ -285,7 +294,17 @@ def _misspell(country: str, rng: random.Random) -> str:
     return _change_letter(country, rng)
 
 
-_PASSAGE = re.compile(r"The (\w+) of (.+) is (?:the )?(.+)\.$")
+_PASSAGE = re.compile(r"The (\w+) of (.+) is (?:the )?(.+)\.$")  # layout value_last: relation, country, value
+_PASSAGE_VALUE_FIRST = re.compile(r"(.+) is the (\w+) of (.+)\.$")  # layout value_first: value, relation, country
+
+
+def parse_passage(line: str) -> tuple[str, str, str] | None:
+    """``(relation, country, value)`` of a corpus passage in either layout, None for anything else."""
+    if m := _PASSAGE.match(line):
+        return m.group(1), m.group(2), m.group(3)
+    if m := _PASSAGE_VALUE_FIRST.match(line):
+        return m.group(2), m.group(3), m.group(1)
+    return None
 
 
 def _made_up(answer: str, rng: random.Random) -> str:
@@ -304,7 +323,7 @@ def search_policy(task: Task, noise: Noise, rng: random.Random):
     name = _misspell(country, rng) if rng.random() < noise.search_query_typo else country
     query = f"{relation} of {name}"
     observation = yield OPEN_TAG + json.dumps({"name": "search", "arguments": {"query": query}}) + CLOSE_TAG
-    passages = [m.groups() for m in map(_PASSAGE.match, observation[0]["content"].split("\n")) if m]
+    passages = [p for p in map(parse_passage, observation[0]["content"].split("\n")) if p]
     right = [value for r, c, value in passages if r == relation and c == name]
     wrong = [value for r, c, value in passages if not (r == relation and c == name)]
     if wrong and (not right or rng.random() < noise.search_wrong_passage):
@@ -488,6 +507,8 @@ def main() -> None:
                    help="code_interpreter task kinds (reinforge/data/code_tasks.py), as the agent_code recipe sets them")
     p.add_argument("--search-names", type=str, default="digits",
                    help="search corpus style (reinforge/data/search_corpus.py), as the agent_search recipe sets it")
+    p.add_argument("--search-layout", type=str, default="value_last",
+                   help="search passages' word order (value_last or value_first), as the agent_search recipe sets it")
     p.add_argument("--stop-at-step", type=int, default=0,
                    help="stop at this step's evaluation whatever the --low/--high rule says (a step picked from a "
                         "--save-evals run: the same command with this flag writes that step's model)")
@@ -514,7 +535,7 @@ def main() -> None:
     SETUPS["code_interpreter"] = dataclasses.replace(
         SETUPS["code_interpreter"], splits=lambda: code_splits(kinds=args.code_kinds, heldout_size=200, seed=1234))
     SETUPS["search"] = dataclasses.replace(SETUPS["search"], splits=lambda: search_splits(
-        countries=200, names=args.search_names, heldout_size=100, seed=1234))
+        countries=200, names=args.search_names, layout=args.search_layout, heldout_size=100, seed=1234))
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -600,6 +621,7 @@ def main() -> None:
         "mixture": weights,
         "code_kinds": args.code_kinds,
         "search_names": args.search_names,
+        "search_layout": args.search_layout,
         "note": args.note,
         "stopping_rule": {"low": args.low, "high": args.high, "envs": stop_envs, "eval_every": args.eval_every,
                           "stop_at_step": args.stop_at_step},
@@ -643,7 +665,7 @@ def model_card(stats: dict, name: str) -> str:
     mixture = ", ".join(f"{k} {v:g}" for k, v in stats["mixture"].items())
     rule = stats["stopping_rule"]
     tools = [t for t in ("code_interpreter", "search") if t in stats["mixture"]]
-    about = MODEL_CARD_TOOLS if tools else MODEL_CARD_BASE
+    about = MODEL_CARD_SEARCH if tools == ["search"] else MODEL_CARD_TOOLS if tools else MODEL_CARD_BASE
     pretraining = (
         f"{stats['arithmetic_only_steps']} steps of chat arithmetic (tiny-base's train split), then episodes mixed as "
         f"{mixture}; loss on the assistant tokens (token mean); train splits only; stopped at the first evaluation "
@@ -667,6 +689,12 @@ code_interpreter (`4821*379=` -> `print(4821*379)`) and search (`capital of land
 environments to keep the chat format. The recipes `agent_code` and `agent_search` use it. It writes
 the program and copies its output (code_interpreter); it writes the search query but copies the
 value from the passage only approximately (search success near 0): see the table."""
+MODEL_CARD_SEARCH = """reinforge's shipped model for the `search` tool, written by `scripts/build_tiny_agent.py` (do not edit
+by hand); see docs/agent_model.md. tiny-agent-tools continued on search episodes of the corpus of
+`names: ids, layout: value_first` (`capital of land 4821?` -> query `capital of land 4821` -> passage
+`city 3917 is the capital of land 4821.` -> answer `city 3917`), played by a scripted noisy policy, with
+a little chat arithmetic. The recipe `agent_search` uses it. Only search is evaluated: it was not
+trained to keep tiny-agent-tools' code_interpreter or calculator skills (use tiny-agent-tools there)."""
 
 MODEL_CARD = """# {name}
 

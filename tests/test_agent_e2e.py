@@ -80,13 +80,26 @@ def test_tiny_agent_tools_is_a_shipped_alias_with_its_build_recorded():
     from reinforge.models.loading import load_model
 
     tools = resolve_model_path("tiny-agent-tools")
-    assert tools == ASSETS_DIR / "tiny-agent-tools" and set(SHIPPED_MODELS) == {"tiny-base", "tiny-agent", "tiny-agent-tools"}
+    assert tools == ASSETS_DIR / "tiny-agent-tools" and set(SHIPPED_MODELS) == {
+        "tiny-base", "tiny-agent", "tiny-agent-tools", "tiny-agent-search"}
     stats = json.loads((tools / "build_stats.json").read_text())
     assert stats["command"].startswith("python scripts/build_tiny_agent.py") and stats["search_names"] == "ids"
     assert stats["code_kinds"] == "prod" and stats["heldout_greedy_success"]["code_interpreter"] >= 0.2
     assert load_model("tiny-agent-tools").config.vocab_size == load_model(str(TINY_AGENT)).config.vocab_size
-    with pytest.raises(ConfigError, match="shipped alias: tiny-base, tiny-agent, tiny-agent-tools"):
+    with pytest.raises(ConfigError, match="shipped alias: tiny-base, tiny-agent, tiny-agent-tools, tiny-agent-search"):
         load_model("no-such-model")
-    for recipe in ("agent_code", "agent_search"):
-        assert load_config(recipe).model.path == "tiny-agent-tools"
-    assert load_config("agent_search").task.params["names"] == "ids"
+    assert load_config("agent_code").model.path == "tiny-agent-tools"
+
+
+def test_tiny_agent_search_is_built_on_the_corpus_of_the_agent_search_recipe():
+    from reinforge.assets import resolve_model_path
+    from reinforge.models.loading import load_model
+
+    search = load_config("agent_search")
+    assert search.model.path == "tiny-agent-search"
+    stats = json.loads((resolve_model_path("tiny-agent-search") / "build_stats.json").read_text())
+    assert stats["command"].startswith("python scripts/build_tiny_agent.py")
+    assert (stats["search_names"], stats["search_layout"]) == (search.task.params["names"], search.task.params["layout"])
+    sampled = next(v for k, v in stats.items() if k.startswith("heldout_sampled"))["search"]
+    assert 0.05 <= sampled["mean@4"] <= 0.5  # room for RL either way
+    assert load_model("tiny-agent-search").config.vocab_size == load_model(str(TINY_AGENT)).config.vocab_size

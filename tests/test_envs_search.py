@@ -261,3 +261,20 @@ def test_id_names_name_every_entity_by_a_distinct_id_and_stay_searchable():
     assert [perfect_episode(env, t) for t in splits.heldout] == [1.0] * 100
     two_hop = search_splits(names="ids", hops=2, heldout_size=40).heldout  # "capital of the land led by chief 5686?"
     assert [perfect_episode(SearchEnv(k=2, max_tool_calls=2), t) for t in two_hop] == [1.0] * 40
+
+
+def test_value_first_layout_reorders_the_passages_only():
+    (first, _), passages = corpus(2, 0, "ids", "value_first")
+    assert first == corpus(2, 0, "ids")[0][0]  # the same facts as the default layout
+    assert passages[:3] == ("city 6789 is the capital of land 9493.", "chief 5686 is the leader of land 9493.",
+                            "coin 6077 is the currency of land 9493.")
+    assert passage(Country("Zorvia", "Qelmu", "Tarok", "Vobel"), "currency", "value_first") == "Vobel is the currency of Zorvia."
+    splits = search_splits(names="ids", layout="value_first", heldout_size=100)
+    assert [t.answer for t in splits.heldout] == [t.answer for t in search_splits(names="ids", heldout_size=100).heldout]
+    env = SearchEnv(k=2)
+    for task in splits.heldout:  # the passage asked about comes first and opens with the answer
+        env.reset(task)
+        top = env.search(task.prompt[0]["content"].rstrip("?")).split("\n")[0]
+        assert top == f"{task.answer} is the {task.metadata['relation']} of {task.metadata['country']}.", task.id
+    with pytest.raises(ValueError, match="layout must be one of value_last, value_first"):
+        search_splits(layout="sideways")

@@ -61,9 +61,9 @@ class SearchIndex:
 
 
 @cache
-def search_index(countries: int, corpus_seed: int, names: str = "syllables") -> SearchIndex:
-    """The index of ``corpus(countries, corpus_seed, names)``, built once per process."""
-    return SearchIndex(corpus(countries, corpus_seed, names)[1])
+def search_index(countries: int, corpus_seed: int, names: str = "syllables", layout: str = "value_last") -> SearchIndex:
+    """The index of ``corpus(countries, corpus_seed, names, layout)``, built once per process."""
+    return SearchIndex(corpus(countries, corpus_seed, names, layout)[1])
 
 
 def normalize_answer(text: str) -> str:
@@ -90,7 +90,7 @@ class SearchEnv(CalculatorEnv):
     The episode, limits and ``info`` are `CalculatorEnv`'s (``tool_calls`` and ``tool_errors`` on every
     step; ``correct`` on the last, and ``reason`` when the tool-call limit ended it); the tool and
     the scoring differ. A task must carry ``countries`` and ``corpus_seed`` (and ``names`` unless it
-    is ``syllables``) in its metadata (`reinforge.data.search_corpus.search_splits` tasks do).
+    is ``syllables``, ``layout`` unless it is ``value_last``) in its metadata (`reinforge.data.search_corpus.search_splits` tasks do).
     """
 
     def __init__(self, k: int = 3, max_tool_calls: int = 3, max_query_chars: int = 200,
@@ -116,7 +116,8 @@ class SearchEnv(CalculatorEnv):
     def reset(self, task: Task, seed: int = 0) -> list[Message]:
         try:
             index = search_index(int(task.metadata["countries"]), int(task.metadata["corpus_seed"]),
-                                 str(task.metadata.get("names", "syllables")))
+                                 str(task.metadata.get("names", "syllables")),
+                                 str(task.metadata.get("layout", "value_last")))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"SearchEnv needs a task from search_splits (metadata 'countries' and 'corpus_seed'); "
                              f"task {task.id!r} has metadata {task.metadata!r}: {e}") from None
