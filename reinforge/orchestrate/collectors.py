@@ -72,10 +72,13 @@ class SingleTurn:
         self.engine, self.make_env, self.pool = engine, make_env, pool
         self.group_sampler = (build_group_sampler(group_sampler.name, group_sampler.settings())
                               if group_sampler is not None else None)
+        self._tasks: dict[str, Task] = {}  # the last tasks collected, by id: those a group sampler holds over
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
         sampler = None if independent else self.group_sampler
+        if sampler is not None:
+            self._tasks.update({t.id: t for t in tasks})
         _, generations = generate_single_turn(tasks, self.engine, self.make_env, params, seed=seed,
                                               group_sampler=sampler)
         # a sampler's own namespaced counters (e.g. spec_rl/verify_s); the step's rollout/tokens_* are counted
@@ -90,11 +93,22 @@ class SingleTurn:
                                   self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])
         return Collected(trajectories, time.perf_counter() - t0, metrics=metrics)
 
+    def held(self) -> list[tuple[Task, int]]:
+        """The tasks whose generations the group sampler carries into the next step (T-PPO's truncated
+        rollouts: ``held()`` of the sampler), each with how many samples it has in flight."""
+        held = getattr(self.group_sampler, "held", None)
+        return [(self._tasks[rid], n) for rid, n in held().items()] if held is not None else []
+
     def state_dict(self) -> dict[str, Any]:
-        """The group sampler's state (e.g. SPEC-RL's earlier rollouts), for checkpoints."""
-        return self.group_sampler.state_dict() if self.group_sampler is not None else {}
+        """The group sampler's state (e.g. SPEC-RL's earlier rollouts), for checkpoints; with the tasks it
+        holds over (``held``) under ``held_tasks``."""
+        state = self.group_sampler.state_dict() if self.group_sampler is not None else {}
+        held = self.held()
+        return {**state, "held_tasks": [dataclasses.asdict(t) for t, _ in held]} if held else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self._tasks.update({d["id"]: Task(**d) for d in state.pop("held_tasks", [])})
         if self.group_sampler is not None:
             self.group_sampler.load_state_dict(state)
 
