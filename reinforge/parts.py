@@ -12,7 +12,6 @@ def all_kinds() -> Mapping[str, Registry]:
     """Every registry, with every built-in part registered (plug-ins add theirs when imported)."""
     import reinforge.algo  # noqa: F401
     import reinforge.algo.distill  # noqa: F401  (gkd, gkd_data loss terms; the no_reward advantage)
-    import reinforge.algo.egae  # noqa: F401  (T-PPO's egae advantage)
     import reinforge.algo.entropy  # noqa: F401
     import reinforge.algo.entropy_shaping  # noqa: F401
     import reinforge.algo.kl_adaptive  # noqa: F401  (kl_dads, rapo_kl, grpo_stcr)
@@ -36,8 +35,8 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.rollout.group_samplers  # noqa: F401
     import reinforge.rollout.openai_engine  # noqa: F401
     import reinforge.rollout.spec_rl  # noqa: F401  (spec_rl group sampler)
-    import reinforge.rollout.tppo  # noqa: F401  (tppo group sampler: T-PPO's truncated rollouts)
     import reinforge.rollout.torch_engine  # noqa: F401
+    import reinforge.rollout.tppo  # noqa: F401  (tppo group sampler: T-PPO's truncated rollouts)
     import reinforge.rollout.tree_sampler  # noqa: F401  (treepo group sampler)
     import reinforge.rollout.vllm_engine  # noqa: F401  (vllm itself is imported when the engine is built)
 

@@ -18,7 +18,12 @@ from torch import Tensor
 
 from reinforge.algo.advantages import ADVANTAGES
 from reinforge.algo.advantages_batch import GAESettings
-from reinforge.algo.returns import _masked_whiten, gae_advantages_and_returns, last_token_onehot, outcome_token_rewards
+from reinforge.algo.returns import (
+    _masked_whiten,
+    gae_advantages_and_returns,
+    last_token_onehot,
+    outcome_token_rewards,
+)
 
 
 def egae_token_rewards(rewards: Tensor, mask: Tensor, values: Tensor, gamma: float,

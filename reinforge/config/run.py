@@ -293,8 +293,8 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _carried_generations_fit(self) -> RunConfig:
-        """A group sampler that carries unfinished generations into the next step (``needs=("carry_over",)``,
-        T-PPO's truncated rollouts) runs in the loop's process, with an estimator that reads ``continues``."""
+        """A group sampler that carries generations over (``needs=("carry_over",)``, T-PPO) runs in the
+        loop's process, with an estimator that reads ``continues``."""
         from reinforge.algo.advantages import ADVANTAGES
         from reinforge.rollout.group_samplers import GROUP_SAMPLERS
 
@@ -307,11 +307,10 @@ class RunConfig(_Strict):
         if "continues" not in ADVANTAGES.entry(self.algo.advantage).params:
             raise ValueError(f"algo.advantage={self.algo.advantage}: {where}; the estimator must bootstrap the "
                              "windows that continue (it reads `continues`): use algo.advantage: egae")
-        for key, on in (("algo.dynamic_sampling", self.algo.dynamic_sampling),
-                        ("algo.reward_shapers", bool(self.algo.reward_shapers)),
-                        ("rollout.replay", self.rollout.replay is not None)):
-            if on:
-                raise ValueError(f"{key}: not supported with {where} (a window cut is not an outcome)")
+        on = {"algo.dynamic_sampling": self.algo.dynamic_sampling, "algo.reward_shapers": self.algo.reward_shapers,
+              "rollout.replay": self.rollout.replay is not None}
+        for key in [k for k, v in on.items() if v][:1]:
+            raise ValueError(f"{key}: not supported with {where} (a window cut is not an outcome)")
         return self
 
     @model_validator(mode="after")

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantages import gae_advantages_and_returns
-from reinforge.algo.egae import egae_token_rewards
 from reinforge.algo.context import Context
+from reinforge.algo.egae import egae_token_rewards
 from reinforge.errors import ConfigError
 from reinforge.train.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch
