@@ -72,15 +72,16 @@ class SingleTurn:
         self.engine, self.make_env, self.pool = engine, make_env, pool
         self.group_sampler = (build_group_sampler(group_sampler.name, group_sampler.settings())
                               if group_sampler is not None else None)
-        self._tasks: dict[str, Task] = {}  # the last tasks collected, by id: those a group sampler holds over
+        self._tasks: dict[str, Task] = {}  # the tasks a group sampler holds over (``held``), by id
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
         sampler = None if independent else self.group_sampler
-        if sampler is not None:
-            self._tasks.update({t.id: t for t in tasks})
         _, generations = generate_single_turn(tasks, self.engine, self.make_env, params, seed=seed,
                                               group_sampler=sampler)
+        if sampler is not None:  # the tasks whose generations the sampler carries over, and only those
+            held = sampler.held()
+            self._tasks = {k: t for k, t in ({**self._tasks, **{t.id: t for t in tasks}}).items() if k in held}
         # a sampler's own namespaced counters (e.g. spec_rl/verify_s); the step's rollout/tokens_* are counted
         # from each sample's extra['tokens_reused'] (orchestrate/step_metrics.token_metrics)
         counters = ({f"rollout/{k}": v for k, v in sampler.counters().items() if "/" in k}
