@@ -160,6 +160,8 @@ def test_the_batch_source_puts_held_generations_first(tmp_path):
     tasks = [Task("t0", "1+1=", "2"), Task("t1", "2+2=", "4")]
 
     class Pool:
+        steps = None  # no step verifier
+
         def score(self, ts, texts):
             from reinforge.rewards.pool import VerifierOutcome
             return [VerifierOutcome(1.0, "ok") for _ in ts]
