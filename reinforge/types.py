@@ -32,6 +32,9 @@ class Trajectory:
     ``demonstration`` marks a row that was not sampled by the policy but given (an expert's or a
     dataset's answer): its ``loss_mask`` covers the answer's tokens, its ``logprobs`` are 0 (unknown),
     and it is trained on by the loss terms that declare they need demonstrations (e.g. ``nll``).
+    ``continues``: the generation goes on in a later step (a window of T-PPO's truncated rollouts,
+    rollout/tppo.py): its last token is not terminal and it has no outcome reward yet (``reward`` 0,
+    unscored); the batch's ``continues``.
     """
 
     token_ids: list[int]
@@ -51,6 +54,7 @@ class Trajectory:
     demonstration: bool = False
     turn_states: list[str] = field(default_factory=list)
     token_rewards: list[float] = field(default_factory=list)
+    continues: bool = False
 
     @property
     def truncated(self) -> bool:
@@ -74,7 +78,8 @@ class Batch:
     at the start of the update), ``ref_logprobs``, ``values`` (critic at the start), ``token_rewards``
     (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``; with a teacher
     (``algo.teacher``), ``teacher_logprobs`` [N, L, V]: its full next-token log-distribution on the
-    loss mask's positions. ``demo`` [N] (bool) marks demonstration rows (None: the batch has none).
+    loss mask's positions. ``demo`` [N] (bool) marks demonstration rows (None: the batch has none);
+    ``continues`` [N] (bool) the rows whose generation goes on in a later step (None: none does).
     For the parts that declare them (``build_batch``): ``turn_returns``, ``turn_states``,
     ``turn_index`` [N, L] and ``prompt_key`` [N] (see ``algo.context.Context``); ``subgroups`` [N, K] (long) the nested groups within its
     group each row belongs to (from ``metadata['subgroups']``, when a part needs them; -1 padding);
@@ -105,6 +110,7 @@ class Batch:
     subgroups: Tensor | None = None
     state_values: Tensor | None = None
     state_mask: Tensor | None = None
+    continues: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -149,4 +155,6 @@ class Batch:
             token_rewards = torch.zeros((n, width))
             for i, t in enumerate(trajs):
                 token_rewards[i, : len(t.token_rewards)] = torch.tensor(t.token_rewards, dtype=torch.float32)
-        return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo, token_rewards=token_rewards)
+        continues = torch.tensor([t.continues for t in trajs]) if any(t.continues for t in trajs) else None
+        return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo, token_rewards=token_rewards,
+                   continues=continues)

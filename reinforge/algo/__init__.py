@@ -7,6 +7,7 @@ are exported here too.
 
 import reinforge.algo.advantages_batch  # noqa: F401  (registers reinforce_pp, reinforce_pp_baseline, remax, gae)
 import reinforge.algo.advantages_tree  # noqa: F401  (registers treepo)
+import reinforge.algo.egae  # noqa: F401  (registers T-PPO's egae estimator)
 import reinforge.algo.gigpo  # noqa: F401  (registers the gigpo estimator)
 import reinforge.algo.guidance  # noqa: F401  (registers the luffy policy loss and the nll_phi term)
 import reinforge.algo.losses_clip  # noqa: F401  (registers ce_gppo, dcpo, aspo and the seq_sum_token_mean aggregation)

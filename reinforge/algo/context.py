@@ -44,8 +44,9 @@ class Context:
     Critic and credit [N, T]: ``values`` (V(s_t) at rollout time), ``returns`` (value targets),
     ``advantages``. ``demo`` [N] (bool): demonstration rows (given answers, not sampled; None when
     the batch has none); the policy loss and the other terms are aggregated over the other rows,
-    the terms that need ``demonstrations`` over these. ``metadata``: per-batch extras a plug-in may
-    pass along.
+    the terms that need ``demonstrations`` over these. ``continues`` [N] (bool): rows whose generation
+    goes on in a later step (T-PPO's truncated rollouts; None when none does): no outcome reward yet, the
+    last token not terminal. ``metadata``: per-batch extras a plug-in may pass along.
     """
 
     mask: Tensor
@@ -72,6 +73,7 @@ class Context:
     returns: Tensor | None = None
     advantages: Tensor | None = None
     demo: Tensor | None = None
+    continues: Tensor | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def tensors(self) -> dict[str, Tensor | None]:

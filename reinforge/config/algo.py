@@ -181,7 +181,7 @@ def _moved_to_shapers(data: dict[str, Any], key: str) -> dict[str, Any]:
 
 def _moved(data: dict[str, Any], option: str) -> dict[str, Any]:
     """The error of a moved flat option: which part field takes it now, with the recipe's part if it is one
-    that reads it, else the first that does."""
+    that reads it, else the first registered that does."""
     from reinforge.parts import all_kinds
 
     for field in PART_FIELDS:
@@ -192,7 +192,8 @@ def _moved(data: dict[str, Any], option: str) -> dict[str, Any]:
         default = AlgoConfig.model_fields[field].default
         given = data.get(field, default)
         given = given.get("name") if isinstance(given, dict) else given
-        name = next(n for n in (given, default, takers[0]) if n in takers)
+        first = next(n for n in registry.in_order() if n in takers)  # the earliest registered (built-in) one
+        name = next(n for n in (given, default, first) if n in takers)
         value = str(data[option]).lower() if isinstance(data[option], bool) else data[option]
         msg = f"moved: use algo.{field}: {{name: {name}, {option}: {value}}} (an option of {', '.join(takers)})"
         return {"type": PydanticCustomError("moved_option", "{msg}", {"msg": msg}), "loc": (option,),

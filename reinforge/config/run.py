@@ -292,6 +292,28 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _carried_generations_fit(self) -> RunConfig:
+        """A group sampler that carries generations over (``needs=("carry_over",)``, T-PPO) runs in the
+        loop's process, with an estimator that reads ``continues``."""
+        from reinforge.algo.advantages import ADVANTAGES
+        from reinforge.rollout.group_samplers import GROUP_SAMPLERS
+
+        name = self.rollout.group_sampler.name
+        if "carry_over" not in GROUP_SAMPLERS.needs(name):
+            return self
+        where = f"rollout.group_sampler={name} carries unfinished generations across steps"
+        if self.orchestrate.mode == "async" or self.train.world_size > 1:
+            raise ValueError(f"{where} in the loop's process: use orchestrate.mode=sync and train.world_size=1")
+        if "continues" not in ADVANTAGES.entry(self.algo.advantage).params:
+            raise ValueError(f"algo.advantage={self.algo.advantage}: {where}; the estimator must bootstrap the "
+                             "windows that continue (it reads `continues`): use algo.advantage: egae")
+        on = {"algo.dynamic_sampling": self.algo.dynamic_sampling, "algo.reward_shapers": self.algo.reward_shapers,
+              "rollout.replay": self.rollout.replay is not None}
+        for key in [k for k, v in on.items() if v][:1]:
+            raise ValueError(f"{key}: not supported with {where} (a window cut is not an outcome)")
+        return self
+
+    @model_validator(mode="after")
     def _demonstrations_are_used(self) -> RunConfig:
         """A part that trains on demonstrations needs them, and demonstrations need such a part."""
         from reinforge.algo.losses import POLICY_LOSSES

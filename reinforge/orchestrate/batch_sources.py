@@ -196,10 +196,14 @@ class LocalBatches:
         rounds = Rounds(self.algo, self.rollout.max_new_tokens, hi - lo)
         drawn: dict[str, Task] = {}
         while True:
-            tasks = self.sampler.next_batch(n_prompts)[lo:hi]  # every rank draws the same tasks
-            drawn.update((t.id, t) for t in tasks)
+            held = getattr(self.collector, "held", lambda: [])() if not rounds.out.rounds else []
+            tasks = self.sampler.next_batch(n_prompts - len(held))[lo:hi]  # every rank draws the same tasks
             offset = rounds.out.rounds * n_prompts + lo
             sizes = self.parts.sizes(tasks, self.params.n) if self.parts is not None else None
+            if held:  # generations a group sampler carries over (T-PPO) come first, with their counts
+                sizes = [k for _, k in held] + (sizes or [self.params.n] * len(tasks))
+                tasks = [t for t, _ in held] + tasks
+            drawn.update((t.id, t) for t in tasks)
             rounds.add(sample_round(self.collector, tasks, self.params, step, offset, self.with_baseline,
                                     self.prompt_baseline, sizes), offset)
             if distributed.all_ranks(rounds.done()):  # a rank already full samples on, unused: same draws

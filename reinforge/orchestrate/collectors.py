@@ -92,12 +92,16 @@ class SingleTurn:
         self.engine, self.make_env, self.pool = engine, make_env, pool
         self.group_sampler = (build_group_sampler(group_sampler.name, group_sampler.settings())
                               if group_sampler is not None else None)
+        self._tasks: dict[str, Task] = {}  # the tasks a group sampler holds over (``held``), by id
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
         sampler = None if independent else self.group_sampler
         _, generations = generate_single_turn(tasks, self.engine, self.make_env, params, seed=seed,
                                               group_sampler=sampler)
+        if sampler is not None:  # the tasks whose generations the sampler carries over, and only those
+            held = sampler.held()
+            self._tasks = {k: t for k, t in ({**self._tasks, **{t.id: t for t in tasks}}).items() if k in held}
         # a sampler's own namespaced counters (e.g. spec_rl/verify_s); the step's rollout/tokens_* are counted
         # from each sample's extra['tokens_reused'] (orchestrate/step_metrics.token_metrics)
         counters = ({f"rollout/{k}": v for k, v in sampler.counters().items() if "/" in k}
@@ -122,11 +126,22 @@ class SingleTurn:
         return Continued([r[i * params.n: (i + 1) * params.n] for i in range(len(prompts))], decoded,
                          time.perf_counter() - t0)
 
+    def held(self) -> list[tuple[Task, int]]:
+        """The tasks whose generations the group sampler carries into the next step (T-PPO's truncated
+        rollouts: ``held()`` of the sampler), each with how many samples it has in flight."""
+        held = getattr(self.group_sampler, "held", None)
+        return [(self._tasks[rid], n) for rid, n in held().items()] if held is not None else []
+
     def state_dict(self) -> dict[str, Any]:
-        """The group sampler's state (e.g. SPEC-RL's earlier rollouts), for checkpoints."""
-        return self.group_sampler.state_dict() if self.group_sampler is not None else {}
+        """The group sampler's state (e.g. SPEC-RL's earlier rollouts), for checkpoints; with the tasks it
+        holds over (``held``) under ``held_tasks``."""
+        state = self.group_sampler.state_dict() if self.group_sampler is not None else {}
+        held = self.held()
+        return {**state, "held_tasks": [dataclasses.asdict(t) for t, _ in held]} if held else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self._tasks.update({d["id"]: Task(**d) for d in state.pop("held_tasks", [])})
         if self.group_sampler is not None:
             self.group_sampler.load_state_dict(state)
 

@@ -15,7 +15,7 @@ from reinforge.config import AlgoConfig, RewardShaperConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import verifier_step_result
-from reinforge.rewards.pool import VerifierPool
+from reinforge.rewards.pool import VerifierOutcome, VerifierPool
 from reinforge.rollout.group_samplers import GroupSampler
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
@@ -45,9 +45,15 @@ def score_single_turn(
 ) -> list[Trajectory]:
     """Score every completion in ``pool`` (in parallel, each call with its timeout; a failed call
     raises or scores 0 by the pool's policy); one trajectory per completion, group id =
-    ``group_offset`` + task index. A failed call is marked ``metadata['reward_status']``."""
-    call_tasks = [tasks[i // group_size] for i in range(len(generations))]
-    outcomes = pool.score(call_tasks, [g.text for g in generations])
+    ``group_offset`` + task index. A failed call is marked ``metadata['reward_status']``. A generation that
+    continues in a later step (``extra['continues']``, T-PPO's windows) is not scored: reward 0, status
+    ``continues``, ``Trajectory.continues``."""
+    scored = [i for i, g in enumerate(generations) if not g.extra.get("continues")]
+    outcomes = [VerifierOutcome(0.0, "continues")] * len(generations)
+    if scored:
+        for i, outcome in zip(scored, pool.score([tasks[i // group_size] for i in scored],
+                                                 [generations[i].text for i in scored]), strict=True):
+            outcomes[i] = outcome
     trajectories = []
     for i, (gen, outcome) in enumerate(zip(generations, outcomes, strict=True)):
         group = i // group_size
@@ -65,6 +71,7 @@ def score_single_turn(
                 reward=outcome.reward,
                 finish_reason=gen.finish_reason,
                 completion_text=gen.text,
+                continues=bool(gen.extra.get("continues", False)),
                 metadata={"correct": bool(info.get("correct", False)), "reward_status": outcome.status,
                           "answer": outcome.result.answer if outcome.result is not None else None,
                           **({"reward_error": outcome.error} if outcome.error else {}),

@@ -204,7 +204,7 @@ class Loop:
         all ranks stay in the same state and keep drawing the same tasks)."""
         if distributed.world() > 1:
             trajs = [t for part in distributed.all_gather_object(trajs) for t in part]
-        self.c.sampler.observe(trajs)
+        self.c.sampler.observe([t for t in trajs if not t.continues])  # a continuing one has no outcome yet
 
     def publish_weights(self, version: int) -> None:
         """The new policy to the loop's rollout engine, then to the source's (rollout workers)."""

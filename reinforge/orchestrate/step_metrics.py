@@ -55,6 +55,20 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     n = len(trajs)
     if n == 0:  # e.g. every group of an async batch was too stale
         return {"rollout/trajectories": 0.0}
+    ended = [t for t in trajs if not t.continues]  # a window that continues (T-PPO) has no reward yet
+    return {
+        **reward_metrics(ended),
+        "response/length_mean": sum(t.num_generated for t in trajs) / n,
+        "response/truncated_frac": sum(t.finish_reason == "length" and not t.continues for t in trajs) / n,
+        **episode_metrics(trajs),
+    }
+
+
+def reward_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Reward statistics of the scored trajectories (none: no keys)."""
+    n = len(trajs)
+    if n == 0:
+        return {}
     rewards = [t.reward for t in trajs]
     mean = sum(rewards) / n
     terms: dict[str, list[float]] = {}
@@ -70,9 +84,6 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "reward/mean": mean,
         "reward/std": (sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)) ** 0.5,
         "reward/accuracy": sum(bool(t.metadata.get("correct")) for t in trajs) / n,
-        "response/length_mean": sum(t.num_generated for t in trajs) / n,
-        "response/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
-        **episode_metrics(trajs),
     }
 
 

@@ -48,10 +48,10 @@ class VerifierError(ReinforgeError):
 @dataclass(frozen=True)
 class VerifierOutcome:
     """One verifier call: ``status`` ``ok``, ``error`` (it raised) or ``timeout``; ``reward`` is 0
-    unless ok."""
+    unless ok. ``continues``: no call, the completion goes on in a later step (episodes.score_single_turn)."""
 
     reward: float
-    status: Literal["ok", "error", "timeout"]
+    status: Literal["ok", "error", "timeout", "continues"]
     result: RewardResult | None = None
     error: str = ""
     seconds: float = 0.0

@@ -10,7 +10,10 @@ Two forms are registered alike:
 * a class built once per collector as ``cls([cfg])`` with ``sample(engine, requests, params)``, and
   optionally ``state_dict()`` / ``load_state_dict(state)`` (JSON-able, saved in checkpoints so a
   resumed run samples what the uninterrupted one would have; e.g. SPEC-RL's cache of earlier
-  rollouts) and ``counters() -> dict[str, float]`` (what the last call generated and reused).
+  rollouts), ``counters() -> dict[str, float]`` (what the last call generated and reused) and
+  ``held() -> dict[str, int]`` (the prompts, by request id, whose generations it carries into the next
+  step and how many each: the batch source requests them first, with that many samples; T-PPO's
+  truncated rollouts, whose entry declares ``needs=("carry_over",)``).
 
 ``build_group_sampler`` gives either form the class interface (``GroupSampler``). Every sampler's
 ``counters()`` report ``tokens_generated`` (tokens the engine decoded) and, when it reuses tokens it
@@ -19,7 +22,8 @@ collector adds to the step's metrics as ``rollout/<sampler>/<what>``. A generati
 (e.g. the tree a sample belongs to) is copied into its trajectory's metadata; a sample that reuses
 tokens says how many in ``extra['tokens_reused']``, from which the step's ``rollout/tokens_generated``
 and ``rollout/tokens_reused`` are counted (``orchestrate/step_metrics.token_metrics``). Built in: ``independent`` (here), ``spec_rl`` (rollout/spec_rl.py), ``treepo``
-(rollout/tree_sampler.py); docs/strategies.md.
+(rollout/tree_sampler.py), ``tppo`` (rollout/tppo.py), ``micro_groups`` (rollout/micro_groups.py);
+docs/strategies.md.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class GroupSampler(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
     def counters(self) -> dict[str, float]: ...
+    def held(self) -> dict[str, int]: ...
 
 
 @GROUP_SAMPLERS.register("independent", formula="y_1, ..., y_G ~ pi(. | x) independently", paper="-")
@@ -71,6 +76,9 @@ class _FunctionSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    def held(self) -> dict[str, int]:
+        return {}
+
     def counters(self) -> dict[str, float]:
         return dict(self._counters)
 
@@ -92,6 +100,9 @@ class _Completed:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if hasattr(self.inner, "load_state_dict"):
             self.inner.load_state_dict(state)
+
+    def held(self) -> dict[str, int]:
+        return self.inner.held() if hasattr(self.inner, "held") else {}
 
     def counters(self) -> dict[str, float]:
         if hasattr(self.inner, "counters"):

@@ -56,14 +56,15 @@ class Critic:
         assert mb.values is not None and mb.returns is not None
         values = self.model(mb.input_ids, mb.attention_mask)
         loss_t, metrics = clipped_value_loss(values, mb.values, mb.returns, value_clip)
-        loss = token_mean(loss_t, mb.loss_mask, norm)
+        mask = value_mask(mb)
+        loss = token_mean(loss_t, mask, norm)
         if not torch.isfinite(loss):
             raise TrainingDiverged(f"step {step}: the value loss is {loss.item()} (non-finite)")
         loss.backward()
-        stats.add_tokens("critic/value_loss", loss_t, mb.loss_mask)
-        stats.add_tokens("critic/values", values, mb.loss_mask)
+        stats.add_tokens("critic/value_loss", loss_t, mask)
+        stats.add_tokens("critic/values", values, mask)
         for name, v in metrics.items():
-            stats.add_tokens(f"critic/{name}", v, mb.loss_mask)
+            stats.add_tokens(f"critic/{name}", v, mask)
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -71,6 +72,15 @@ class Critic:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+def value_mask(mb: Batch) -> Tensor:
+    """The tokens with a value target: the loss mask's, less the rows whose generation continues in a later
+    step (``Batch.continues``, T-PPO's truncated rollouts: no return is known yet; the paper trains the value
+    model on finished responses only)."""
+    if mb.continues is None:
+        return mb.loss_mask
+    return mb.loss_mask * (~mb.continues.to(torch.bool)).to(mb.loss_mask.dtype)[:, None]
 
 
 def build_critic(policy_path: str, cfg: CriticConfig, dtype: str, device: str) -> Critic:

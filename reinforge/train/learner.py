@@ -39,7 +39,7 @@ from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, T
 from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.models.precision import compute_dtype
 from reinforge.train import distributed
-from reinforge.train.critic import Critic
+from reinforge.train.critic import Critic, value_mask
 from reinforge.train.faults import nonfinite_inputs
 from reinforge.train.forwards import FORWARDS, select_forward
 from reinforge.train.lora import is_lora_model, wrap_lora
@@ -354,6 +354,7 @@ class Learner(PreparesBatches):
             mask = minibatch.loss_mask
             rows = self.objective.rows(len(minibatch), minibatch.demo, minibatch.group_index)
             policy, sampled, demos = ((Rows.mask(r, mask), r) for r in (rows.policy, rows.sampled, rows.demos))
+            sampled = (Rows.mask(rows.sampled, value_mask(minibatch)), rows.sampled)  # the critic's targets
         norm = self.parallel.norm(policy[0], self.max_len_norm, rows=policy[1])
         value = self.parallel.norm(sampled[0], 1.0, rows=sampled[1])
         demo = self.parallel.norm(demos[0], self.max_len_norm, rows=demos[1]) if self.uses_demonstrations else None

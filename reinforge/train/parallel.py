@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from reinforge.algo.losses import AggNorm
 from reinforge.algo.value import explained_variance
 from reinforge.train import distributed
+from reinforge.train.critic import value_mask
 from reinforge.types import Batch
 
 
@@ -80,7 +81,7 @@ class DataParallel:
         """The critic's explained variance over every rank's trained tokens."""
         if self.world == 1:
             assert batch is not None and batch.values is not None and batch.returns is not None
-            return explained_variance(batch.values, batch.returns, batch.loss_mask)
+            return explained_variance(batch.values, batch.returns, value_mask(batch))
         return _global_explained_variance(batch)
 
 
@@ -120,7 +121,7 @@ def _global_explained_variance(batch: Batch | None) -> float:
     """``explained_variance`` over every rank's masked tokens (from all-reduced moments)."""
     r = v = torch.zeros(0, dtype=torch.float64)
     if batch is not None and batch.values is not None and batch.returns is not None:
-        live = batch.loss_mask != 0
+        live = value_mask(batch) != 0
         r, v = batch.returns.detach().double()[live], batch.values.detach().double()[live]
     d = r - v
     n, sr, srr, sd, sdd = distributed.all_reduce([float(r.numel()), float(r.sum()), float((r * r).sum()),

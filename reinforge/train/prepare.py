@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.algo import ADVANTAGES
-from reinforge.algo.advantages import gae_advantages_and_returns, outcome_token_rewards
+from reinforge.algo.advantages import gae_advantages_and_returns
 from reinforge.algo.context import Context
+from reinforge.algo.egae import egae_token_rewards
 from reinforge.errors import ConfigError
 from reinforge.train.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch
@@ -109,7 +110,9 @@ class PreparesBatches:
         algo, values, token_rewards = self.algo, batch.values, batch.token_rewards
         batch.advantages = self._advantages(batch, values, token_rewards, offset)
         if values is not None:
-            token_level = outcome_token_rewards(batch.rewards, batch.loss_mask, token_rewards)
+            # a row whose generation continues (T-PPO) bootstraps at its end (EGAE); the critic gives it no target
+            token_level = egae_token_rewards(batch.rewards, batch.loss_mask, values, algo.discount.gamma,
+                                             batch.continues, token_rewards)
             _, batch.returns = gae_advantages_and_returns(token_level, values, batch.loss_mask, *algo.discount)
             batch.returns = batch.returns.to(self._loss_dtype)
 
@@ -123,7 +126,7 @@ class PreparesBatches:
             "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
             "turn_states": batch.turn_states, "turn_index": batch.turn_index, "prompt_key": batch.prompt_key,
             "subgroups": batch.subgroups, "state_values": batch.state_values, "state_mask": batch.state_mask,
-            "demo": batch.demo,
+            "demo": batch.demo, "continues": batch.continues,
         }
         if inputs is not None:  # what the estimator declares it needs from the no-grad passes
             extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs,
