@@ -206,3 +206,15 @@ def test_micro_batches_properties(budget):
     # greedy: adding the next row to a group would break the budget
     for grp, nxt in zip(groups, groups[1:], strict=False):
         assert (len(grp) + 1) * int(lengths[grp + [nxt[0]]].max()) > budget
+
+
+def test_draw_categorical_never_returns_zero_weight_and_follows_the_weights():
+    from reinforge.rollout.sampling import draw_categorical
+
+    g = torch.Generator().manual_seed(4)
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.8, 0.0]]).repeat(5000, 1)
+    tokens = draw_categorical(probs, g)
+    assert set(tokens.tolist()) == {1, 3}
+    assert abs((tokens == 3).float().mean().item() - 0.8) < 0.03
+    # u * total at the very top of the range still lands on the last index with weight
+    assert draw_categorical(torch.tensor([[0.5, 0.5, 0.0]]), torch.Generator().manual_seed(0)).item() in (0, 1)

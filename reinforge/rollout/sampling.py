@@ -23,6 +23,22 @@ def restrict_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
+def draw_categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One index per row drawn from ``probs`` (rows of non-negative weights) by inverting the CDF:
+    the first index whose cumulative weight exceeds u * total, u ~ U[0, 1).
+
+    One uniform per row and one cumulative sum, against ``torch.multinomial``'s exponential noise
+    for every entry (a draw from a 49k vocabulary costs ~20 softmax passes there). Indices of zero
+    weight are never returned: the search is capped at the last index with weight.
+    """
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    total = cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
+    index = torch.searchsorted(cdf, u * total, right=True)
+    last_with_weight = (cdf < total).sum(-1, keepdim=True)  # cdf reaches the total at the last weighted index
+    return torch.minimum(index, last_with_weight).squeeze(-1)
+
+
 def sample_tokens(
     logits: Tensor,
     temperature: float,
@@ -40,9 +56,11 @@ def sample_tokens(
         tokens = logits.argmax(-1)
         logp = torch.log_softmax(logits, -1)
     else:
-        scaled = logits / temperature
+        scaled = logits / temperature if temperature != 1.0 else logits
         logp = torch.log_softmax(scaled, -1)
-        restricted = restrict_logits(scaled, top_k, top_p)
-        probs = torch.softmax(restricted, -1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if top_k > 0 or top_p < 1.0:
+            probs = torch.softmax(restrict_logits(scaled, top_k, top_p), -1)
+        else:
+            probs = logp.exp()  # the same distribution, without a second softmax
+        tokens = draw_categorical(probs, generator)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
