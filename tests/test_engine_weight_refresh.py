@@ -8,25 +8,17 @@ from __future__ import annotations
 import copy
 
 import torch
-from chat_fixtures import ascii_chat_tokenizer, tiny_random_llama
+from chat_fixtures import two_policies_and_requests
 
 from reinforge.config import LoraConfig
 from reinforge.orchestrate.components import LoraTorchRolloutEngine
 from reinforge.orchestrate.shared_weights import SharedWeights
 from reinforge.rollout.torch_engine import TorchRolloutEngine
-from reinforge.rollout.types import GenerationRequest, SamplingParams
+from reinforge.rollout.types import SamplingParams
 from reinforge.serve.worker import EngineWorker
 from reinforge.train.lora import wrap_lora
 
 PARAMS = SamplingParams(max_new_tokens=4, n=2, ignore_eos=True)
-
-
-def _setup():
-    tok = ascii_chat_tokenizer()
-    old, new = tiny_random_llama(tok, seed=0, init_range=0.5), tiny_random_llama(tok, seed=1, init_range=0.5)
-    requests = [GenerationRequest(tok("hello", add_special_tokens=False)["input_ids"], "a"),
-                GenerationRequest(tok("other prompt", add_special_tokens=False)["input_ids"], "b")]
-    return tok, old, new, requests
 
 
 def _sampled(engine, requests, seed=5):
@@ -47,7 +39,7 @@ def _assert_engine_runs(engine, reference_model, tok, requests):
 
 
 def test_update_weights_stage_and_poll_refresh_the_packed_weights():
-    tok, old, new, requests = _setup()
+    tok, old, new, requests = two_policies_and_requests()
     engine = TorchRolloutEngine(copy.deepcopy(old), tok)
     before = _sampled(engine, requests)
     engine.update_weights(new, 1)  # the sync loop, resume, the Ray actor between requests
@@ -63,7 +55,7 @@ def test_update_weights_stage_and_poll_refresh_the_packed_weights():
 
 
 def test_shared_memory_weights_of_async_workers_refresh_the_packed_weights():
-    tok, old, new, requests = _setup()
+    tok, old, new, requests = two_policies_and_requests()
     shared = SharedWeights(old)
     worker_engine = TorchRolloutEngine(copy.deepcopy(old), tok)  # a worker's engine, over its own model
     worker_engine.version = -1
@@ -74,7 +66,7 @@ def test_shared_memory_weights_of_async_workers_refresh_the_packed_weights():
 
 
 def test_lora_runs_hand_merged_adapters_to_the_packed_weights():
-    tok, old, _, requests = _setup()
+    tok, old, _, requests = two_policies_and_requests()
     policy = wrap_lora(copy.deepcopy(old), LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "down_proj"]))
     with torch.no_grad():
         for name, p in policy.named_parameters():
@@ -86,7 +78,7 @@ def test_lora_runs_hand_merged_adapters_to_the_packed_weights():
 
 
 def test_the_server_worker_weight_updates_refresh_the_packed_weights():
-    tok, old, new, requests = _setup()
+    tok, old, new, requests = two_policies_and_requests()
     engine = TorchRolloutEngine(copy.deepcopy(old), tok)
     worker = EngineWorker(engine)
     try:
