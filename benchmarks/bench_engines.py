@@ -1,6 +1,7 @@
 """Rollout engines side by side: reinforge's torch engine, vLLM (in process) and HF ``generate``.
 
     python benchmarks/bench_engines.py [--workloads demo,30m,135m] [--repeats 3] [--repeats-135m 1]
+                                       [--new-tokens N]  # N instead of 64 for 30m/135m (quicker, under load)
 
 Every measurement runs in its own process (one subprocess per engine per repeat), so no engine
 inherits another's threads, caches or allocator state; the repeats are interleaved (torch, vllm,
@@ -82,7 +83,7 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], samples: int, new_to
     return int(((done == 0) | ((done == 1) & (completion == tokenizer.eos_token_id))).sum())
 
 
-def child(engine_name: str, workload: str) -> dict:
+def child(engine_name: str, workload: str, new_tokens_override: int = 0) -> dict:
     """One measurement in this process: load, warm-up generate, timed generate."""
     import torch
 
@@ -94,6 +95,8 @@ def child(engine_name: str, workload: str) -> dict:
     from reinforge.rollout.types import GenerationRequest, SamplingParams
 
     model_name, n_prompts, samples, new_tokens, ignore_eos = WORKLOADS[workload]
+    if new_tokens_override and ignore_eos:
+        new_tokens = new_tokens_override
     t0 = time.perf_counter()
     tokenizer = load_tokenizer("tiny-base")
     model = build_model(model_name, tokenizer)
@@ -121,10 +124,10 @@ def child(engine_name: str, workload: str) -> dict:
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def measure(engine: str, workload: str, python: str) -> dict:
+def measure(engine: str, workload: str, python: str, new_tokens: int = 0) -> dict:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([python, __file__, "--child", engine, workload], capture_output=True, text=True, env=env,
-                          timeout=1800)
+    proc = subprocess.run([python, __file__, "--child", engine, workload, "--new-tokens", str(new_tokens)],
+                          capture_output=True, text=True, env=env, timeout=1800)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{engine} on {workload} failed:\n{proc.stderr[-3000:]}")
@@ -158,11 +161,12 @@ def main() -> None:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--repeats-135m", type=int, default=1, help="the 135M workload is ~30 s a run")
+    ap.add_argument("--new-tokens", type=int, default=0, help="new tokens of the 30m/135m workloads (default 64)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter of the measured processes")
     ap.add_argument("--child", nargs=2, metavar=("ENGINE", "WORKLOAD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child)), flush=True)
+        print(json.dumps(child(*args.child, args.new_tokens)), flush=True)
         return
     engines, workloads = args.engines.split(","), args.workloads.split(",")
     results = []
@@ -172,7 +176,7 @@ def main() -> None:
                 continue
             order = engines[repeat % len(engines):] + engines[: repeat % len(engines)]
             for engine in order:
-                r = measure(engine, workload, args.python)
+                r = measure(engine, workload, args.python, args.new_tokens)
                 results.append(r)
                 print(f"repeat {repeat} {workload:5s} {engine:5s} generate {r['gen_s']:.3f} s  {r['tokens']} tokens  "
                       f"load {r['load_s']:.1f} s  first generate {r['warmup_s']:.1f} s", flush=True)

@@ -36,3 +36,15 @@ def tiny_random_llama(tokenizer, max_positions: int = 256, seed: int = 0, init_r
                          tie_word_embeddings=True, initializer_range=init_range, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return LlamaForCausalLM(config).eval()
+
+
+def two_policies_and_requests():
+    """(tokenizer, old model, new model, two requests): two random tiny Llamas far enough apart
+    (init range 0.5) that switching weights changes greedy tokens, for weight-update tests."""
+    from reinforge.rollout.types import GenerationRequest
+
+    tok = ascii_chat_tokenizer()
+    old, new = tiny_random_llama(tok, seed=0, init_range=0.5), tiny_random_llama(tok, seed=1, init_range=0.5)
+    requests = [GenerationRequest(tok("hello", add_special_tokens=False)["input_ids"], "a"),
+                GenerationRequest(tok("other prompt", add_special_tokens=False)["input_ids"], "b")]
+    return tok, old, new, requests

@@ -6,24 +6,16 @@ from __future__ import annotations
 import copy
 
 import torch
-from chat_fixtures import ascii_chat_tokenizer, tiny_random_llama
+from chat_fixtures import two_policies_and_requests
 
 from reinforge.rollout.torch_engine import TorchRolloutEngine
-from reinforge.rollout.types import GenerationRequest, SamplingParams
+from reinforge.rollout.types import SamplingParams
 
 PARAMS = SamplingParams(max_new_tokens=12, greedy=True, n=2, ignore_eos=True)
 
 
-def _setup():
-    tok = ascii_chat_tokenizer()
-    old, new = tiny_random_llama(tok, seed=0, init_range=0.5), tiny_random_llama(tok, seed=1, init_range=0.5)
-    requests = [GenerationRequest(tok("hello", add_special_tokens=False)["input_ids"], "a"),
-                GenerationRequest(tok("other prompt", add_special_tokens=False)["input_ids"], "b")]
-    return tok, old, new, requests
-
-
 def test_staged_weights_switch_mid_generation_and_tag_tokens():
-    tok, old, new, requests = _setup()
+    tok, old, new, requests = two_policies_and_requests()
     engine = TorchRolloutEngine(copy.deepcopy(old), tok, seed=0)
     steps = []
 
@@ -47,7 +39,7 @@ def test_staged_weights_switch_mid_generation_and_tag_tokens():
 
 
 def test_weight_poll_hook_and_update_between_calls():
-    tok, old, new, requests = _setup()
+    tok, old, new, requests = two_policies_and_requests()
     engine = TorchRolloutEngine(copy.deepcopy(old), tok, seed=0)
     pending = [(new.state_dict(), 3)]
     engine.weight_poll = lambda: pending.pop() if pending else None

@@ -206,3 +206,47 @@ def test_micro_batches_properties(budget):
     # greedy: adding the next row to a group would break the budget
     for grp, nxt in zip(groups, groups[1:], strict=False):
         assert (len(grp) + 1) * int(lengths[grp + [nxt[0]]].max()) > budget
+
+
+def test_draw_categorical_never_returns_zero_weight_and_follows_the_weights():
+    from reinforge.rollout.sampling import draw_categorical
+
+    g = torch.Generator().manual_seed(4)
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.8, 0.0]]).repeat(5000, 1)
+    tokens = draw_categorical(probs, g)
+    assert set(tokens.tolist()) == {1, 3}
+    assert abs((tokens == 3).float().mean().item() - 0.8) < 0.03
+    # u * total at the very top of the range still lands on the last index with weight
+    assert draw_categorical(torch.tensor([[0.5, 0.5, 0.0]]), torch.Generator().manual_seed(0)).item() in (0, 1)
+
+
+def test_draw_categorical_is_torch_multinomials_draw_bit_for_bit():
+    """The same index as torch.multinomial(probs, 1) for every row, and the generator left in the
+    same state (so every later draw of a run is unchanged too); with zeros from top-k / top-p."""
+    from reinforge.rollout.sampling import draw_categorical
+
+    for seed, (rows, width, top_k, top_p) in enumerate([(64, 4096, 0, 1.0), (5, 9, 3, 1.0), (17, 300, 0, 0.8)]):
+        logits = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)) * (1 + 2 * seed)
+        probs = torch.softmax(restrict_logits(logits, top_k, top_p), -1)
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for _ in range(3):
+            assert torch.equal(draw_categorical(probs, ours), torch.multinomial(probs, 1, generator=theirs)[:, 0])
+        assert torch.equal(ours.get_state(), theirs.get_state())
+
+
+def test_race_winner_resolves_ties_infinities_and_nan_as_argmax_does():
+    """Hand-made uniforms: u = 0 gives E = 0, so p / E is +inf (p > 0) or NaN (p = 0); equal scores go
+    to the first index. The pruned race must pick what argmax over every exact score picks."""
+    from reinforge.rollout.sampling import race_winner
+
+    probs = torch.tensor([[0.5, 0.0, 0.5, 0.0],     # NaN at 1 beats +inf at 2
+                          [0.25, 0.25, 0.5, 0.0],   # +inf at 0 and 1: the first
+                          [0.5, 0.5, 0.0, 0.0],     # equal finite scores: the first
+                          [0.1, 0.2, 0.3, 0.4]])    # an ordinary race
+    u = torch.tensor([[0.3, 0.0, 0.0, 0.9],
+                      [0.0, 0.0, 0.5, 0.9],
+                      [0.2, 0.2, 0.7, 0.1],
+                      [0.5, 0.01, 0.9, 0.6]], dtype=torch.float64)
+    dense = (probs / (-torch.log1p(-u)).float()).argmax(-1)
+    assert dense.tolist() == [1, 0, 0, 1]  # the reference itself, by hand: 0.2 / 0.01005 is the largest
+    assert torch.equal(race_winner(probs, u), dense)

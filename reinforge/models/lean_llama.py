@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from reinforge.models.packed_linear import GatedMLP, PackedLinear
 from reinforge.models.precision import at_least_float32
 
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2"}
@@ -100,34 +101,30 @@ class LeanLlama:
 
     @torch.no_grad()
     def sync(self) -> None:
-        """Rebuild the fused weights from the HF parameters (after they were updated in place)."""
+        """Rebuild the fused (and, on CPU in fp32, oneDNN-packed) weights from the HF parameters
+        (after they were updated in place)."""
+        q_rows = self.n_heads * self.head_dim
         self.layers = []
         for layer in self.hf.model.layers:
             at, mlp = layer.self_attn, layer.mlp
             qkv_bias = None
             if at.q_proj.bias is not None:
                 qkv_bias = torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+            wqkv = torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])
+            # decode copy with the attention scale d^-1/2 folded into the query rows (rotary is linear)
+            scale = torch.ones(wqkv.shape[0], 1, dtype=wqkv.dtype, device=wqkv.device)
+            scale[:q_rows] = self.head_dim ** -0.5
             self.layers.append({
                 "ln1": layer.input_layernorm.weight,
-                "wqkv": torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
-                "bqkv": qkv_bias,
-                "wo": at.o_proj.weight,
-                "bo": at.o_proj.bias,
+                "qkv": PackedLinear(wqkv, qkv_bias),
+                "qkv_dec": PackedLinear(wqkv * scale, qkv_bias * scale[:, 0] if qkv_bias is not None else None),
+                "o": PackedLinear(at.o_proj.weight, at.o_proj.bias),
                 "ln2": layer.post_attention_layernorm.weight,
-                "w_gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                "w_down": mlp.down_proj.weight,
+                "mlp": GatedMLP(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight),
             })
-        # decode copies with the attention scale d^-1/2 folded into the query rows (rotary is linear)
-        q_rows = self.n_heads * self.head_dim
-        scale = torch.ones(self.layers[0]["wqkv"].shape[0], 1, dtype=self.layers[0]["wqkv"].dtype,
-                           device=self.layers[0]["wqkv"].device)
-        scale[:q_rows] = self.head_dim ** -0.5
-        for w in self.layers:
-            w["wqkv_dec"] = w["wqkv"] * scale
-            w["bqkv_dec"] = w["bqkv"] * scale[:, 0] if w["bqkv"] is not None else None
         self.embed = self.hf.model.embed_tokens.weight
         self.norm = self.hf.model.norm.weight
-        self.lm_head = self.hf.lm_head.weight
+        self.head = PackedLinear(self.hf.lm_head.weight)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return KVCache(self.n_layers, batch, self.n_kv, max_len, self.head_dim, self.embed)
@@ -160,8 +157,7 @@ class LeanLlama:
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
-            qkv = F.linear(h, w["wqkv"], w["bqkv"])
-            q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+            q, k, v = w["qkv"](h).split([hq * d, hk * d, hk * d], dim=-1)
             q = apply_rotary(q.view(b, t, hq, d).transpose(1, 2), cos, sin)
             k = apply_rotary(k.view(b, t, hk, d).transpose(1, 2), cos, sin)
             cache.k[i, :, :, start:end] = k
@@ -169,11 +165,10 @@ class LeanLlama:
             att = F.scaled_dot_product_attention(
                 q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask, enable_gqa=hq != hk
             )
-            x = x + F.linear(att.transpose(1, 2).reshape(b, t, hq * d), w["wo"], w["bo"])
-            gate, up = F.linear(self._rms(x, w["ln2"]), w["w_gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w["w_down"])
+            x = w["o"].fused(att.transpose(1, 2).reshape(b, t, hq * d), x, "add")
+            x = w["mlp"](self._rms(x, w["ln2"]), x)
         cache.length = end
-        return F.linear(self._rms(x[:, -1], self.norm), self.lm_head)
+        return self.head(self._rms(x[:, -1], self.norm))
 
     @torch.no_grad()
     def prefill_slots(self, ids: Tensor, lengths: Tensor, cache: SlotCache, slots: Tensor, source: Tensor) -> Tensor:
@@ -192,18 +187,17 @@ class LeanLlama:
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
-            q, k, v = F.linear(h, w["wqkv"], w["bqkv"]).split([hq * d, hk * d, hk * d], dim=-1)
+            q, k, v = w["qkv"](h).split([hq * d, hk * d, hk * d], dim=-1)
             q = apply_rotary(q.view(u, t, hq, d).transpose(1, 2), cos, sin)
             k = apply_rotary(k.view(u, t, hk, d).transpose(1, 2), cos, sin)
             v = v.view(u, t, hk, d).transpose(1, 2)
             cache.k[i, slots, :, :t] = k[source]
             cache.v[i, slots, :, :t] = v[source]
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hk)
-            x = x + F.linear(att.transpose(1, 2).reshape(u, t, hq * d), w["wo"], w["bo"])
-            gate, up = F.linear(self._rms(x, w["ln2"]), w["w_gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w["w_down"])
+            x = w["o"].fused(att.transpose(1, 2).reshape(u, t, hq * d), x, "add")
+            x = w["mlp"](self._rms(x, w["ln2"]), x)
         last = x[torch.arange(u, device=ids.device), lengths - 1]
-        return F.linear(self._rms(last, self.norm), self.lm_head)
+        return self.head(self._rms(last, self.norm))
 
     def rotary_table(self, max_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """cos, sin [max_len, head_dim] for positions 0..max_len-1 (computed once, grown on demand)."""
@@ -238,7 +232,7 @@ class LeanLlama:
                 + positions[:, None]).reshape(-1)
         for i, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
-            qkv = F.linear(h, w["wqkv_dec"], w["bqkv_dec"]).view(n, hq + 2 * hk, d)
+            qkv = w["qkv_dec"](h).view(n, hq + 2 * hk, d)
             qk = apply_rotary(qkv[:, : hq + hk], cos, sin)  # queries and keys in one pass
             q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hk :]
             kc, vc = cache.k[i], cache.v[i]
@@ -248,7 +242,6 @@ class LeanLlama:
             qg = q.view(n, hk, group, d)
             scores = torch.matmul(qg, keys.transpose(-1, -2)) + bias[:, None]  # [S, kv, group, W], q pre-scaled
             att = torch.matmul(torch.softmax(at_least_float32(scores), dim=-1).to(values.dtype), values)  # [S, kv, group, d]
-            x = x + F.linear(att.reshape(n, hq * d), w["wo"], w["bo"])
-            gate, up = F.linear(self._rms(x, w["ln2"]), w["w_gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w["w_down"])
-        return F.linear(self._rms(x, self.norm), self.lm_head)
+            x = w["o"].fused(att.reshape(n, hq * d), x, "add")
+            x = w["mlp"](self._rms(x, w["ln2"]), x)
+        return self.head(self._rms(x, self.norm))

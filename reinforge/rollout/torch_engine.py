@@ -217,12 +217,13 @@ class TorchRolloutEngine:
             busy = (slots.row >= 0).nonzero().squeeze(-1)
             if busy.numel() == 0:
                 break
-            tok, lp = sample_tokens(slots.logits[busy], params.temperature, params.top_k, params.top_p,
+            logits = slots.logits if busy.numel() == slots.row.numel() else slots.logits[busy]  # no copy when full
+            tok, lp = sample_tokens(logits, params.temperature, params.top_k, params.top_p,
                                     params.greedy, generator)  # one token for every busy slot
             row, step = slots.row[busy], slots.step[busy]
             out.tok[row, step], out.lp[row, step], out.ver[row, step] = tok, lp, self.version
             if on_step is not None:
-                on_step(row, slots.logits[busy], tok, lp)
+                on_step(row, logits, tok, lp)
             done = self._finished(out, row, step, tok, eos, params)
             slots.row[busy[done]] = -1
             going = busy[~done]
