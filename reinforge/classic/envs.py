@@ -32,6 +32,9 @@ from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.registry import Settings
 
 
+FIXED_BACKENDS = ("gymnasium", "envpool")  # classic.env.backend values that need no decision (the other: auto)
+
+
 class EnvConfig(Settings):
     """``classic.env``: which Gymnasium environment, how many, and the wrappers."""
 
@@ -74,7 +77,7 @@ class EnvConfig(Settings):
     def resolved_backend(self) -> str:
         """``backend``, with ``auto`` decided: envpool if installed, it has ``id`` and no Gymnasium-only
         wrapper is set."""
-        if self.backend != "auto":
+        if self.backend in FIXED_BACKENDS:
             return self.backend
         from reinforge.classic.envpool_env import envpool_has
 
