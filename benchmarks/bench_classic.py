@@ -13,11 +13,14 @@ hyper-parameters (CleanRL ppo.py's for PPO, CleanRL sac_continuous_action.py's w
   an old gym and torch and its ppo.py is a script, not a library): 4 Gymnasium envs x 128 steps, GAE
   with a time limit treated as a termination, 4 epochs x 4 mini-batches, clipped value loss, Adam eps
   1e-5 with a linear learning-rate decay, the same 64-64 tanh actor and critic with orthogonal init;
+- ``reinforge-envpool-ppo``: ``reinforge-ppo`` with ``classic.env.backend=envpool`` (needs envpool);
 - ``sb3-ppo`` / ``sb3-sac``: Stable-Baselines3 with those settings (SB3 has one learning rate for SAC's
   actor and critics: 3e-4; its actor updates every step).
 
 Every run is a fresh subprocess with one torch thread; the clock starts once the agent is built and
-stops at the threshold. Runs are interleaved (seed 0: every implementation, then seed 1, ...). Each run
+stops at the threshold. Runs are interleaved (seed 0: every implementation, then seed 1, ...); each
+result records the 1-minute load average before and after it (``load1``), and ``results.json`` is
+rewritten after every run, so a stopped benchmark keeps what it ran. Each run
 is written as a run directory (``metrics.jsonl`` with ``bench/env_steps_to_threshold``,
 ``bench/wall_s_to_threshold``, ``bench/env_steps_per_s``; a run that misses the threshold is scored at
 the cap) and the groups are aggregated by ``reinforge compare`` (reinforge.eval.compare.run_compare).

@@ -31,7 +31,6 @@ from torch import Tensor
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.registry import Settings
 
-
 FIXED_BACKENDS = ("gymnasium", "envpool")  # classic.env.backend values that need no decision (the other: auto)
 
 
