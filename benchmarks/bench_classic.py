@@ -13,11 +13,14 @@ hyper-parameters (CleanRL ppo.py's for PPO, CleanRL sac_continuous_action.py's w
   an old gym and torch and its ppo.py is a script, not a library): 4 Gymnasium envs x 128 steps, GAE
   with a time limit treated as a termination, 4 epochs x 4 mini-batches, clipped value loss, Adam eps
   1e-5 with a linear learning-rate decay, the same 64-64 tanh actor and critic with orthogonal init;
+- ``reinforge-envpool-ppo``: ``reinforge-ppo`` with ``classic.env.backend=envpool`` (needs envpool);
 - ``sb3-ppo`` / ``sb3-sac``: Stable-Baselines3 with those settings (SB3 has one learning rate for SAC's
   actor and critics: 3e-4; its actor updates every step).
 
 Every run is a fresh subprocess with one torch thread; the clock starts once the agent is built and
-stops at the threshold. Runs are interleaved (seed 0: every implementation, then seed 1, ...). Each run
+stops at the threshold. Runs are interleaved (seed 0: every implementation, then seed 1, ...); each
+result records the 1-minute load average before and after it (``load1``), and ``results.json`` is
+rewritten after every run, so a stopped benchmark keeps what it ran. Each run
 is written as a run directory (``metrics.jsonl`` with ``bench/env_steps_to_threshold``,
 ``bench/wall_s_to_threshold``, ``bench/env_steps_per_s``; a run that misses the threshold is scored at
 the cap) and the groups are aggregated by ``reinforge compare`` (reinforge.eval.compare.run_compare).
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,6 +41,9 @@ from pathlib import Path
 TASKS = {"ppo": ("CartPole-v1", 475.0, 20, 500_000), "sac": ("Pendulum-v1", -300.0, 10, 30_000)}
 THROUGHPUT = {"ppo": 20_480, "sac": 3_000}  # --throughput: a fixed budget, no threshold (steps/s only)
 IMPLS = ["reinforge-ppo", "cleanrl-ppo", "sb3-ppo", "reinforge-sac", "sb3-sac"]
+# reinforge-envpool-ppo: reinforge PPO on EnvPool's CartPole-v1 (classic.env.backend=envpool; needs envpool)
+PAIRS = [("reinforge-ppo", "cleanrl-ppo"), ("reinforge-ppo", "sb3-ppo"), ("reinforge-envpool-ppo", "cleanrl-ppo"),
+         ("reinforge-envpool-ppo", "sb3-ppo"), ("reinforge-envpool-ppo", "reinforge-ppo"), ("reinforge-sac", "sb3-sac")]
 
 PRELUDE = r"""
 import json, sys, time
@@ -61,8 +68,9 @@ REINFORGE = r"""
 from reinforge.classic.agents import build_agent
 from reinforge.classic.config import load_classic_config
 from reinforge.classic.envs import make_vec_env
-recipe = {"reinforge-ppo": "cartpole_ppo", "reinforge-sac": "pendulum_sac"}[impl]
-c = load_classic_config(recipe, [f"seed={seed}"]).classic
+recipe = {"reinforge-ppo": "cartpole_ppo", "reinforge-envpool-ppo": "cartpole_ppo", "reinforge-sac": "pendulum_sac"}[impl]
+backend = ["classic.env.backend=envpool"] if "envpool" in impl else []
+c = load_classic_config(recipe, [f"seed={seed}", *backend]).classic
 agent = build_agent(c.agent.name, make_vec_env(c.env, c.agent.settings.gamma, seed), seed, c.agent.settings)
 total = c.train.total_env_steps // agent.steps_per_iteration if impl.endswith("ppo") else cap
 steps, state["t0"] = 0, time.perf_counter()
@@ -163,6 +171,7 @@ CHILDREN = {"reinforge": REINFORGE, "sb3": SB3, "cleanrl": CLEANRL}
 
 def run_one(impl: str, seed: int, throughput: bool = False) -> dict:
     algo = impl.rsplit("-", 1)[1]
+    load_before = os.getloadavg()[0]
     env_id, threshold, window, cap = TASKS[algo]
     if throughput:
         threshold, cap = float("inf"), THROUGHPUT[algo]
@@ -172,7 +181,8 @@ def run_one(impl: str, seed: int, throughput: bool = False) -> dict:
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode != 0 or not lines:
         raise SystemExit(f"{impl} seed {seed} failed:\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):]) | {"impl": impl, "seed": seed, "env": env_id}
+    return json.loads(lines[-1][len("RESULT "):]) | {"impl": impl, "seed": seed, "env": env_id,
+                                                     "load1": [load_before, os.getloadavg()[0]]}
 
 
 def write_run(out: Path, r: dict) -> Path:
@@ -206,15 +216,15 @@ def main() -> None:
         for impl in impls:
             results.append(run_one(impl, seed, args.throughput))
             write_run(args.out, results[-1])
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))  # after every run
             print(json.dumps(results[-1]), flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
     from reinforge.eval.compare import run_compare
 
     for metric in ("bench/wall_s_to_threshold", "bench/env_steps_to_threshold", "bench/env_steps_per_s"):
         groups = [f"{i}=" + ",".join(str(args.out / f"{i}-s{r['seed']}") for r in results if r["impl"] == i)
                   for i in impls]
         print(f"\n{run_compare(groups, metric, n_boot=1000)}")
-    for a, b in (("reinforge-ppo", "cleanrl-ppo"), ("reinforge-ppo", "sb3-ppo"), ("reinforge-sac", "sb3-sac")):
+    for a, b in PAIRS:
         if a in impls and b in impls:
             print(f"\n{a} / {b}: wall-clock to threshold {ratios(results, a, b, 'wall_s')}, env steps "
                   f"{ratios(results, a, b, 'steps')}, steps/s {ratios(results, a, b, 'steps_per_s')}")

@@ -10,6 +10,10 @@ the step that ends an episode returns the next episode's first observation, the 
 observation in ``info["final_obs"]`` (the agent bootstraps a truncated episode from it) and its
 statistics in ``info["final_info"]["episode"]``. Environment i is seeded ``seed + i`` at the first
 reset; the action space with ``seed``.
+
+``backend: envpool`` steps EnvPool's C++ environments instead, behind the same contract
+(``classic/envpool_env.py``: same-step autoreset, the same episode statistics, ClipAction); ``auto``
+takes EnvPool when it is installed and has the id and no Gymnasium-only wrapper is asked for.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from torch import Tensor
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.registry import Settings
 
+FIXED_BACKENDS = ("gymnasium", "envpool")  # classic.env.backend values that need no decision (the other: auto)
+
 
 class EnvConfig(Settings):
     """``classic.env``: which Gymnasium environment, how many, and the wrappers."""
@@ -42,14 +48,40 @@ class EnvConfig(Settings):
     clip_reward: float = Field(10.0, gt=0, description="clip normalised rewards to [-clip_reward, clip_reward]")
     frame_stack: int = Field(1, ge=1, description="observations stacked (gymnasium.wrappers.FrameStackObservation, "
                              "padded at reset with the first one; flattened for the MLPs); 1 = off")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make "
+                                   "(of envpool.make_gymnasium with backend envpool)")
+    backend: Literal["gymnasium", "envpool", "auto"] = Field(
+        "gymnasium", description="gymnasium (Python environments, Gymnasium's vector API), envpool (EnvPool's "
+        "C++ environments, same contract; no normalisation or frame stacking), auto (envpool where installed "
+        "and it has the id and no Gymnasium-only wrapper is set, else gymnasium)")
 
     @model_validator(mode="after")
     def _statistics_readable(self) -> EnvConfig:
         if self.normalize_obs and self.vectorization == "async":
             raise ValueError("normalize_obs needs vectorization: sync (the evaluation and the checkpoints read "
                              "the observation statistics from the environments in this process)")
+        if self.backend == "envpool":
+            if self.gymnasium_only():
+                raise ValueError(f"backend envpool has no {self.gymnasium_only()[0]} (Gymnasium's per-environment "
+                                 "wrappers do not wrap EnvPool's C++ environments): use backend gymnasium")
+            if self.vectorization == "async":
+                raise ValueError("vectorization async is Gymnasium's; backend envpool steps its pool in this process")
         return self
+
+    def gymnasium_only(self) -> list[str]:
+        """The fields set here that only the Gymnasium backend provides."""
+        return [name for name, on in (("normalize_obs", self.normalize_obs), ("normalize_reward", self.normalize_reward),
+                                      ("frame_stack", self.frame_stack > 1)) if on]
+
+    def resolved_backend(self) -> str:
+        """``backend``, with ``auto`` decided: envpool if installed, it has ``id`` and no Gymnasium-only
+        wrapper is set."""
+        if self.backend in FIXED_BACKENDS:
+            return self.backend
+        from reinforge.classic.envpool_env import envpool_has
+
+        usable = not self.gymnasium_only() and self.vectorization == "sync" and envpool_has(self.id)
+        return "envpool" if usable else "gymnasium"
 
 
 def require_gymnasium() -> ModuleType:
@@ -104,6 +136,12 @@ def env_wrappers(cfg: EnvConfig, gamma: float) -> list[Callable[[Any], Any]]:
 def make_vec_env(cfg: EnvConfig, gamma: float, seed: int, num_envs: int | None = None) -> Any:
     """``cfg.num_envs`` (or ``num_envs``) wrapped copies of ``cfg.id`` as one vector environment."""
     gym = require_gymnasium()
+    if cfg.resolved_backend() == "envpool":
+        from reinforge.classic.envpool_env import make_envpool_env
+
+        envs = make_envpool_env(cfg.id, num_envs or cfg.num_envs, seed, cfg.kwargs)
+        envs.action_space.seed(seed)
+        return envs
     from gymnasium.vector import AutoresetMode
 
     try:

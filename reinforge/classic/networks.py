@@ -58,20 +58,24 @@ class ActorCritic(nn.Module):
         """V(s) [B]."""
         return self.critic(obs).squeeze(-1)
 
-    def _log_prob_entropy(self, out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+    def _log_prob(self, out: Tensor, action: Tensor) -> Tensor:
         if self.action.discrete:
-            logp = torch.log_softmax(out, -1).gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-            return logp, entropy_from_logits(out)
+            return torch.log_softmax(out, -1).gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
         assert self.log_std is not None
         log_std = self.log_std.expand_as(out)
         z = (action - out) / log_std.exp()
-        logp = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        return logp, (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+        return (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def _entropy(self, out: Tensor) -> Tensor:
+        if self.action.discrete:
+            return entropy_from_logits(out)
+        assert self.log_std is not None
+        return (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std.expand_as(out)).sum(-1)
 
     def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """log pi(a|s), the policy's entropy at s and V(s), each [B] (with gradient)."""
-        logp, entropy = self._log_prob_entropy(self.actor(obs), action)
-        return logp, entropy, self.value(obs)
+        out = self.actor(obs)
+        return self._log_prob(out, action), self._entropy(out), self.value(obs)
 
     @torch.no_grad()
     def act(self, obs: Tensor, generator: torch.Generator | None = None,
@@ -85,8 +89,7 @@ class ActorCritic(nn.Module):
             assert self.log_std is not None
             noise = torch.randn(out.shape, generator=generator, dtype=out.dtype)
             action = out if deterministic else out + self.log_std.exp() * noise
-        logp, _ = self._log_prob_entropy(out, action)
-        return action, logp, self.value(obs)
+        return action, self._log_prob(out, action), self.value(obs)  # no entropy: the rollout does not use it
 
 
 def action_spec(space: object) -> ActionSpec:
