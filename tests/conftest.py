@@ -32,7 +32,8 @@ def tiny_model():
 
 
 def pytest_collection_modifyitems(config, items):
-    """End-to-end runs (marked ``slow``) first, in their collected order: with `make test`'s xdist
-    workers stealing work from each other (``--dist worksteal``), the long runs start at once and the
-    short tests fill the gaps, instead of one worker finishing a 2-minute run alone at the end."""
+    """End-to-end runs (marked ``slow``) first, in their collected order: `make test`'s xdist workers
+    (``--dist load``) deal the first quarter of the suite out round-robin, so the long runs start at
+    once, split between the workers, and the short tests fill the gaps, instead of one worker finishing
+    a 2-minute run alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
