@@ -283,34 +283,11 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _rollout_parts_run_in_process(self) -> RunConfig:
-        """Replay buffers and budgets keep their state in the synchronous, single-process batch source."""
-        for key, part in (("rollout.replay", self.rollout.replay), ("rollout.budget", self.rollout.budget)):
-            if part is not None and (self.orchestrate.mode == "async" or self.train.world_size > 1):
-                raise ValueError(f"{key} runs with orchestrate.mode=sync and train.world_size=1 (its state lives in "
-                                 "the loop's process)")
-        return self
+    def _strategies_fit(self) -> RunConfig:
+        """Rollout strategies and the inputs the loop estimates for a part (config/strategy_checks.py)."""
+        from reinforge.config.strategy_checks import check_strategies
 
-    @model_validator(mode="after")
-    def _carried_generations_fit(self) -> RunConfig:
-        """A group sampler that carries generations over (``needs=("carry_over",)``, T-PPO) runs in the
-        loop's process, with an estimator that reads ``continues``."""
-        from reinforge.algo.advantages import ADVANTAGES
-        from reinforge.rollout.group_samplers import GROUP_SAMPLERS
-
-        name = self.rollout.group_sampler.name
-        if "carry_over" not in GROUP_SAMPLERS.needs(name):
-            return self
-        where = f"rollout.group_sampler={name} carries unfinished generations across steps"
-        if self.orchestrate.mode == "async" or self.train.world_size > 1:
-            raise ValueError(f"{where} in the loop's process: use orchestrate.mode=sync and train.world_size=1")
-        if "continues" not in ADVANTAGES.entry(self.algo.advantage).params:
-            raise ValueError(f"algo.advantage={self.algo.advantage}: {where}; the estimator must bootstrap the "
-                             "windows that continue (it reads `continues`): use algo.advantage: egae")
-        on = {"algo.dynamic_sampling": self.algo.dynamic_sampling, "algo.reward_shapers": self.algo.reward_shapers,
-              "rollout.replay": self.rollout.replay is not None}
-        for key in [k for k, v in on.items() if v][:1]:
-            raise ValueError(f"{key}: not supported with {where} (a window cut is not an outcome)")
+        check_strategies(self)
         return self
 
     @model_validator(mode="after")
@@ -344,39 +321,6 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _prompt_values_are_estimated(self) -> RunConfig:
-        """A part that needs ``optimal_value`` (A*-PO's V*) or ``reference_value`` (PVPO's) gets it from the
-        synchronous loop only (orchestrate/value_estimates.py samples the reference model in the learner's
-        process)."""
-        from reinforge.algo.objective import required_inputs
-
-        needs = {"optimal_value", "reference_value"} & required_inputs(self.algo)
-        if self.orchestrate.mode == "async" and needs:
-            raise ValueError(f"algo: a part needs a value per prompt ({', '.join(sorted(needs))}), estimated by the "
-                             "synchronous loop: use orchestrate.mode=sync")
-        return self
-
-    @model_validator(mode="after")
-    def _state_values_are_estimated(self) -> RunConfig:
-        """Monte Carlo values of intermediate states (``state_values``, VinePPO's) are estimated by the
-        synchronous loop, by continuing single-turn completions (orchestrate/state_values.py)."""
-        from reinforge.algo.objective import required_inputs
-        from reinforge.envs.registry import environment_spec
-
-        if "state_values" not in required_inputs(self.algo):
-            return self
-        if self.orchestrate.mode == "async":
-            raise ValueError(f"orchestrate.mode=async: algo.advantage={self.algo.advantage} needs Monte Carlo values "
-                             "of intermediate states, estimated with the current policy by the synchronous loop; "
-                             "use orchestrate.mode=sync")
-        spec = environment_spec(self.env.name)
-        if spec.multi_turn or spec.agent_driven:
-            raise ValueError(f"env.name={self.env.name}: algo.advantage={self.algo.advantage} needs Monte Carlo "
-                             "values of intermediate states, which continue single-turn completions; a multi-turn "
-                             "or agent episode cannot be continued from a partial turn (use env.name=single_turn)")
-        return self
-
-    @model_validator(mode="after")
     def _preferences_are_used(self) -> RunConfig:
         """Preference pairs are trained on by a loss computed per group (dpo, ipo), offline only."""
         from reinforge.algo.losses import POLICY_LOSSES
@@ -402,7 +346,6 @@ class RunConfig(_Strict):
             raise ValueError(f"task.kind={self.task.kind} is played in a multi-turn environment: set env.name "
                              f"(e.g. env.name={self.task.kind})")
         return self
-
 
     @model_validator(mode="after")
     def _memory_features_fit(self) -> RunConfig:

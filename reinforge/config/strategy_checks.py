@@ -1,0 +1,77 @@
+"""Cross-section checks of a run's rollout strategies, and of the inputs the synchronous loop estimates
+for a part (per-prompt values, Monte Carlo state values): each raises ``ValueError`` naming the field
+(``RunConfig`` turns it into the config error)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reinforge.config.run import RunConfig
+
+
+def check_strategies(cfg: RunConfig) -> None:
+    """Every check below, in order."""
+    for check in (rollout_parts_run_in_process, carried_generations_fit, prompt_values_are_estimated,
+                  state_values_are_estimated):
+        check(cfg)
+
+
+def rollout_parts_run_in_process(cfg: RunConfig) -> None:
+    """Replay buffers and budgets keep their state in the synchronous, single-process batch source."""
+    for key, part in (("rollout.replay", cfg.rollout.replay), ("rollout.budget", cfg.rollout.budget)):
+        if part is not None and (cfg.orchestrate.mode == "async" or cfg.train.world_size > 1):
+            raise ValueError(f"{key} runs with orchestrate.mode=sync and train.world_size=1 (its state lives in "
+                             "the loop's process)")
+
+
+def carried_generations_fit(cfg: RunConfig) -> None:
+    """A group sampler that carries generations over (``needs=("carry_over",)``, T-PPO) runs in the
+    loop's process, with an estimator that reads ``continues``."""
+    from reinforge.algo.advantages import ADVANTAGES
+    from reinforge.rollout.group_samplers import GROUP_SAMPLERS
+
+    name = cfg.rollout.group_sampler.name
+    if "carry_over" not in GROUP_SAMPLERS.needs(name):
+        return
+    where = f"rollout.group_sampler={name} carries unfinished generations across steps"
+    if cfg.orchestrate.mode == "async" or cfg.train.world_size > 1:
+        raise ValueError(f"{where} in the loop's process: use orchestrate.mode=sync and train.world_size=1")
+    if "continues" not in ADVANTAGES.entry(cfg.algo.advantage).params:
+        raise ValueError(f"algo.advantage={cfg.algo.advantage}: {where}; the estimator must bootstrap the "
+                         "windows that continue (it reads `continues`): use algo.advantage: egae")
+    on = {"algo.dynamic_sampling": cfg.algo.dynamic_sampling, "algo.reward_shapers": cfg.algo.reward_shapers,
+          "rollout.replay": cfg.rollout.replay is not None}
+    for key in [k for k, v in on.items() if v][:1]:
+        raise ValueError(f"{key}: not supported with {where} (a window cut is not an outcome)")
+
+
+def prompt_values_are_estimated(cfg: RunConfig) -> None:
+    """A part that needs ``optimal_value`` (A*-PO's V*) or ``reference_value`` (PVPO's) gets it from the
+    synchronous loop only (orchestrate/value_estimates.py samples the reference model in the learner's
+    process)."""
+    from reinforge.algo.objective import required_inputs
+
+    needs = {"optimal_value", "reference_value"} & required_inputs(cfg.algo)
+    if cfg.orchestrate.mode == "async" and needs:
+        raise ValueError(f"algo: a part needs a value per prompt ({', '.join(sorted(needs))}), estimated by the "
+                         "synchronous loop: use orchestrate.mode=sync")
+
+
+def state_values_are_estimated(cfg: RunConfig) -> None:
+    """Monte Carlo values of intermediate states (``state_values``, VinePPO's) are estimated by the
+    synchronous loop, by continuing single-turn completions (orchestrate/state_values.py)."""
+    from reinforge.algo.objective import required_inputs
+    from reinforge.envs.registry import environment_spec
+
+    if "state_values" not in required_inputs(cfg.algo):
+        return
+    if cfg.orchestrate.mode == "async":
+        raise ValueError(f"orchestrate.mode=async: algo.advantage={cfg.algo.advantage} needs Monte Carlo values "
+                         "of intermediate states, estimated with the current policy by the synchronous loop; "
+                         "use orchestrate.mode=sync")
+    spec = environment_spec(cfg.env.name)
+    if spec.multi_turn or spec.agent_driven:
+        raise ValueError(f"env.name={cfg.env.name}: algo.advantage={cfg.algo.advantage} needs Monte Carlo "
+                         "values of intermediate states, which continue single-turn completions; a multi-turn "
+                         "or agent episode cannot be continued from a partial turn (use env.name=single_turn)")
