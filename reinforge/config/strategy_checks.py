@@ -4,10 +4,10 @@ for a part (per-prompt values, Monte Carlo state values): each raises ``ValueErr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from reinforge.config.run import RunConfig
+# a ``reinforge.config.run.RunConfig`` (not imported: run.py calls these checks, so no cycle)
+RunConfig = Any
 
 
 def check_strategies(cfg: RunConfig) -> None:
