@@ -178,6 +178,18 @@ def test_async_run_respects_the_bound(tmp_path, max_staleness):
 
 
 @pytest.mark.slow
+def test_steps_without_rows_still_advance_the_version(tmp_path):
+    """Groups of one sample have no reward spread, so every group is skipped and no step has rows to
+    train on: each step still publishes a version, so the next batch is admitted (with
+    max_staleness=0 the run waited for a version that never came, until orchestrate.timeout_s)."""
+    result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=3", "rollout.group_size=1",
+                                      "orchestrate.max_staleness=0", "orchestrate.timeout_s=60"]))
+    rows = _metrics(result)
+    assert [m["policy_version"] for m in rows] == [1, 2, 3]
+    assert all("train/loss" not in m for m in rows) and all(m["async/lag_max"] == 0 for m in rows)
+
+
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_its_batch_reissued(tmp_path, monkeypatch):
     collect = async_batches.WorkerBatches.collect
 

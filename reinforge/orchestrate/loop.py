@@ -180,7 +180,10 @@ class Loop:
             c.learner.prepare(batch)  # no-grad passes: old and reference log-probs, critic values
             c.learner.estimate_advantages(batch)  # the run's advantage estimator
             train = c.learner.update(batch)
-            self.publish_weights(c.engine.version + 1)  # weight sync
+        # weight sync, also after a step without rows (every group filtered): versions count steps, so
+        # async admission control (which waits for version k - 1 - max_staleness before sampling for step
+        # k) and the lag of each token stay in step with the loop; the weights are then unchanged
+        self.publish_weights(c.engine.version + 1)
         return self.report(step, rollout, batch, counts, train, (t_start, t_gen, time.perf_counter()))
 
     def report(self, step: int, rollout: Rollout, batch, counts, train: dict[str, float],
