@@ -32,8 +32,10 @@ def tiny_model():
 
 
 def pytest_collection_modifyitems(config, items):
-    """End-to-end runs (marked ``slow``) first, in their collected order: `make test`'s xdist workers
-    (``--dist load``) deal the first quarter of the suite out round-robin, so the long runs start at
-    once, split between the workers, and the short tests fill the gaps, instead of one worker finishing
-    a 2-minute run alone at the end."""
+    """End-to-end runs (marked ``slow``) first, in their collected order. `make test` runs xdist with
+    ``--dist worksteal``: each worker starts on its share of the list and an idle worker takes half of
+    the rest of a busy one's queue, from its end; with the long runs at the front they start early and
+    the short tests fill the end, so the workers finish within about one short test of each other.
+    (``--dist load`` hands out the first quarter of the list round-robin and never rebalances it: one
+    worker was left running its half of the long runs alone for minutes.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
