@@ -60,7 +60,7 @@ def test_pvpo_samples_the_reference_once_per_prompt_and_trains(tmp_path):
     assert rows[0]["value_estimates/reference_samples"] == 4 and "train/loss" in rows[0]
 
 
-@pytest.mark.learning
+@pytest.mark.slow  # 2 tiny steps: ~3 s on an idle machine
 def test_the_recipe_estimates_every_state_and_whitens(tmp_path):
     cfg = load_config("vineppo_arithmetic", [
         f"output_dir={tmp_path}", "train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4",
