@@ -226,16 +226,55 @@ def test_resume_reissues_the_requests_in_flight(tmp_path):
     assert again == tasks  # the same batches, neither skipped nor drawn twice
 
 
-@pytest.mark.parametrize("weight_update", ["wait", "inflight"])
-def test_ray_actor_waits_for_the_admitted_weights(tmp_path, weight_update):
-    """Ray does not order calls across an actor's concurrency groups: a batch that arrives before
-    the weights the learner published first must wait for them, not sample with older ones."""
+@pytest.mark.slow
+def test_wait_samples_every_request_with_its_admission_weights(tmp_path):
+    """``weight_update: wait``: a request samples with the weights published when it was submitted,
+    even when newer ones are published before its worker gets to it (the worker is busy with an
+    earlier request here). ``publish`` waits until the request has taken its weights; without that
+    gate the second request below took version 1 and an uninterrupted run depended on timing."""
+    from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutWorkers
+
+    cfg = load_config(None, [f"output_dir={tmp_path}", *COMMON, "orchestrate.weight_update=wait",
+                             "orchestrate.timeout_s=120", "rollout.max_new_tokens=48"])
+    c = build_components(cfg)
+    workers = RolloutWorkers(cfg, c.learner.model, version=0)
+    try:
+        tasks = c.sampler.next_batch(8)
+        workers.submit(RolloutRequest(1, tasks, seed=1))
+        workers.submit(RolloutRequest(2, tasks, seed=2))  # queued behind the first
+        workers.publish(c.learner.model, 1)
+        results = {r.update: r for r in (workers.next_result(120), workers.next_result(120))}
+        assert {t.version for t in results[2].trajectories} == {0}
+        workers.submit(RolloutRequest(3, tasks, seed=3))
+        assert {t.version for t in workers.next_result(120).trajectories} == {1}
+    finally:
+        workers.close()
+
+
+def test_ray_actor_samples_with_the_weights_its_request_carries(tmp_path):
+    """Ray with ``wait``: a request carries its admission version's weights and samples with exactly
+    those, even when the actor has received newer ones."""
+    from reinforge.orchestrate.ray_backend import RolloutActor
+    from reinforge.orchestrate.rollout_worker import RolloutRequest
+
+    cfg = load_config(None, [f"output_dir={tmp_path}", *COMMON, "orchestrate.weight_update=wait"])
+    c = build_components(cfg)
+    actor = RolloutActor(0, cfg)
+    state = {n: p.detach().clone() for n, p in c.learner.model.named_parameters()}
+    actor.set_weights(state, 2)
+    result = actor.generate(RolloutRequest(3, c.sampler.next_batch(2), seed=3, min_version=1), ([state], 1))
+    assert result.error is None and {t.version for t in result.trajectories} == {1}
+
+
+def test_ray_actor_waits_for_the_admitted_weights(tmp_path):
+    """Ray does not order calls across an actor's concurrency groups: with ``inflight`` a batch that
+    arrives before the weights the learner published first must wait for them, not sample with older ones."""
     import threading
 
     from reinforge.orchestrate.ray_backend import RolloutActor
     from reinforge.orchestrate.rollout_worker import RolloutRequest
 
-    cfg = load_config(None, [f"output_dir={tmp_path}", *COMMON, f"orchestrate.weight_update={weight_update}",
+    cfg = load_config(None, [f"output_dir={tmp_path}", *COMMON, "orchestrate.weight_update=inflight",
                              "orchestrate.timeout_s=60"])
     c = build_components(cfg)
     actor = RolloutActor(0, cfg)

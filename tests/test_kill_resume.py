@@ -123,6 +123,9 @@ def test_sigkill_at_random_and_while_writing_then_resume_is_bit_exact(tmp_path, 
     assert kills == [True, True], f"both kills must land before the run ends: {kills}"
     assert [r["step"] for r in _deterministic(run_dir)] == list(range(STEPS + 1))
     assert _deterministic(run_dir) == _deterministic(tmp_path / "straight")
+    if mode == "async":  # wait: update k samples with version k - 2 exactly (k - 1 at first), never by timing
+        lags = [r["async/lag_max"] for r in read_jsonl(tmp_path / "straight" / "metrics.jsonl") if "async/lag_max" in r]
+        assert lags == [min(1, k - 1) for k in range(1, STEPS + 1)]
     final = f"checkpoints/step_{STEPS}/model.safetensors"
     a, b = load_file(tmp_path / "straight" / final), load_file(run_dir / final)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

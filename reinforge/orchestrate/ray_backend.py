@@ -5,9 +5,11 @@ Same contract as ``RolloutWorkers`` (``submit``, ``next_result``, ``publish``, `
 go into Ray's object store once per update (``ray.put`` of the parameters) and every actor gets
 the reference. Actors have two concurrency groups (one thread each), so ``set_weights`` runs while
 a ``generate`` is under way: with ``weight_update: inflight`` the engine applies the weights
-between two decode steps, with ``wait`` before the next request. Calls in different groups are
-not ordered, so a ``generate`` may arrive before the ``set_weights`` the learner sent first: it
-waits until the actor holds weights of the request's ``min_version`` (admission control).
+between two decode steps. Calls in different groups are not ordered, so a ``generate`` may arrive
+before the ``set_weights`` the learner sent first: it waits until the actor holds weights of the
+request's ``min_version`` (admission control). With ``wait`` every request carries the reference
+of the weights published when it was submitted (its admission version) and samples with exactly
+those, whatever the timing, as the ``local`` backend does.
 
 ``ray.init()`` starts a local Ray when ``orchestrate.ray_address`` is unset (this machine: about
 5 s and 0.5-0.9 GB), or joins the cluster at that address. Ray is an optional extra, imported here
@@ -62,7 +64,13 @@ class RolloutActor:
             self._latest = version
             self._received.notify_all()
 
-    def generate(self, request: RolloutRequest) -> RolloutResult:
+    def generate(self, request: RolloutRequest, weights: tuple[list, int] | None = None) -> RolloutResult:
+        """One round; ``weights`` (``wait``): ``([state or its object reference], version)`` to sample with."""
+        if weights is not None:
+            (state,), version = weights
+            if version != self.core.engine.version:
+                self.core.engine.update_weights(state if isinstance(state, dict) else _ray().get(state), version)
+            return self.core.run(request)
         with self._received:
             if not self._received.wait_for(lambda: self._latest >= request.min_version, self.timeout_s):
                 return RolloutResult(request.update, self.core.worker_id,
@@ -100,6 +108,7 @@ class RayRolloutWorkers:
         self.restarts = 0
         self._next = 0
         self._weights: tuple | None = None
+        self.inflight = cfg.orchestrate.weight_update == "inflight"
         self.publish(model, version)
 
     def _new_actor(self, i: int):
@@ -110,13 +119,19 @@ class RayRolloutWorkers:
     def publish(self, model: torch.nn.Module, version: int) -> None:
         state = {name: p.detach().clone() for name, p in merged_weights(model).items()}
         self._weights = (self.ray.put(state), version)
-        for actor in self.actors:
-            actor.set_weights.remote(*self._weights)
+        if self.inflight:  # wait: each request carries its admission version's reference instead
+            for actor in self.actors:
+                actor.set_weights.remote(*self._weights)
 
     def submit(self, request: RolloutRequest) -> None:
         i = self._next % len(self.actors)
         self._next += 1
-        self.pending[self.actors[i].generate.remote(request)] = (i, request)
+        self._generate(i, request)
+
+    def _generate(self, i: int, request: RolloutRequest) -> None:
+        """Hand ``request`` to actor ``i``; with ``wait``, with the weights published now (by reference)."""
+        weights = None if self.inflight or self._weights is None else ([self._weights[0]], self._weights[1])
+        self.pending[self.actors[i].generate.remote(request, weights)] = (i, request)
 
     def next_result(self, timeout_s: float) -> RolloutResult:
         ray = self.ray
@@ -148,10 +163,10 @@ class RayRolloutWorkers:
         lost = [failed] + [r for ref, (j, r) in list(self.pending.items()) if j == i]
         self.pending = {ref: v for ref, v in self.pending.items() if v[0] != i}
         self.actors[i] = self._new_actor(i)
-        if self._weights is not None:
+        if self._weights is not None and self.inflight:
             self.actors[i].set_weights.remote(*self._weights)
         for request in sorted(lost, key=lambda r: r.update):
-            self.pending[self.actors[i].generate.remote(request)] = (i, request)
+            self._generate(i, request)
 
     def close(self) -> None:
         for actor in self.actors:

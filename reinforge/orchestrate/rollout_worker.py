@@ -9,6 +9,12 @@ queue and returns ``RolloutResult``s (scored trajectories, or the error that sto
 ``RolloutWorkers`` (in the learner process) starts the workers (spawned: never fork a process
 running torch threads), assigns requests round-robin, restarts a worker that died and re-issues
 the requests it held, and never waits forever: ``next_result`` raises after ``timeout_s``.
+
+``wait`` samples every request with exactly the weights that were published when it was
+submitted (its admission version), whatever the timing: a worker counts the requests it has
+started (weights taken), and ``publish`` first waits until every request submitted so far has
+started. Without that gate a worker descheduled between two requests would take weights published
+meanwhile, and an uninterrupted run would depend on timing (so could not be resumed bit-exactly).
 """
 
 from __future__ import annotations
@@ -135,8 +141,10 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests: mp.Queue, results: mp.Queue) -> None:
-    """The worker process: build the core, then serve requests until None (or until the learner dies)."""
+def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests: mp.Queue, results: mp.Queue,
+                started) -> None:
+    """The worker process: build the core, then serve requests until None (or until the learner dies);
+    ``started`` counts the requests begun, each after taking the weights it samples with."""
     _die_with_parent()
     try:
         core = RolloutWorkerCore(worker_id, cfg)
@@ -155,6 +163,7 @@ def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests:
             return
         if not inflight:
             shared.sync_engine(core.engine)
+        started.value += 1
         results.put(core.run(request))
 
 
@@ -172,6 +181,8 @@ class RolloutWorkers:
         self.procs: list = [None] * cfg.orchestrate.rollout_workers
         self.queues: list = [None] * cfg.orchestrate.rollout_workers
         self.assigned: list[dict[tuple[int, int], RolloutRequest]] = [{} for _ in range(cfg.orchestrate.rollout_workers)]
+        self.started: list = [None] * cfg.orchestrate.rollout_workers  # per worker: requests begun (shared)
+        self.sent: list[int] = [0] * cfg.orchestrate.rollout_workers  # per worker: requests put on its queue
         self.restarts = 0
         self._next = 0
         self._early: list[RolloutResult] = []
@@ -181,8 +192,9 @@ class RolloutWorkers:
 
     def _start(self, i: int) -> None:
         self.queues[i] = self._ctx.Queue()
+        self.started[i], self.sent[i] = self._ctx.Value("q", 0, lock=False), 0
         self.procs[i] = self._ctx.Process(target=worker_main, args=(i, self.cfg, self.shared, self.queues[i],
-                                                                     self.results),
+                                                                     self.results, self.started[i]),
                                           name=f"reinforge-rollout-{i}", daemon=True)
         self.procs[i].start()
 
@@ -208,13 +220,30 @@ class RolloutWorkers:
                 self._early.append(result)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        """New weights for every worker (they take them between decode steps or requests)."""
+        """New weights for every worker (they take them between decode steps or requests); with
+        ``wait``, only once every request submitted so far has taken the weights it was admitted for."""
+        if self.cfg.orchestrate.weight_update == "wait":
+            self._wait_started(self.cfg.orchestrate.timeout_s)
         self.shared.publish(model, version)
+
+    def _wait_started(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(started.value < sent for started, sent in zip(self.started, self.sent)):
+            if time.monotonic() > deadline:
+                raise ReinforgeError(f"rollout workers did not start their requests in {timeout_s:g}s "
+                                     f"(orchestrate.timeout_s); started {[s.value for s in self.started]} of "
+                                     f"{self.sent}; workers alive: {[p.is_alive() for p in self.procs]}")
+            self._recover()
+            time.sleep(0.0005)
 
     def submit(self, request: RolloutRequest) -> None:
         i = self._next % len(self.procs)
         self._next += 1
         self.assigned[i][request.key] = request
+        self._put(i, request)
+
+    def _put(self, i: int, request: RolloutRequest) -> None:
+        self.sent[i] += 1
         self.queues[i].put(request)
 
     def next_result(self, timeout_s: float) -> RolloutResult:
@@ -252,7 +281,7 @@ class RolloutWorkers:
             lost = sorted(self.assigned[i].values(), key=lambda r: r.key)
             self._start(i)
             for request in lost:
-                self.queues[i].put(request)
+                self._put(i, request)
 
     def close(self) -> None:
         for q in self.queues:
