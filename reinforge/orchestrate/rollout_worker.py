@@ -228,7 +228,7 @@ class RolloutWorkers:
 
     def _wait_started(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while any(started.value < sent for started, sent in zip(self.started, self.sent)):
+        while any(started.value < sent for started, sent in zip(self.started, self.sent, strict=True)):
             if time.monotonic() > deadline:
                 raise ReinforgeError(f"rollout workers did not start their requests in {timeout_s:g}s "
                                      f"(orchestrate.timeout_s); started {[s.value for s in self.started]} of "
