@@ -219,3 +219,47 @@ def test_training_through_the_server_is_on_policy(server, tmp_path):
         assert max(m["train/logprob_mismatch"] for m in rows if "train/loss" in m) < 1e-4
     finally:
         OpenAIRolloutEngine(f"{url}/v1", MODEL, app.state.server.tokenizer).update_weights(original, 0)
+
+
+class _NoStepsEngine:
+    """A torch engine that declares, as the vLLM engine does, that it reports no single decode steps."""
+
+    reports_steps = False
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate(self, requests, params, generator=None, on_step=None):
+        assert on_step is None, "the server asked a step-less engine for decode steps"
+        return self._engine.generate(requests, params, generator)
+
+
+def test_an_engine_without_decode_steps_serves_plain_requests_and_refuses_streams(server):
+    """`reinforge serve --engine vllm`: any registered engine serves; what needs single decode steps
+    (streaming, top log-probs) is a 400 naming the engine to use, not a failed batch."""
+    from reinforge.serve.app import create_app
+
+    torch_engine = server[0].state.server.engine
+    names = [n for n, _ in torch_engine.model.named_parameters()]
+    app = create_app(_NoStepsEngine(torch_engine), MODEL, parameter_names=names)
+    with BackgroundServer(app, log_level="error") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        r = client.completions.create(model=MODEL, prompt="12+3=", max_tokens=4, temperature=0, logprobs=0)
+        assert r.choices[0].logprobs.token_logprobs and r.choices[0].finish_reason in ("stop", "length")
+        for kwargs in ({"stream": True}, {"logprobs": 2}):
+            with pytest.raises(openai.BadRequestError, match="--engine torch"):
+                client.completions.create(model=MODEL, prompt="12+3=", max_tokens=4, **kwargs)
+        info = httpx.get(f"{url}/reinforge/info").json()
+        assert info["max_position_embeddings"] == torch_engine.model.config.max_position_embeddings
+
+
+def test_serve_builds_any_registered_engine_and_names_an_unknown_one():
+    from reinforge.errors import ConfigError
+
+    app = build_server_app(MODEL, engine="torch")
+    assert type(app.state.server.engine).__name__ == "TorchRolloutEngine"
+    with pytest.raises(ConfigError, match="rollout.engine"):
+        build_server_app(MODEL, engine="no-such-engine")

@@ -137,6 +137,8 @@ def _process_state_kept() -> Iterator[None]:
 class VLLMRolloutEngine:
     """A rollout engine over ``vllm.LLM`` (see the module docstring)."""
 
+    reports_steps = False  # generate(on_step=...) is refused: no streaming or top log-probs through it
+
     @classmethod
     def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
                     copy_policy: bool = True) -> VLLMRolloutEngine:

@@ -21,13 +21,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
-from starlette.exceptions import HTTPException
 
-from reinforge.rollout.torch_engine import TorchRolloutEngine
+from reinforge.rollout.engines import context_limit
 from reinforge.rollout.types import Generation, SamplingParams
+from reinforge.serve.http_guards import BodyLimit, install_error_handlers
 from reinforge.serve.schema import APIError, ChatCompletionRequest, CompletionRequest, ServeLimits, _Sampling
 from reinforge.serve.tool_calls import ToolUse, template_messages, tool_parser
 from reinforge.serve.worker import EngineWorker, Job, TokenEvent
@@ -35,66 +34,14 @@ from reinforge.serve.worker import EngineWorker, Job, TokenEvent
 DEFAULT_COMPLETION_TOKENS = 16
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """OpenAI-style error bodies: our ``APIError``s, request validation (400 naming the field), HTTP
-    errors, and anything unexpected (500); the server stays up."""
-
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
-        message = first["msg"].removeprefix("Value error, ")
-        return JSONResponse(APIError(400, f"{param}: {message}" if param else message, param).body(), 400)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, e: HTTPException) -> JSONResponse:
-        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), e.status_code)
-
-    @app.exception_handler(Exception)
-    async def _internal_error(_: Request, e: Exception) -> JSONResponse:
-        return JSONResponse(APIError(500, f"{type(e).__name__}: {e}", type_="server_error").body(), 500)
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` is refused with 413 before it is read (by its
-    Content-Length), or cut off while it is read (chunked bodies: FastAPI then answers 400). The
-    trainer's weight upload (``/reinforge/weights``, a whole model) is exempt."""
-
-    EXEMPT = ("/reinforge/weights",)
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") in self.EXEMPT:
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            error = APIError(413, f"body: {length.decode(errors='replace')} bytes; this server takes at most "
-                                  f"{self.max_bytes} (max_body_bytes)", param="body", code="request_too_large")
-            return await JSONResponse(error.body(), 413)(scope, receive, send)
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise APIError(413, f"body: over {self.max_bytes} bytes (max_body_bytes)", param="body")
-            return message
-
-        await self.app(scope, limited, send)
-
-
-def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int = 256,
-               limits: ServeLimits | None = None, tool_parser_name: str | None = "hermes") -> FastAPI:
-    """The server app; ``tool_parser_name`` reads tool calls out of chat replies
-    (``reinforge/serve/tool_calls.py``; None or ``"none"``: replies are plain text)."""
+def create_app(engine: Any, model_name: str, max_batch_sequences: int = 256,
+               limits: ServeLimits | None = None, tool_parser_name: str | None = "hermes",
+               parameter_names: list[str] | None = None) -> FastAPI:
+    """The server app over a rollout engine (any registered one); ``tool_parser_name`` reads tool calls
+    out of chat replies (``reinforge/serve/tool_calls.py``; None or ``"none"``: replies are plain
+    text); ``parameter_names``: what ``/reinforge/weights`` must receive (default: the engine's model's)."""
     limits = limits or ServeLimits()
+    names = parameter_names if parameter_names is not None else [n for n, _ in engine.model.named_parameters()]
     server = _Server(engine, model_name, max_batch_sequences, limits, tool_parser(tool_parser_name))
 
     @asynccontextmanager
@@ -136,7 +83,7 @@ def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences:
             state = load(await request.body())
         except Exception as e:
             raise APIError(400, f"body: not a safetensors payload ({e})", param="body") from None
-        missing = [n for n, _ in engine.model.named_parameters() if n not in state]
+        missing = [n for n in names if n not in state]
         if missing:
             raise APIError(400, f"body: missing parameters, e.g. {missing[:3]}", param="body")
         await asyncio.wrap_future(server.worker.update_weights(state, version))
@@ -146,13 +93,13 @@ def create_app(engine: TorchRolloutEngine, model_name: str, max_batch_sequences:
 
 
 class _Server:
-    def __init__(self, engine: TorchRolloutEngine, model_name: str, max_batch_sequences: int,
+    def __init__(self, engine: Any, model_name: str, max_batch_sequences: int,
                  limits: ServeLimits, parser: Any = None) -> None:
         self.engine, self.model_name, self.tokenizer = engine, model_name, engine.tokenizer
         self.parser = parser
         self.worker = EngineWorker(engine, max_batch_sequences)
         self.created = int(time.time())
-        self.max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
+        self.max_positions = int(context_limit(engine) or 1 << 30)
         self.limits, self.pending = limits, 0
 
     async def admitted(self, handler: Any, req: _Sampling) -> Any:
@@ -238,11 +185,20 @@ class _Server:
             raise APIError(400, f"messages: the chat template failed: {e}", param="messages") from None
         return list(self.tokenizer(text + use.prefix, add_special_tokens=False)["input_ids"])
 
+    def _checked(self, job: Job, stream: bool | None) -> Job:
+        """``job``, unless it needs single decode steps (streaming, top log-probs) from an engine that
+        does not report them (``reports_steps = False``, e.g. vLLM): 400."""
+        if (stream or job.top_logprobs) and not getattr(self.engine, "reports_steps", True):
+            raise APIError(400, f"{'stream' if stream else 'logprobs'}: this server's rollout engine does not report "
+                           "single decode steps (streaming, top log-probs); serve with --engine torch for them",
+                           param="stream" if stream else "logprobs")
+        return job
+
     # ------------------------------------------------------------------ endpoints
     async def completions(self, req: CompletionRequest) -> Any:
         prompts = self._completion_prompts(req)
         params = self._params(req, prompts, DEFAULT_COMPLETION_TOKENS)
-        job = Job(prompts, params, req.seed, top_logprobs=req.logprobs or 0)
+        job = self._checked(Job(prompts, params, req.seed, top_logprobs=req.logprobs or 0), req.stream)
         meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_name}
         if req.stream:
             return _sse(self._stream(job, req, meta, chat=False))
@@ -261,7 +217,8 @@ class _Server:
         use = ToolUse.of(req.tool_schemas(), req.tool_choice_value(), req.parallel_tool_calls, self.parser)
         prompt = self._chat_prompt(req, use)
         params = self._params(req, [prompt], None, use.stops())
-        job = Job([prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
+        job = self._checked(Job([prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0),
+                            req.stream)
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_name}
         if req.stream:
             return _sse(self._stream(job, req, meta, chat=True, use=use))

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reinforge.errors import ReinforgeError
 from reinforge.rollout.chat_splice import Message
-from reinforge.serve.app import BodyLimit, install_error_handlers
+from reinforge.serve.http_guards import BodyLimit, install_error_handlers
 from reinforge.serve.schema import APIError, ChatCompletionRequest, ChatMessage, ServeLimits
 
 Scalar = int | float | str | bool

@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import GenerationRequest, SamplingParams
 
 TokenEvent = tuple[int, int, float, list[tuple[int, float]]]
@@ -55,7 +55,7 @@ class _WeightUpdate:
 
 
 class EngineWorker:
-    def __init__(self, engine: TorchRolloutEngine, max_batch_sequences: int = 256) -> None:
+    def __init__(self, engine: Any, max_batch_sequences: int = 256) -> None:
         self.engine = engine
         self.max_batch_sequences = max_batch_sequences
         self._queue: queue.Queue = queue.Queue()
