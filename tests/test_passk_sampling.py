@@ -220,33 +220,37 @@ def test_draw_categorical_never_returns_zero_weight_and_follows_the_weights():
     assert draw_categorical(torch.tensor([[0.5, 0.5, 0.0]]), torch.Generator().manual_seed(0)).item() in (0, 1)
 
 
-def test_draw_categorical_is_torch_multinomials_draw_bit_for_bit():
-    """The same index as torch.multinomial(probs, 1) for every row, and the generator left in the
-    same state (so every later draw of a run is unchanged too); with zeros from top-k / top-p."""
+@pytest.mark.parametrize("width", [7, 1024, 2500])
+def test_draw_categorical_matches_its_distribution(width):
+    """Chi-square goodness of fit of 50,000 draws from uneven, unnormalised weights across blocks
+    (2500: two blocks of CDF_BLOCK and a shorter tail block; zeros as top-k/top-p leave them)."""
     from reinforge.rollout.sampling import draw_categorical
 
-    for seed, (rows, width, top_k, top_p) in enumerate([(64, 4096, 0, 1.0), (5, 9, 3, 1.0), (17, 300, 0, 0.8)]):
-        logits = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)) * (1 + 2 * seed)
-        probs = torch.softmax(restrict_logits(logits, top_k, top_p), -1)
-        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        for _ in range(3):
-            assert torch.equal(draw_categorical(probs, ours), torch.multinomial(probs, 1, generator=theirs)[:, 0])
-        assert torch.equal(ours.get_state(), theirs.get_state())
+    g = torch.Generator().manual_seed(width)
+    k = min(40, width - 2)
+    weights = torch.zeros(width)
+    support = torch.randperm(width, generator=g)[:k]  # entries with weight, anywhere in the row
+    weights[support] = torch.rand(k, generator=g) ** 3 * 5 + 0.2  # >= ~150 expected draws each
+    weights *= 1 + 2 * (torch.arange(width) // 1024)  # blocks of unequal weight: level 1 matters
+    rows = weights.expand(10_000, width).contiguous()
+    counts = sum(torch.bincount(draw_categorical(rows, g), minlength=width) for _ in range(5)).double()
+    assert counts[weights == 0].sum() == 0
+    expected = weights[support].double() / weights.sum() * 50_000
+    statistic = float(((counts[support] - expected) ** 2 / expected).sum())
+    p_value = torch.special.gammaincc(torch.tensor((k - 1) / 2, dtype=torch.float64), torch.tensor(statistic / 2))
+    assert p_value.item() > 1e-4, (statistic, p_value)  # chi-square with k - 1 degrees of freedom
 
 
-def test_race_winner_resolves_ties_infinities_and_nan_as_argmax_does():
-    """Hand-made uniforms: u = 0 gives E = 0, so p / E is +inf (p > 0) or NaN (p = 0); equal scores go
-    to the first index. The pruned race must pick what argmax over every exact score picks."""
-    from reinforge.rollout.sampling import race_winner
+def test_draw_categorical_edges_of_the_target_range():
+    """u = 0 takes the first entry with weight and u just below 1 the last (a target rounded up to
+    the total never lands on trailing zeros), in either level; all weight in the short tail block."""
+    from reinforge.rollout.sampling import CDF_BLOCK, _inverse_cdf, draw_categorical
 
-    probs = torch.tensor([[0.5, 0.0, 0.5, 0.0],     # NaN at 1 beats +inf at 2
-                          [0.25, 0.25, 0.5, 0.0],   # +inf at 0 and 1: the first
-                          [0.5, 0.5, 0.0, 0.0],     # equal finite scores: the first
-                          [0.1, 0.2, 0.3, 0.4]])    # an ordinary race
-    u = torch.tensor([[0.3, 0.0, 0.0, 0.9],
-                      [0.0, 0.0, 0.5, 0.9],
-                      [0.2, 0.2, 0.7, 0.1],
-                      [0.5, 0.01, 0.9, 0.6]], dtype=torch.float64)
-    dense = (probs / (-torch.log1p(-u)).float()).argmax(-1)
-    assert dense.tolist() == [1, 0, 0, 1]  # the reference itself, by hand: 0.2 / 0.01005 is the largest
-    assert torch.equal(race_winner(probs, u), dense)
+    w = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0, 0.0]], dtype=torch.float64)
+    top = torch.tensor([[1 - 2**-53]], dtype=torch.float64)
+    assert _inverse_cdf(w, torch.zeros(1, 1, dtype=torch.float64)).item() == 1
+    assert _inverse_cdf(w, top).item() == 3
+    assert _inverse_cdf(w, torch.tensor([[0.25]], dtype=torch.float64)).item() == 3  # C = 0.25 is not > 0.25
+    tail = torch.zeros(1000, CDF_BLOCK + 5)
+    tail[:, CDF_BLOCK + 2] = 3.0
+    assert set(draw_categorical(tail, torch.Generator().manual_seed(0)).tolist()) == {CDF_BLOCK + 2}

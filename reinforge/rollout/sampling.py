@@ -23,55 +23,47 @@ def restrict_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
-RACE_BOUND_SLACK = 1e-5  # an exact score exceeds its rounded bound p / u by at most ~3 float32 ulps (~4e-7)
+CDF_BLOCK = 1024  # entries per block of the two-level draw
 
 
 def draw_categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """One index per row of ``probs`` (rows of non-negative weights): ``torch.multinomial(probs, 1)``'s
-    draw, index for index, leaving ``generator`` in the same state, at a fraction of its cost.
+    """One index per row of ``probs`` (rows of non-negative weights, not necessarily normalised),
+    drawn with probability ``p_i / sum(p)``: inverse-CDF sampling in two levels, two uniforms a row.
 
-    ``torch.multinomial`` with one sample is the exponential race (the Gumbel-max trick):
-    ``argmax_i p_i / E_i`` with ``E_i = -log1p(-U_i)``, ``U_i ~ U[0, 1)`` drawn in float64 from the
-    generator and ``E_i`` rounded to ``probs``' dtype; most of its cost is the logarithm of every
-    entry. Here the uniforms are drawn the same way (``torch.rand`` in float64 consumes the
-    generator as ``exponential_`` does) and ``race_winner`` finds the same winner with the
-    logarithm of a handful of entries. Bit-identical to ``torch.multinomial`` on CPU; on another
-    device an exact sampler of the same distribution with that device's random stream.
-    """
-    return race_winner(probs, torch.rand(probs.shape, dtype=torch.float64, generator=generator, device=probs.device))
-
-
-def race_winner(probs: Tensor, u: Tensor) -> Tensor:
-    """``argmax(probs / E, -1)`` with ``E = (-log1p(-u)).to(probs.dtype)`` (first index among equal
-    scores, NaN above everything, as ``argmax``), computing ``E`` only where the winner can be.
-
-    ``-log1p(-u) >= u``, so ``p_i / u_i`` bounds entry i's score from above. The exact score at
-    the argmax of that bound is a lower bound of the row's winning score, so only entries whose
-    bound reaches it (with ``RACE_BOUND_SLACK`` for float32 rounding) can win; those alone are
-    scored exactly, and the row's winner is picked among them on the flat list of contenders.
-    A NaN score (0 / 0: p = 0 and u = 0) has a NaN bound, which ``argmax`` puts first: it is the lead.
+    The row is cut into blocks of ``CDF_BLOCK`` entries. Level 1 draws block b with probability
+    ``S_b / sum(S)`` (``S_b`` its weight, summed in float64): the first b with ``C_b > u_1 sum(S)``,
+    ``C`` the cumulative block weights. Level 2 draws entry j of that block with probability
+    ``p_j / S_b`` the same way from the block's own float64 cumulative sum and ``u_2``. Together:
+    ``P(i) = S_b / sum(S) * p_i / S_b = p_i / sum(p)``, exact up to float64 rounding of the sums.
+    An entry of weight 0 is never drawn (its cumulative sum equals its predecessor's, so it is never
+    the first to exceed the target; a target rounded up to the total is moved to the last entry of
+    weight > 0). Cost: one float64 reduction over the row plus ``CDF_BLOCK`` entries, and 2 random
+    numbers a row (the exponential race of ``torch.multinomial`` draws one per entry: on a [64, 49152]
+    decode step that was most of the sampler's time). Rows without weight (all 0 or NaN) are not
+    defined; they return some index.
     """
     rows, width = probs.shape
-    bound = u.to(probs.dtype)
-    torch.div(probs, bound, out=bound)  # in probs' dtype: a float32 / float64 mix is ~8x slower on CPU
-    lead = bound.argmax(-1)
-    row_ids = torch.arange(rows, device=probs.device)
-    floor = _race_scores(probs[row_ids, lead], u[row_ids, lead])
-    r, c = (bound >= (floor * (1 - RACE_BOUND_SLACK))[:, None]).nonzero(as_tuple=True)
-    r, c = torch.cat([row_ids, r]), torch.cat([lead, c])  # the lead always runs (its bound may be NaN)
-    scores = _race_scores(probs[r, c], u[r, c])
-    nan = scores.isnan()
-    key = torch.where(nan, float("inf"), scores)
-    best = torch.full((rows,), float("-inf"), dtype=key.dtype, device=key.device).scatter_reduce(0, r, key, "amax")
-    row_has_nan = torch.zeros(rows, dtype=torch.bool, device=key.device).index_fill_(0, r[nan], True)
-    wins = torch.where(row_has_nan[r], nan, (key == best[r]) & ~nan)
-    first = torch.full((rows,), width, dtype=c.dtype, device=c.device)
-    return first.scatter_reduce(0, r[wins], c[wins], "amin")
+    u = torch.rand(rows, 2, dtype=torch.float64, generator=generator, device=probs.device)
+    if width <= CDF_BLOCK:  # one block: level 2 alone
+        return _inverse_cdf(probs.to(torch.float64), u[:, 1:])
+    full = width // CDF_BLOCK
+    sums = probs[:, : full * CDF_BLOCK].reshape(rows, full, CDF_BLOCK).sum(-1, dtype=torch.float64)
+    if width % CDF_BLOCK:
+        sums = torch.cat([sums, probs[:, full * CDF_BLOCK :].sum(-1, keepdim=True, dtype=torch.float64)], 1)
+    block = _inverse_cdf(sums, u[:, :1])
+    cols = block[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=probs.device)
+    weights = probs.gather(1, cols.clamp(max=width - 1)).masked_fill(cols >= width, 0).to(torch.float64)
+    return block * CDF_BLOCK + _inverse_cdf(weights, u[:, 1:])
 
 
-def _race_scores(p: Tensor, u: Tensor) -> Tensor:
-    """``p / E`` with ``E = -log1p(-u)`` rounded to ``p``'s dtype (torch's CPU ``exponential_``)."""
-    return p / (-torch.log1p(-u)).to(p.dtype)
+def _inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
+    """Per row of ``weights`` [R, K] (float64, >= 0): the first index whose cumulative sum exceeds
+    ``u * total`` (``u`` [R, 1] in [0, 1)), never past the last index of weight > 0."""
+    cdf = weights.cumsum(-1)
+    total = cdf[:, -1:]
+    index = torch.searchsorted(cdf, u * total, right=True)
+    last = (cdf < total).sum(-1, keepdim=True)  # the last index with weight: where the sum reaches the total
+    return torch.minimum(index, last)[:, 0]
 
 
 def sample_tokens(
@@ -84,15 +76,20 @@ def sample_tokens(
 ) -> tuple[Tensor, Tensor]:
     """Draw one token per row; return (token ids [B], log-probs [B] under softmax(logits / T)).
 
-    Greedy decoding reports log-probs under softmax(logits) (T = 1).
+    Greedy decoding reports log-probs under softmax(logits) (T = 1). Without top-k/top-p the
+    log-prob is ``log p`` of the probabilities the token was drawn from (one softmax pass instead of
+    a softmax and a log-softmax; a probability that underflowed to 0 falls back to the log-softmax).
     """
     logits = at_least_float32(logits)
     if greedy:
         tokens = logits.argmax(-1)
-        logp = torch.log_softmax(logits, -1)
-    else:
-        scaled = logits / temperature if temperature != 1.0 else logits
-        logp = torch.log_softmax(scaled, -1)
-        probs = torch.softmax(restrict_logits(scaled, top_k, top_p), -1)
-        tokens = draw_categorical(probs, generator)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / temperature if temperature != 1.0 else logits
+    restricted = restrict_logits(scaled, top_k, top_p)
+    probs = torch.softmax(restricted, -1)
+    tokens = draw_categorical(probs, generator)
+    if restricted is scaled:
+        p = probs.gather(-1, tokens[:, None]).squeeze(-1)
+        if bool((p > 0).all()):
+            return tokens, p.log()
+    return tokens, torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(-1)
