@@ -47,7 +47,7 @@ demo: install
 	$(BIN)/reinforge train
 
 test: install-dev
-	$(BIN)/python -m pytest -q -n auto --dist worksteal --durations=15
+	$(BIN)/python -m pytest -q -n auto --dist worksteal --durations=40
 	@$(MAKE) --no-print-directory test-numerics
 
 # The tests marked numerics (two computation paths that must agree, compared in float64) again under
