@@ -4,8 +4,8 @@ Resolved when the config is validated (``EngineSpec.resolve``), so the run's ``c
 the engine that ran. The rule, from ``benchmarks/bench_engines.py`` on a 2-core CPU (docs/rollout.md):
 
 - vLLM when it is installed and the model runs on CUDA, or when the model has at least
-  ``VLLM_CROSSOVER_PARAMS`` parameters (below that, vLLM's per-step overhead outweighs its faster
-  kernels and the torch engine is faster);
+  ``VLLM_CROSSOVER_PARAMS`` parameters (on a CPU the torch engine was measured faster at every size
+  up to 134.5M; above that nothing was measured);
 - the torch engine otherwise.
 
 The model's size is read from its ``config.json`` (the model built on the meta device: no weights
@@ -20,10 +20,11 @@ from typing import Any
 from reinforge.errors import ConfigError
 from reinforge.rollout.engines import register_engine
 
-VLLM_CROSSOVER_PARAMS = 25_000_000
-"""Parameters from which vLLM is taken: below the smallest model at which it out-generated the torch
-engine on 2 CPU cores (27M: 2.8x, loaded machine; 135M: 1.6x, idle) and above tiny-base (2.4M), where
-the torch engine was 4.5x faster (idle). Measured: docs/rollout.md, benchmarks/BENCHMARKS.md."""
+VLLM_CROSSOVER_PARAMS = 150_000_000
+"""Parameters from which vLLM is taken on a CPU: above the largest model measured, at which the torch
+engine still out-generated vLLM on 2 idle CPU cores (134.5M: 1.19x; 27.3M: 1.04x; tiny-base 2.4M:
+3.3x; 2026-11-26, docs/rollout.md, benchmarks/BENCHMARKS.md). Larger models were not measured: there
+vLLM is the peers' choice and is kept."""
 
 
 def vllm_installed() -> bool:
