@@ -173,8 +173,9 @@ def test_gkd_brings_the_student_closer_to_a_teacher(tmp_path):
     sft = load_config("reinforge/recipes/sft_arithmetic.yaml", [*_quick(tmp_path, "teacher"), "train.steps=20",
                                                                 "train.lr=3e-4"])
     teacher = train(sft).run_dir
+    # the recipe's lr (1e-4): at 3e-4 the divergence rose on 3 of 4 seeds (x1.1-1.9), and the test passed on seed 0 only
     cfg = load_config("reinforge/recipes/gkd_arithmetic.yaml", [
-        *_quick(tmp_path, "gkd"), f"algo.teacher.path={teacher}", "train.steps=10", "train.lr=3e-4",
+        *_quick(tmp_path, "gkd"), f"algo.teacher.path={teacher}", "train.steps=10", "train.lr=1e-4",
         "rollout.prompts_per_step=8", "rollout.group_size=2"])
     student = train(cfg).run_dir
     rows = [m for m in read_jsonl(student / "metrics.jsonl") if "reward/mean" in m]
@@ -183,7 +184,7 @@ def test_gkd_brings_the_student_closer_to_a_teacher(tmp_path):
     fixed = Batch.from_trajectories(task_demonstrations(build_task_splits(cfg.task).heldout, tok, lambda t: t.prompt),
                                     tok.pad_token_id)
     before, after = (_divergence(load_model(str(teacher)), load_model(str(m)), fixed) for m in ("tiny-base", student))
-    assert after < 0.9 * before, (before, after)  # measured: 0.0786 -> 0.0656
+    assert after < 0.9 * before, (before, after)  # measured, seeds 0-3: 0.0786 -> 0.029, 0.036, 0.035, 0.063
 
 
 def test_a_student_data_fraction_below_one_mixes_in_the_demonstrations(tmp_path):

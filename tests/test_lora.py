@@ -221,9 +221,11 @@ def test_export_of_a_full_checkpoint_copies_the_model(tmp_path, tiny_model, tiny
 @pytest.mark.slow
 def test_lora_training_improves_heldout_accuracy(tmp_path):
     """GRPO with rank-16 adapters on every projection of the tiny model, arithmetic task: held-out
-    greedy accuracy rises clearly above the base."""
+    greedy accuracy rises clearly above the base. 40 steps: measured +0.12, +0.14, +0.12, +0.08 on
+    seeds 0-3; 25 steps were marginal (+0.055 to +0.125 over seeds 0-3, the test's seed 0 lowest once
+    the sampler's random stream changed)."""
     result = train(_cfg(
-        tmp_path, "learn", "train.steps=25", "train.lr=1e-3", "rollout.prompts_per_step=16", "rollout.group_size=8",
+        tmp_path, "learn", "train.steps=40", "train.lr=1e-3", "rollout.prompts_per_step=16", "rollout.group_size=8",
         "task.heldout_size=200", "eval.every=0", "checkpoint.every=0", "model.lora.r=16", "model.lora.alpha=32",
         "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
     ))
