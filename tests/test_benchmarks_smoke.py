@@ -12,7 +12,8 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 SMOKE = {
-    "bench_agent_latency.py": ["--latencies", "0.01", "--steps", "2", "--repeats", "1", "--prompts", "1", "--group", "2"],
+    "bench_agent_latency.py": ["--latencies", "0.01", "--steps", "2", "--repeats", "1", "--prompts", "1", "--group", "2",
+                               "--workers", "1"],
     "bench_classic_impala.py": ["--actors", "0", "--updates", "3", "--warmup", "1", "--repeats", "1"],
     "bench_async.py": ["--steps", "2", "--repeats", "1", "--eval-every", "1", "--heldout", "8", "--staleness", "1"],
     "bench_memory.py": ["--quick", "--repeats", "1"],
