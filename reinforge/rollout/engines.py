@@ -14,7 +14,9 @@ instead of the engine's name:
 
 An engine object has ``generate(requests, params)``, ``update_weights(model_or_state, version)``,
 ``tokenizer``, ``pad_id``, ``generator`` (a ``torch.Generator``, saved in checkpoints) and
-``version`` (``rollout/types.py`` describes requests and generations).
+``version`` (``rollout/types.py`` describes requests and generations). Optionally ``reports_steps =
+False`` when ``generate(..., on_step=...)`` (a callback per decode step) is refused: ``reinforge serve``
+then answers streaming and top-log-prob requests with a 400 instead of a failed batch.
 """
 
 from __future__ import annotations
