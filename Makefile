@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch first, pinned to the CPU wheel: a range would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-numerics test-learning install install-dev install-vllm test-vllm lint base-model clean
+.PHONY: demo test test-numerics test-learning install install-dev install-vllm test-vllm lint base-model clean device-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -62,6 +62,18 @@ test-numerics: install-dev
 
 test-learning: install-dev  # the multi-minute RL learning curves (tests marked learning)
 	$(BIN)/python -m pytest -q -m learning --durations=15
+
+# The wheels a GPU machine without network lacks (docs/gpu.md): pydantic and the pure-Python packages around it,
+# for its Python 3.12 on x86-64, into the ignored .whl/; the machine's own torch, transformers and the rest stay.
+# The versions are this project's .venv's, so the check runs what the tests here ran.
+DEVICE_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	typing-extensions==4.16.0 bm25s==0.3.16 math-verify==0.9.0 latex2sympy2-extended==1.11.0 \
+	antlr4-python3-runtime==4.13.2
+device-wheels: $(BIN)/python
+	rm -rf .whl && $(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(DEVICE_WHEELS)
+	@ls .whl
 
 lint: install-dev
 	$(BIN)/ruff check reinforge tests scripts benchmarks

@@ -69,6 +69,13 @@ def run(setting: str, args, workdir: Path, repeat: int) -> dict:
             "start_acc": next(m["eval/heldout_acc"] for m in rows if m.get("step") == 0)}
 
 
+def summary(results: dict[str, list[dict]]) -> dict:
+    """Every run, and each async setting's speed-up over sync (median train wall-clock over median)."""
+    base = statistics.median(r["wall_s"] for r in results["sync"])
+    return {"cpu_count": os.cpu_count(), "runs": results,
+            "speedup": {s: base / statistics.median(r["wall_s"] for r in rs) for s, rs in results.items() if s != "sync"}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default=None, help="recipe name or path (default: the default recipe)")
@@ -81,6 +88,7 @@ def main() -> None:
     p.add_argument("--staleness", default="1,2,4")
     p.add_argument("--learner-threads", type=int, default=1, help="async: torch threads of the learner")
     p.add_argument("--rollout-threads", type=int, default=1, help="async: torch threads of the rollout worker")
+    p.add_argument("--json", type=Path, default=None, help="also write every run's figures and the speed-ups here")
     args = p.parse_args()
     settings = ["sync"] + [f"async s={s}" for s in args.staleness.split(",")]
     results: dict[str, list[dict]] = {s: [] for s in settings}
@@ -90,6 +98,8 @@ def main() -> None:
                 results[setting].append(run(setting, args, Path(tmp), repeat))
                 r = results[setting][-1]
                 print(f"# {setting} repeat {repeat}: {json.dumps(r)}", flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary(results), indent=1))
     print(f"{os.cpu_count()} CPU cores; recipe {args.recipe or 'default'}; {args.steps} updates; target held-out greedy accuracy "
           f"{args.target}; async: learner {args.learner_threads} thread(s), rollout worker "
           f"{args.rollout_threads}; median (min-max) of {args.repeats}")

@@ -39,3 +39,8 @@ def pytest_collection_modifyitems(config, items):
     (``--dist load`` hands out the first quarter of the list round-robin and never rebalances it: one
     worker was left running its half of the long runs alone for minutes.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if os.environ.get("REINFORGE_TEST_DEVICE", "cuda").startswith("cuda") and not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU: scripts/device_check.py runs these on a GPU machine (docs/gpu.md)")
+        for item in items:
+            if item.get_closest_marker("cuda") is not None:
+                item.add_marker(skip)
