@@ -24,7 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.algo import KL_ESTIMATORS, AggNorm
-from reinforge.algo.context import Context
 from reinforge.algo.kl_control import KLController
 from reinforge.algo.mixing import MIXING
 from reinforge.algo.objective import (
@@ -39,6 +38,7 @@ from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, T
 from reinforge.errors import ConfigError, TrainingDiverged
 from reinforge.models.precision import compute_dtype
 from reinforge.train import distributed
+from reinforge.train.batch_context import batch_context
 from reinforge.train.critic import Critic, value_mask
 from reinforge.train.faults import nonfinite_inputs
 from reinforge.train.forwards import FORWARDS, select_forward
@@ -378,17 +378,11 @@ class Learner(PreparesBatches):
         assert entropy is not None and mb.advantages is not None
         if not self.objective.reads("entropy", terms):
             entropy = entropy.detach()
-        mask = mb.loss_mask
         old_logp = mb.old_logprobs
         if old_logp is None:  # single update per batch: pi_old is exactly the current policy
             old_logp = logp.detach()
             add_mismatch(stats, old_logp, mb)
-        ctx = Context(
-            mask=mask, rewards=mb.rewards, group_index=mb.group_index, lengths=mask.sum(-1), baseline=mb.baseline,
-            turn_returns=mb.turn_returns, logp=logp, old_logp=old_logp, sampling_logp=mb.sampling_logprobs,
-            ref_logp=mb.ref_logprobs, entropy=entropy, values=mb.values, returns=mb.returns,
-            advantages=mb.advantages, demo=mb.demo, logp_vocab=logp_vocab, teacher_logp_vocab=mb.teacher_logprobs,
-        )
+        ctx = batch_context(mb, logp=logp, old_logp=old_logp, entropy=entropy, logp_vocab=logp_vocab)
         loss, pg_loss, metrics, masks = self.objective.loss(ctx, norm, terms, demo_norm, self._mix)
         stats.add_tokens("entropy", entropy, sampled_mask(mb))
         for name, values in metrics.items():

@@ -25,9 +25,10 @@ from torch import Tensor, nn
 
 from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantages import gae_advantages_and_returns
-from reinforge.algo.context import Context
+from reinforge.algo.context import CONTEXT_FIELDS, Context
 from reinforge.algo.egae import egae_token_rewards
 from reinforge.errors import ConfigError
+from reinforge.train.batch_context import context_tensors
 from reinforge.train.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch
 
@@ -121,17 +122,10 @@ class PreparesBatches:
         """The advantages of ``batch``'s rows. With several ranks the estimator runs on all ranks' rows
         (gathered in rank order), so batch-level statistics (REINFORCE++'s normalisation, whitened
         GAE) are those of the global batch; each rank keeps its rows."""
-        inputs = None if batch is None else {
-            "rewards": batch.rewards, "group_index": batch.group_index, "mask": batch.loss_mask, "values": values,
-            "token_rewards": token_rewards, "baseline": batch.baseline, "turn_returns": batch.turn_returns,
-            "turn_states": batch.turn_states, "turn_index": batch.turn_index, "prompt_key": batch.prompt_key,
-            "subgroups": batch.subgroups, "state_values": batch.state_values, "state_mask": batch.state_mask,
-            "demo": batch.demo, "continues": batch.continues,
-        }
-        if inputs is not None:  # what the estimator declares it needs from the no-grad passes
-            extra = {"entropy": self._old_entropy, "old_logp": batch.old_logprobs, "ref_logp": batch.ref_logprobs,
-                     "sampling_logp": batch.sampling_logprobs}
-            inputs.update({k: v for k, v in extra.items() if k in ADVANTAGES.needs(self.algo.advantage)})
+        reads = set(ADVANTAGES.entry(self.algo.advantage).params) & CONTEXT_FIELDS
+        inputs = None if batch is None else context_tensors(
+            batch, reads | {"mask", "group_index", "demo"}, values=values, token_rewards=token_rewards,
+            entropy=self._old_entropy)
         inputs = self.parallel.gather_rows(inputs)
         if batch is None:
             return None
