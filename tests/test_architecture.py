@@ -4,6 +4,9 @@ registered part's name outside the module that registers it (the loop asks the p
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from reinforge.parts import all_kinds
@@ -90,6 +93,36 @@ def test_no_import_cycle_inside_the_package():
     assert _cycles(graph) == []
     # the check sees a cycle when there is one
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+_REGISTERED = """
+import json
+from reinforge.registry import KINDS
+def where(e):
+    return getattr(getattr(e.fn, "make", e.fn), "__module__", "")
+print(json.dumps({key: {"all": r.names(), "algo": [e.name for e in r.entries() if where(e).startswith("reinforge.algo")]}
+                  for key, r in KINDS.items()}))
+"""
+
+
+def _registered_in_fresh_process(setup: str) -> dict[str, dict[str, list[str]]]:
+    """Per kind, the names registered after ``setup`` in a new interpreter, and those of them defined in algo/."""
+    out = subprocess.run([sys.executable, "-c", setup + "\n" + _REGISTERED], cwd=PACKAGE.parent, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def test_importing_algo_alone_registers_every_algorithm_part():
+    """``import reinforge.algo`` registers what ``all_kinds()`` does of every kind algo/ defines, and every part
+    an algo/ module registers into another kind: no algo module waits for ``reinforge.parts`` to be imported."""
+    alone = _registered_in_fresh_process("import reinforge.algo")
+    every = _registered_in_fresh_process("import reinforge.parts; reinforge.parts.all_kinds()")
+    assert {"advantage", "policy_loss", "loss_agg", "kl_estimator", "loss_term", "mixing", "mismatch",
+            "reward_shaper"} <= set(alone)
+    for key, names in alone.items():
+        assert set(names["all"]) == set(every[key]["all"]), key
+    assert {k: set(v["algo"]) for k, v in every.items() if v["algo"]} == \
+        {k: set(v["algo"]) for k, v in alone.items() if v["algo"]}
 
 
 def test_rollout_and_train_share_model_code_only_through_models():
