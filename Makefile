@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch first, pinned to the CPU wheel: a range would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-numerics test-learning install install-dev install-vllm test-vllm lint base-model clean device-wheels
+.PHONY: demo test test-numerics test-learning install install-dev install-vllm test-vllm install-envpool lint base-model clean device-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -42,6 +42,16 @@ install-vllm: $(VENV)/.installed-vllm
 
 test-vllm: install-dev install-vllm  # the vLLM engine's tests (parity, weight sync, GRPO through it); not in `make test`
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py --durations=10
+
+# classic.env.backend=envpool (docs/classic.md): EnvPool ships wheels for Linux x86-64 only and pulls ~0.75 GB of
+# assets, so it is a target, not part of the classic extra. 1.2.5 is the version the benchmarks ran.
+ENVPOOL := envpool==1.2.5
+$(VENV)/.installed-envpool: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[classic]" $(ENVPOOL)
+	$(BIN)/python -c "import envpool, importlib.metadata as m; print('envpool', m.version('envpool'))"
+	touch $@
+
+install-envpool: $(VENV)/.installed-envpool
 
 demo: install
 	$(BIN)/reinforge train

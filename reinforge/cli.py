@@ -292,12 +292,12 @@ def algos() -> None:
     for kind, registry in all_kinds().items():
         table = Table(title=f"{kind} ({registry.kind})", show_lines=False, title_justify="left")
         table.add_column("name", style="bold", no_wrap=True)
-        table.add_column("formula")
+        table.add_column("formula" if any(e.formula for e in registry.entries()) else "description")
         table.add_column("paper")
         table.add_column("settings (defaults)")
         for e in registry.entries():
             # escaped: a formula such as `[/ ... ]` or `x[i]` is text, not Rich markup
-            table.add_row(*map(escape, (e.name, e.formula, e.paper, _options(e.options()) or "-")))
+            table.add_row(*map(escape, (e.name, e.formula or e.description, e.paper, _options(e.options()) or "-")))
         console.print(table)
 
 

@@ -10,15 +10,7 @@ from reinforge.registry import KINDS, Registry
 
 def all_kinds() -> Mapping[str, Registry]:
     """Every registry, with every built-in part registered (plug-ins add theirs when imported)."""
-    import reinforge.algo  # noqa: F401
-    import reinforge.algo.distill  # noqa: F401  (gkd, gkd_data loss terms; the no_reward advantage)
-    import reinforge.algo.entropy  # noqa: F401
-    import reinforge.algo.entropy_shaping  # noqa: F401
-    import reinforge.algo.kl_adaptive  # noqa: F401  (kl_dads, rapo_kl, grpo_stcr)
-    import reinforge.algo.losses_offpolicy  # noqa: F401  (bapo, m2po)
-    import reinforge.algo.losses_replay  # noqa: F401  (repo)
-    import reinforge.algo.objective  # noqa: F401
-    import reinforge.algo.regression  # noqa: F401  (registers the astar_po and pacs policy losses)
+    import reinforge.algo  # noqa: F401  (every module of algo/: its __init__ imports them all)
     import reinforge.classic.dqn  # noqa: F401  (classic agents: dqn)
     import reinforge.classic.impala  # noqa: F401  (classic agents: impala)
     import reinforge.classic.ppo  # noqa: F401  (classic agents: ppo)

@@ -48,6 +48,7 @@ class Entry(Generic[F]):
     needs: frozenset[str] = frozenset()
     params: tuple[str, ...] = field(default=(), compare=False)  # the fn's parameters, for Registry.call
     settings: type | None = None  # the part's own options (a pydantic model), validated from the recipe
+    description: str = ""  # what the part is, for a part that has no formula (an environment, an engine)
 
     def options(self) -> dict[str, Any]:
         """The part's options with their defaults (none without a settings model)."""
@@ -76,12 +77,18 @@ class Registry(Generic[F]):
         self.kind = kind
         self._entries: dict[str, Entry[F]] = {}
 
-    def register(self, name: str, *, formula: str, paper: str, needs: tuple[str, ...] | frozenset[str] = (),
-                 settings: type | None = None) -> Callable[[F], F]:
+    def register(self, name: str, *, paper: str, formula: str = "", description: str = "",
+                 needs: tuple[str, ...] | frozenset[str] = (), settings: type | None = None) -> Callable[[F], F]:
+        """Register ``fn`` as ``name``: its ``formula`` (a part of the algorithm's maths), or a plain
+        ``description`` for a part that has none (an environment, a rollout engine); one at least."""
+        if not (formula or description):
+            raise TypeError(f"{self.kind} {name!r}: give its formula or, for a part without one, its description")
+
         def deco(fn: F) -> F:
             if name in self._entries and not _same_definition(self._entries[name].fn, fn):
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
-            self._entries[name] = Entry(name, fn, formula, paper, frozenset(needs), _parameters(fn), settings)
+            self._entries[name] = Entry(name, fn, formula, paper, frozenset(needs), _parameters(fn), settings,
+                                        description)
             return fn
 
         return deco

@@ -4,6 +4,9 @@ registered part's name outside the module that registers it (the loop asks the p
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from reinforge.parts import all_kinds
@@ -92,6 +95,36 @@ def test_no_import_cycle_inside_the_package():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+_REGISTERED = """
+import json
+from reinforge.registry import KINDS
+def where(e):
+    return getattr(getattr(e.fn, "make", e.fn), "__module__", "")
+print(json.dumps({key: {"all": r.names(), "algo": [e.name for e in r.entries() if where(e).startswith("reinforge.algo")]}
+                  for key, r in KINDS.items()}))
+"""
+
+
+def _registered_in_fresh_process(setup: str) -> dict[str, dict[str, list[str]]]:
+    """Per kind, the names registered after ``setup`` in a new interpreter, and those of them defined in algo/."""
+    out = subprocess.run([sys.executable, "-c", setup + "\n" + _REGISTERED], cwd=PACKAGE.parent, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def test_importing_algo_alone_registers_every_algorithm_part():
+    """``import reinforge.algo`` registers what ``all_kinds()`` does of every kind algo/ defines, and every part
+    an algo/ module registers into another kind: no algo module waits for ``reinforge.parts`` to be imported."""
+    alone = _registered_in_fresh_process("import reinforge.algo")
+    every = _registered_in_fresh_process("import reinforge.parts; reinforge.parts.all_kinds()")
+    assert {"advantage", "policy_loss", "loss_agg", "kl_estimator", "loss_term", "mixing", "mismatch",
+            "reward_shaper"} <= set(alone)
+    for key, names in alone.items():
+        assert set(names["all"]) == set(every[key]["all"]), key
+    assert {k: set(v["algo"]) for k, v in every.items() if v["algo"]} == \
+        {k: set(v["algo"]) for k, v in alone.items() if v["algo"]}
+
+
 def test_rollout_and_train_share_model_code_only_through_models():
     """rollout/ and train/ do not import each other; models/ (the code both use) imports neither."""
     modules = _modules()
@@ -109,12 +142,19 @@ def test_rollout_and_train_share_model_code_only_through_models():
 
 
 def _name_tests(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
-    """(line, name) of every comparison (==, !=, in, not in) with a string constant that is a part's name."""
+    """(line, name) of every comparison (==, !=, in, not in) with a string constant that is a part's name,
+    and of every set of part names (``{"a", "b"}``, ``frozenset(("a", "b"))``: a membership test kept for later)."""
     hits = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Compare):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Set):
+            operands = [node]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("set", "frozenset"):
+            operands = [a for a in node.args if not isinstance(a, ast.Set)]  # a set literal is seen on its own
+        else:
             continue
-        for operand in [node.left, *node.comparators]:
+        for operand in operands:
             constants = operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]
             for c in constants:
                 if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in names:
@@ -124,7 +164,7 @@ def _name_tests(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
 
 def test_no_code_outside_a_registry_module_tests_a_part_name():
     kinds = all_kinds()
-    names = {name for key, registry in kinds.items() if key != "verifier" for name in registry.names()}
+    names = {name for registry in kinds.values() for name in registry.names()}
     registry_modules = {
         Path(getattr(getattr(e.fn, "make", e.fn), "__code__", None).co_filename).resolve()
         for registry in kinds.values() for e in registry.entries() if hasattr(getattr(e.fn, "make", e.fn), "__code__")
@@ -136,9 +176,11 @@ def test_no_code_outside_a_registry_module_tests_a_part_name():
         rel = str(path.relative_to(PACKAGE))
         for line, name in _name_tests(ast.parse(path.read_text()), names):
             if (rel, name) not in OTHER_MEANINGS:
-                found.append(f"reinforge/{rel}:{line} compares with part name {name!r}")
+                found.append(f"reinforge/{rel}:{line} tests part name {name!r}")
     assert found == [], "\n".join(found)
     assert _name_tests(ast.parse('if cfg.algo.advantage == "gae": pass'), names) == [(1, "gae")]
+    assert _name_tests(ast.parse('CPU_BOUND = frozenset({"math_verify"})'), names) == [(1, "math_verify")]
+    assert _name_tests(ast.parse('CPU_BOUND = frozenset(("math_verify",))'), names) == [(1, "math_verify")]
 
 
 def test_modules_and_functions_stay_small():

@@ -240,12 +240,12 @@ def test_wait_samples_every_request_with_its_admission_weights(tmp_path):
     workers = RolloutWorkers(cfg, c.learner.model, version=0)
     try:
         tasks = c.sampler.next_batch(8)
-        workers.submit(RolloutRequest(1, tasks, seed=1))
-        workers.submit(RolloutRequest(2, tasks, seed=2))  # queued behind the first
+        workers.submit(RolloutRequest(1, tasks))
+        workers.submit(RolloutRequest(2, tasks))  # queued behind the first
         workers.publish(c.learner.model, 1)
         results = {r.update: r for r in (workers.next_result(120), workers.next_result(120))}
         assert {t.version for t in results[2].trajectories} == {0}
-        workers.submit(RolloutRequest(3, tasks, seed=3))
+        workers.submit(RolloutRequest(3, tasks))
         assert {t.version for t in workers.next_result(120).trajectories} == {1}
     finally:
         workers.close()
@@ -262,7 +262,7 @@ def test_ray_actor_samples_with_the_weights_its_request_carries(tmp_path):
     actor = RolloutActor(0, cfg)
     state = {n: p.detach().clone() for n, p in c.learner.model.named_parameters()}
     actor.set_weights(state, 2)
-    result = actor.generate(RolloutRequest(3, c.sampler.next_batch(2), seed=3, min_version=1), ([state], 1))
+    result = actor.generate(RolloutRequest(3, c.sampler.next_batch(2), min_version=1), ([state], 1))
     assert result.error is None and {t.version for t in result.trajectories} == {1}
 
 
@@ -281,7 +281,7 @@ def test_ray_actor_waits_for_the_admitted_weights(tmp_path):
     state = {n: p.detach().clone() for n, p in c.learner.model.named_parameters()}
     actor.set_weights(state, 0)
     out = {}
-    request = RolloutRequest(3, c.sampler.next_batch(2), seed=3, min_version=1)
+    request = RolloutRequest(3, c.sampler.next_batch(2), min_version=1)
     thread = threading.Thread(target=lambda: out.setdefault("r", actor.generate(request)))
     thread.start()
     thread.join(0.5)
@@ -291,7 +291,7 @@ def test_ray_actor_waits_for_the_admitted_weights(tmp_path):
     result = out["r"]
     assert result.error is None and {t.version for t in result.trajectories} == {1}
     actor.timeout_s = 0.05
-    late = actor.generate(RolloutRequest(4, request.tasks, seed=4, min_version=2))
+    late = actor.generate(RolloutRequest(4, request.tasks, min_version=2))
     assert "version 2 did not arrive" in late.error
 
 

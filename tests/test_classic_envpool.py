@@ -21,8 +21,8 @@ from reinforge.classic.ppo import PPOSettings  # noqa: E402
 from reinforge.errors import ConfigError  # noqa: E402
 
 HAS_ENVPOOL = importlib.util.find_spec("envpool") is not None
-needs_envpool = pytest.mark.skipif(not HAS_ENVPOOL, reason="EnvPool is not installed (pip install envpool; "
-                                   "run with /work/venv-classic as docs/classic.md says)")
+needs_envpool = pytest.mark.skipif(not HAS_ENVPOOL, reason="EnvPool is not installed (make install-envpool, "
+                                   "as docs/classic.md says)")
 
 
 class ScriptedPool:

@@ -34,6 +34,20 @@ def test_get_and_names_sorted():
     assert "alpha" in reg and "gamma" not in reg
 
 
+def test_a_part_without_a_formula_gives_a_description():
+    """Environments and rollout engines are described, not given a formula; a part gives one or the other."""
+    from reinforge.parts import all_kinds
+
+    for registry in (all_kinds()["env"], all_kinds()["engine"]):
+        for entry in registry.entries():
+            assert entry.formula == "" and entry.description == entry.fn.description != "", entry.name
+    reg = _fresh()
+    reg.register("gamma", description="a plain part", paper="-")(lambda: 3)
+    assert reg.entry("gamma").description == "a plain part" and reg.entry("gamma").formula == ""
+    with pytest.raises(TypeError, match="formula"):
+        reg.register("delta", paper="-")
+
+
 def test_unknown_name_raises_config_error_listing_allowed():
     reg = _fresh()
     with pytest.raises(ConfigError) as info:

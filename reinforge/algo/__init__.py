@@ -1,22 +1,15 @@
 """Pure tensor math of RL post-training: advantage estimators, policy losses, aggregation, KL.
 
-Every part is a plain function registered by name; see ``reinforge algos`` for the list. The
-helpers outside the registries (value loss, KL controller, mismatch correction, reward shaping)
-are exported here too.
+Every part is a plain function registered by name; see ``reinforge algos`` for the list. Importing
+this package imports every module of it, so every built-in algorithm part is registered by
+``import reinforge.algo`` alone (a new module of ``algo/`` needs no list to be edited). The helpers
+outside the registries (value loss, KL controller, mismatch correction, reward shaping) are
+exported here too.
 """
 
-import reinforge.algo.advantages_batch  # noqa: F401  (registers reinforce_pp, reinforce_pp_baseline, remax, gae)
-import reinforge.algo.advantages_tree  # noqa: F401  (registers treepo)
-import reinforge.algo.egae  # noqa: F401  (registers T-PPO's egae estimator)
-import reinforge.algo.gigpo  # noqa: F401  (registers the gigpo estimator)
-import reinforge.algo.guidance  # noqa: F401  (registers the luffy policy loss and the nll_phi term)
-import reinforge.algo.losses_clip  # noqa: F401  (registers ce_gppo, dcpo, aspo and the seq_sum_token_mean aggregation)
-import reinforge.algo.preference  # noqa: F401  (registers the dpo and ipo policy losses)
-import reinforge.algo.pvpo  # noqa: F401  (registers the pvpo estimator)
-import reinforge.algo.spo  # noqa: F401  (registers the spo estimator)
-import reinforge.algo.supervised  # noqa: F401  (registers the nll loss term)
-import reinforge.algo.vineppo  # noqa: F401  (registers the vineppo estimator)
-import reinforge.algo.vtrace  # noqa: F401  (registers the vtrace estimator)
+import importlib
+import pkgutil
+
 from reinforge.algo.advantages import (
     ADVANTAGES,
     gae_advantages_and_returns,
@@ -30,6 +23,10 @@ from reinforge.algo.mismatch import MISMATCH_MODES, mismatch_correction
 from reinforge.algo.mixing import MIXING
 from reinforge.algo.shaping import REWARD_SHAPERS, soft_overlong_penalty
 from reinforge.algo.value import clipped_value_loss, explained_variance
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")  # registers the module's parts (in name order)
+del _module
 
 REGISTRIES = {
     "advantage": ADVANTAGES,

@@ -44,7 +44,7 @@ import numpy as np
 
 from reinforge.data.base import Task, TaskSplits
 from reinforge.errors import ConfigError
-from reinforge.rewards.verifiers import VERIFIERS, RewardResult
+from reinforge.rewards.verifiers import CPU_BOUND, VERIFIERS, RewardResult
 
 INSTALL_HINT = "pip install 'reinforge[reasoning-gym]'"
 PREFIX = "reasoning_gym/"
@@ -220,6 +220,7 @@ def _scorer(name: str, params_json: str) -> Callable[..., float]:
     formula="r = score_answer(answer in the last <answer></answer> tags, entry) of the task's reasoning-gym "
             "dataset; correct = r >= 1",
     paper="Stojanovski et al. 2025, REASONING GYM: Reasoning Environments for RL with Verifiable Rewards",
+    needs=(CPU_BOUND,),
 )
 def reasoning_gym_score(task: Task, completion: str) -> RewardResult:
     """Score with the reasoning-gym task's own ``score_answer`` (the task is rebuilt from

@@ -66,7 +66,7 @@ def register_environment(
 
     def deco(make: Callable[..., Environment]) -> Callable[..., Environment]:
         spec = EnvSpec(name, make, uses_verifier, task_kinds, description, multi_turn, agent_driven)
-        ENVIRONMENTS.register(name, formula=description, paper=paper)(spec)
+        ENVIRONMENTS.register(name, description=description, paper=paper)(spec)
         return make
 
     return deco

@@ -88,7 +88,7 @@ class WorkerBatches:
             rounds.add(Round(kept, result.baseline, result.generate_s, 0.0, 0.0, result.metrics), offset)
             if rounds.done():
                 break
-            self._submit(RolloutRequest(step, self.sampler.next_batch(n), seed=step, round=rounds.out.rounds + 1,
+            self._submit(RolloutRequest(step, self.sampler.next_batch(n), round=rounds.out.rounds + 1,
                                         group_offset=rounds.out.rounds * n))
         rounds.out.metrics.update(self._metrics(step, results, time.perf_counter() - t0))
         return rounds.out
@@ -103,7 +103,7 @@ class WorkerBatches:
         pending = sorted(self.in_flight.values(), key=lambda r: r.key)
         for request in pending:
             self._receive(request.key)
-        return {"async": [{"update": r.update, "seed": r.seed, "round": r.round, "group_offset": r.group_offset,
+        return {"async": [{"update": r.update, "round": r.round, "group_offset": r.group_offset,
                            "tasks": [dataclasses.asdict(t) for t in r.tasks]} for r in pending],
                 "async_results": [result_to_json(self.results[r.key]) for r in pending]}
 
@@ -119,7 +119,7 @@ class WorkerBatches:
         while (self.next_submit <= self.cfg.train.steps
                and self.control.may_start(self.next_submit, self.published_version)):
             tasks = self.sampler.next_batch(self.cfg.rollout.prompts_per_step)
-            self._submit(RolloutRequest(self.next_submit, tasks, seed=self.next_submit))
+            self._submit(RolloutRequest(self.next_submit, tasks))
 
     def _submit(self, request: RolloutRequest) -> None:
         request.on_error = self.reward_pool.on_error
@@ -167,6 +167,6 @@ def pending_from_checkpoint(run_dir: Path) -> tuple[list[RolloutRequest], list[R
     ckpt = latest_valid_checkpoint(run_dir, warn=lambda _: None)
     state = json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}
     finished = [result_from_json(r) for r in state.get("async_results", [])]
-    requests = [RolloutRequest(p["update"], [Task(**t) for t in p["tasks"]], p["seed"], round=p.get("round", 1),
+    requests = [RolloutRequest(p["update"], [Task(**t) for t in p["tasks"]], round=p.get("round", 1),
                                group_offset=p.get("group_offset", 0)) for p in state.get("async", [])]
     return requests, finished

@@ -75,18 +75,19 @@ class PromptBaseline(Protocol):
     def metrics(self) -> dict[str, float]: ...
 
 
-def collect_sized(collector: Collector, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int,
+def collect_sized(collector: Collector, tasks: Sequence[Task], params: SamplingParams, step: int, group_offset: int,
                   sizes: Sequence[int] | None = None) -> Collected:
     """``sizes[i]`` scored samples for task i (``params.n`` each when None): one collection per distinct
     size, in increasing size, the group ids then set to ``group_offset`` + task index and the
-    trajectories put back in task order. Every size equal to ``params.n`` is one plain collection."""
+    trajectories put back in task order. Every size equal to ``params.n`` is one plain collection.
+    ``step`` is the collector's environment seed (environments are reset from the step number)."""
     if sizes is None or all(n == params.n for n in sizes):
-        return collector.collect(tasks, params, seed, group_offset=group_offset)
+        return collector.collect(tasks, params, step, group_offset=group_offset)
     out = Collected()
     by_task: list[list] = [[] for _ in tasks]
     for n in sorted(set(sizes)):
         index = [i for i, s in enumerate(sizes) if s == n]
-        part = collector.collect([tasks[i] for i in index], dataclasses.replace(params, n=n), seed)
+        part = collector.collect([tasks[i] for i in index], dataclasses.replace(params, n=n), step)
         for t in part.trajectories:
             task = index[t.group_id]
             t.group_id = group_offset + task
@@ -98,18 +99,19 @@ def collect_sized(collector: Collector, tasks: Sequence[Task], params: SamplingP
     return out
 
 
-def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int,
+def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingParams, step: int, group_offset: int,
                  with_baseline: bool, prompt_baseline: PromptBaseline | None = None,
                  sizes: Sequence[int] | None = None) -> Round:
     """``params.n`` (or ``sizes[i]``) scored samples per task (group id = ``group_offset`` + task index)
     and, when the advantage needs it, the task's greedy baseline (ReMax) or the ``prompt_baseline``
-    provider's value. The same in this process and in a worker."""
+    provider's value. ``step`` is the step the round is for (the collector's environment seed). The same
+    in this process and in a worker."""
     t0 = time.perf_counter()
-    collected = collect_sized(collector, tasks, params, seed, group_offset, sizes)
+    collected = collect_sized(collector, tasks, params, step, group_offset, sizes)
     if prompt_baseline is not None:
-        baseline = prompt_baseline(tasks, collected.trajectories, params, seed)
+        baseline = prompt_baseline(tasks, collected.trajectories, params, step)
     else:
-        baseline = greedy_baseline(collector, tasks, params, seed) if with_baseline else None
+        baseline = greedy_baseline(collector, tasks, params, step) if with_baseline else None
     total = time.perf_counter() - t0
     return Round(collected.trajectories, baseline, total - collected.reward_s - collected.env_s, collected.reward_s,
                  collected.env_s, collected.metrics)

@@ -125,7 +125,7 @@ class Loop:
         with ConsoleProgress(cfg.train.steps, self.start, self.progress_every, console) as progress:
             progress.print(f"run directory: {self.run_dir}")
             for step in range(self.start + 1, cfg.train.steps + 1):
-                metrics = self.diverged_step(step)
+                metrics = self.checked_train_step(step)
                 if step == self.start + 1 and cfg.reward.on_error == "auto":
                     self.c.reward_pool.on_error = "zero"  # the reward function survived a whole step
                 out_of_time = cfg.train.time_limit_s > 0 and step < cfg.train.steps and distributed.any_rank(
@@ -157,9 +157,9 @@ class Loop:
         return TrainResult(self.run_dir, step, before, after)
 
     # ------------------------------------------------------------------ one step
-    def diverged_step(self, step: int) -> dict[str, Any]:
-        """``train_step``; a numerical fault (``TrainingDiverged``) is re-raised naming the step and the
-        last good checkpoint to resume from."""
+    def checked_train_step(self, step: int) -> dict[str, Any]:
+        """One ordinary step (``train_step``); a numerical fault (``TrainingDiverged``) is re-raised naming
+        the step and the last good checkpoint to resume from."""
         try:
             return self.train_step(step)
         except TrainingDiverged as e:

@@ -37,9 +37,8 @@ from reinforge.types import Trajectory
 
 @dataclass
 class RolloutRequest:
-    update: int  # the learner update that will consume this batch (1-based)
+    update: int  # the learner update that will consume this batch (1-based); its step number resets the environments
     tasks: list[Task]
-    seed: int
     on_error: str = "raise"  # the reward pool's policy for this batch
     min_version: int = 0  # admission control: sample with weights of at least this version
     round: int = 1  # > 1: a further round of dynamic sampling for the same update
@@ -114,7 +113,7 @@ class RolloutWorkerCore:
             # Each request samples from its own stream, whichever worker runs it and whatever it ran
             # before: a resumed run (fresh workers) samples exactly what the interrupted one would have.
             self.engine.generator.manual_seed(request_seed(self.cfg.seed, request.update, request.round))
-            r = sample_round(self.collector, request.tasks, self.params, request.seed, request.group_offset,
+            r = sample_round(self.collector, request.tasks, self.params, request.update, request.group_offset,
                              self.with_baseline)
             return RolloutResult(request.update, self.worker_id, r.trajectories, r.generate_s, r.reward_s, r.env_s,
                                  r.metrics, baseline=r.baseline, round=request.round)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from reinforge.config import RewardConfig, RewardTermConfig
 from reinforge.rewards.imported import resolve_verifier
 from reinforge.rewards.pool import PoolKind, VerifierPool
-from reinforge.rewards.verifiers import Verifier
+from reinforge.rewards.verifiers import CPU_BOUND, VERIFIERS, Verifier
 
 
 def build_reward(reward: RewardConfig, task_verifier: str, device: str = "cpu") -> Verifier:
@@ -20,14 +20,16 @@ def build_reward(reward: RewardConfig, task_verifier: str, device: str = "cpu") 
     return CompositeReward(terms, on_error="zero" if reward.on_error == "zero" else "raise")
 
 
-# Registered verifiers that compute in pure Python under the GIL: worth a process each
-# (math-verify scores 1.74x faster on 2 processes than inline, threads 0.90x: benchmarks/BENCHMARKS.md).
-CPU_BOUND_VERIFIERS = frozenset({"math_verify", "reasoning_gym"})
+def cpu_bound(verifier: str) -> bool:
+    """A registered verifier that declares it computes in pure Python under the GIL (``CPU_BOUND``): worth
+    a process each (math-verify scores 1.74x faster on 2 processes than inline, threads 0.90x:
+    benchmarks/BENCHMARKS.md). Your own ``module:function`` declares nothing (threads)."""
+    return verifier in VERIFIERS and CPU_BOUND in VERIFIERS.needs(verifier)
 
 
 def pool_kind(reward: RewardConfig, task_verifier: str, multi_turn: bool) -> PoolKind:
     """``reward.pool``, with ``auto`` resolved: processes when a single-turn reward uses a CPU-bound
-    pure-Python verifier (``CPU_BOUND_VERIFIERS``) and no reward model or judge (a model would be
+    pure-Python verifier (``cpu_bound``) and no reward model or judge (a model would be
     loaded in every worker; a judge waits on HTTP); threads otherwise (sandboxed code, models, judges
     and cheap string checks gain nothing from a process, and threads start at once). A multi-turn
     environment scores one completion at a time as its episodes step, so its pool stays threads
@@ -40,7 +42,7 @@ def pool_kind(reward: RewardConfig, task_verifier: str, multi_turn: bool) -> Poo
     if any(t.verifier is None for t in terms):
         return "thread"
     names = [t.verifier for t in terms] if terms else [task_verifier]
-    return "process" if CPU_BOUND_VERIFIERS & set(names) else "thread"
+    return "process" if any(cpu_bound(name) for name in names) else "thread"
 
 
 def build_reward_pool(reward: RewardConfig, verifier: Verifier, kind: PoolKind) -> VerifierPool:

@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from reinforge.data.base import Task
-from reinforge.rewards.verifiers import VERIFIERS, RewardResult
+from reinforge.rewards.verifiers import CPU_BOUND, VERIFIERS, RewardResult
 
 MATH_VERIFY_TIMEOUT_S = 5
 _INSTALL = "the math_verify verifier needs math-verify: pip install 'reinforge[math]' (or pip install math-verify)"
@@ -107,6 +107,7 @@ def _parse(text: str, timeout_s: int | None, raise_on_error: bool = False) -> li
     "math_verify",
     formula="r = 1 if math-verify finds the extracted answer equivalent to the reference answer else 0",
     paper="Hugging Face Math-Verify (github.com/huggingface/Math-Verify)",
+    needs=(CPU_BOUND,),
 )
 def math_verify_match(task: Task, completion: str) -> RewardResult:
     """1 when ``extract_answer(completion)`` is mathematically equivalent to ``task.answer`` (math-verify's

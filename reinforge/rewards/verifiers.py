@@ -23,6 +23,9 @@ class RewardResult:
 
 Verifier = Callable[[Task, str], RewardResult]
 VERIFIERS: Registry[Verifier] = kind("verifier", Registry("verifier"))
+CPU_BOUND = "cpu_bound"
+"""A verifier's declaration (``needs=(CPU_BOUND,)``): it computes in pure Python under the GIL, so it
+is worth a process each (``reward.pool: auto`` then picks processes, ``rewards/build.py::pool_kind``)."""
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 

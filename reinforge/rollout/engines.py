@@ -52,7 +52,7 @@ def register_engine(name: str, *, description: str, replicable: bool, needs_serv
 
     def deco(cls: type) -> type:
         spec = EngineSpec(name, cls.from_config, replicable, needs_server, description, cls, resolve)
-        ROLLOUT_ENGINES.register(name, formula=description, paper=paper)(spec)
+        ROLLOUT_ENGINES.register(name, description=description, paper=paper)(spec)
         return cls
 
     return deco
