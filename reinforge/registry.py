@@ -21,8 +21,9 @@ parts exactly like built-in ones (``reinforge.plugins``).
 
 from __future__ import annotations
 
+import difflib
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -70,11 +71,37 @@ class Entry(Generic[F]):
             raise ConfigError(f"{where}: {problems}") from None
 
 
-class Registry(Generic[F]):
-    """A name -> part table for one kind of part."""
+NEEDS: dict[str, str] = {
+    # what a part may declare in ``needs=(...)``; each is interpreted by the loop (anything else is an error)
+    "values": "a critic is built; its values V(s_t) are computed before the advantages",
+    "ref_logp": "a frozen reference model; its log-probs are computed before the advantages",
+    "old_logp": "pi_old's log-probs are recomputed even with a single update per batch",
+    "sampling_logp": "the rollout engine's log-probs (the behaviour policy) reach the estimator",
+    "entropy": "pi_old's per-token entropy, from its no-grad pass, reaches the estimator",
+    "baseline": "a greedy rollout per prompt gives each sequence a baseline reward (ReMax)",
+    "optimal_value": "V*(x) per prompt from reference samples, in baseline (A*-PO)",
+    "reference_value": "a reference policy's mean reward per prompt, in baseline (PVPO)",
+    "turn_returns": "multi-turn: the discounted return from each token's turn on",
+    "turn_states": "multi-turn: the environment state each turn acted from",
+    "subgroups": "the nested groups a group sampler made (tree rollouts)",
+    "prompt_key": "a hash of each sequence's task, for state kept per prompt across steps",
+    "state_values": "Monte Carlo values of intermediate states (VinePPO's re-rollouts)",
+    "teacher_logp_vocab": "a frozen teacher's full next-token distributions (algo.teacher)",
+    "demonstrations": "rows given, not sampled (demonstrations.path); the part trains on them",
+    "whole_groups": "a loss computed per group: micro-batches keep groups whole",
+    "ungrouped": "the estimator's baseline is not its group's: equal-reward groups are kept",
+    "carry_over": "a group sampler that carries unfinished generations into the next step (T-PPO)",
+    "cpu_bound": "a verifier computing in pure Python under the GIL: scored in processes",
+}
 
-    def __init__(self, kind: str) -> None:
+
+class Registry(Generic[F]):
+    """A name -> part table for one kind of part. ``inputs``: the names its parts' parameters may take
+    (the fields of the record the part is called with, and ``cfg``); None where any name goes."""
+
+    def __init__(self, kind: str, inputs: frozenset[str] | None = None) -> None:
         self.kind = kind
+        self.inputs = inputs
         self._entries: dict[str, Entry[F]] = {}
 
     def register(self, name: str, *, paper: str, formula: str = "", description: str = "",
@@ -87,11 +114,24 @@ class Registry(Generic[F]):
         def deco(fn: F) -> F:
             if name in self._entries and not _same_definition(self._entries[name].fn, fn):
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
-            self._entries[name] = Entry(name, fn, formula, paper, frozenset(needs), _parameters(fn), settings,
-                                        description)
+            params = _parameters(fn)
+            self._check_declared(name, params, needs)
+            self._entries[name] = Entry(name, fn, formula, paper, frozenset(needs), params, settings, description)
             return fn
 
         return deco
+
+    def _check_declared(self, name: str, params: tuple[str, ...], needs: tuple[str, ...] | frozenset[str]) -> None:
+        """A parameter that is no field of the record the part is called with, or a need the loop does not
+        know, is an error naming the part and the name (a plug-in's fails when the config loads)."""
+        for need in needs:
+            if need not in NEEDS:
+                raise ConfigError(f"{self.kind} {name!r}: unknown need {need!r}{_close(need, NEEDS)}; known: "
+                                  f"{', '.join(sorted(NEEDS))}")
+        for param in params if self.inputs is not None else ():
+            if param not in self.inputs:
+                raise ConfigError(f"{self.kind} {name!r}: parameter {param!r} is not a field it can read"
+                                  f"{_close(param, self.inputs)}; fields: {', '.join(sorted(self.inputs))}")
 
     def entry(self, name: str) -> Entry[F]:
         try:
@@ -139,6 +179,12 @@ def _same_definition(a: Any, b: Any) -> bool:
         x = getattr(x, "make", x)  # a spec object registered for its factory
         return getattr(x, "__module__", None), getattr(x, "__qualname__", None)
     return where(a) == where(b) and where(a) != (None, None)
+
+
+def _close(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest known name, if one is close."""
+    match = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def _parameters(fn: Callable) -> tuple[str, ...]:

@@ -10,7 +10,8 @@ from reinforge.algo.gigpo import GiGPOSettings, StepGroupStats, gigpo_advantage
 from reinforge.config import AlgoConfig
 from reinforge.data.base import Task
 from reinforge.envs.guessing import GuessingEnv
-from reinforge.orchestrate.episodes import build_batch, stable_hash, turn_state_tensors
+from reinforge.orchestrate.batch_fields import stable_hash, turn_state_tensors
+from reinforge.orchestrate.episodes import build_batch
 from reinforge.types import Trajectory
 
 

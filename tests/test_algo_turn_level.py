@@ -11,7 +11,8 @@ from part_calls import advantage
 from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantages import grpo_advantage, grpo_turn_advantage, turn_returns
 from reinforge.config import AlgoConfig
-from reinforge.orchestrate.episodes import build_batch, turn_return_tensor
+from reinforge.orchestrate.batch_fields import turn_return_tensor
+from reinforge.orchestrate.episodes import build_batch
 from reinforge.types import Trajectory
 
 

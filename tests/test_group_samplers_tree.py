@@ -11,7 +11,7 @@ import torch
 from reinforge.algo.advantages import ADVANTAGES, GroupNormSettings
 from reinforge.algo.context import Context
 from reinforge.errors import ConfigError
-from reinforge.orchestrate.episodes import SUBGROUPS_PER_GROUP, subgroup_tensor
+from reinforge.orchestrate.batch_fields import SUBGROUPS_PER_GROUP, subgroup_tensor
 from reinforge.rollout.group_samplers import build_group_sampler
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.tree_sampler import TreeSettings, branch_plan, split_leaves

@@ -161,3 +161,51 @@ def test_a_plugin_that_does_not_import_is_named(tmp_path):
     with pytest.raises(ConfigError, match="unknown advantage estimator 'nope'"):
         load_config(None, ["algo.advantage=nope"])
     assert json.dumps(load_config(None, []).plugins) == "[]"
+
+
+TURN_WEIGHTED_LOSS = '''
+import torch
+from reinforge.algo.losses import POLICY_LOSSES
+
+
+@POLICY_LOSSES.register("turn_weighted_pg", formula="L_t = -(A_t + r_t) ratio_t / (1 + turn_t)", paper="a test")
+def turn_weighted_pg(logp, old_logp, advantages, token_rewards, turn_index, cfg):
+    """Later turns weigh less; the per-token rewards (here -beta KL_t) add to the advantage."""
+    weight = 1.0 / (1.0 + turn_index.clamp(min=0).to(logp.dtype))
+    loss = -(advantages + token_rewards) * torch.exp(logp - old_logp) * weight
+    return loss, {"turn_weight": weight, "token_reward": token_rewards}
+'''
+
+
+@pytest.fixture(scope="module")
+def turn_loss_plugin(tmp_path_factory):
+    """The plug-in above as one file for the module (a part is registered once); removed afterwards."""
+    saved = dict(KINDS["policy_loss"]._entries)
+    plugin = tmp_path_factory.mktemp("turn_loss") / "turn_loss.py"
+    plugin.write_text(TURN_WEIGHTED_LOSS)
+    yield plugin
+    KINDS["policy_loss"]._entries.clear()
+    KINDS["policy_loss"]._entries.update(saved)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_policy_loss_reads_token_rewards_and_turn_index(tmp_path, mode, turn_loss_plugin):
+    """Fields a loss declares reach it in both modes: ``token_rewards`` (the KL in the reward) and
+    ``turn_index`` (two-turn retry episodes) are tensors, not None."""
+    _, steps = _run(tmp_path, turn_loss_plugin, "algo.policy_loss=turn_weighted_pg", "env.name=retry", "env.max_turns=2",
+                    "algo.kl.coef=0.05", "algo.kl.placement=reward", f"orchestrate.mode={mode}",
+                    "rollout.max_new_tokens=6")
+    assert all(m["train/token_reward"] <= 0 for m in steps)  # -beta KL_t
+    assert any(m["train/token_reward"] < 0 for m in steps)
+    assert all(m["train/turn_weight"] <= 1 for m in steps) and any(m["train/turn_weight"] < 1 for m in steps)
+
+
+def test_a_misspelt_field_fails_at_config_load_naming_the_part(tmp_path):
+    plugin = tmp_path / "misspelt.py"
+    plugin.write_text("from reinforge.algo.advantages import ADVANTAGES\n\n\n"
+                      "@ADVANTAGES.register('typo_adv', formula='A = r', paper='a test')\n"
+                      "def typo_adv(rewardz, mask, cfg):\n    return rewardz[:, None] * mask\n")
+    with pytest.raises(ConfigError, match=r"advantage estimator 'typo_adv': parameter 'rewardz' is not a field it can "
+                                          r"read \(did you mean 'rewards'\?\)"):
+        load_config(None, [f"plugins=[{plugin}]", "algo.advantage=typo_adv"])

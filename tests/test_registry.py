@@ -110,3 +110,21 @@ def test_every_entry_is_documented():
             assert reg.get(entry.name) is entry.fn
             n += 1
     assert n >= 9
+
+
+def test_a_part_declares_only_known_needs_and_readable_fields():
+    from reinforge.errors import ConfigError
+    from reinforge.registry import NEEDS, Registry
+
+    reg = Registry("thing", inputs=frozenset({"rewards", "mask", "cfg"}))
+    reg.register("ok", formula="f", paper="p", needs=("values",))(lambda rewards, mask, cfg: rewards)
+    assert reg.entry("ok").params == ("rewards", "mask", "cfg")
+    with pytest.raises(ConfigError, match=r"thing 'bad': unknown need 'valuse' \(did you mean 'values'\?\)"):
+        reg.register("bad", formula="f", paper="p", needs=("valuse",))(lambda rewards: rewards)
+    with pytest.raises(ConfigError, match=r"thing 'bad': parameter 'maks' is not a field it can read \(did you mean "
+                                          r"'mask'\?\); fields: cfg, mask, rewards"):
+        reg.register("bad", formula="f", paper="p")(lambda rewards, maks: rewards)
+    assert "bad" not in reg
+    anything = Registry("other")  # no inputs declared: any parameter name
+    anything.register("free", formula="f", paper="p")(lambda whatever: whatever)
+    assert "cpu_bound" in NEEDS and "whole_groups" in NEEDS

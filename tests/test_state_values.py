@@ -11,8 +11,9 @@ from reinforge.config import config_from_dict
 from reinforge.data.base import Task
 from reinforge.envs.registry import build_environment
 from reinforge.errors import ConfigError
+from reinforge.orchestrate.batch_fields import state_value_tensors
 from reinforge.orchestrate.collectors import Continued, SingleTurn
-from reinforge.orchestrate.episodes import build_batch, state_value_tensors
+from reinforge.orchestrate.episodes import build_batch
 from reinforge.orchestrate.state_values import CutSettings, StateValues, cut_points, cut_settings
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import exact_match

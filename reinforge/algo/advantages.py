@@ -29,6 +29,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from reinforge.algo.context import PART_INPUTS
 from reinforge.algo.returns import (  # noqa: F401  (re-exported: the estimators' shared helpers)
     _gamma,
     _per_token,
@@ -48,7 +49,7 @@ class AdvantageFn(Protocol):
     def __call__(self, **fields: Any) -> Tensor: ...
 
 
-ADVANTAGES: Registry[AdvantageFn] = kind("advantage", Registry("advantage estimator"))
+ADVANTAGES: Registry[AdvantageFn] = kind("advantage", Registry("advantage estimator", inputs=PART_INPUTS))
 
 
 class DiscountSettings(Settings):

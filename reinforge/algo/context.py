@@ -82,3 +82,6 @@ class Context:
 
 
 CONTEXT_FIELDS = frozenset(f.name for f in fields(Context))
+PART_INPUTS = CONTEXT_FIELDS | {"cfg"}
+"""What an estimator's, policy loss's or loss term's parameters may name: a context field, or ``cfg`` (its
+settings); their registries refuse any other parameter name when a part registers."""

@@ -31,6 +31,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
+from reinforge.algo.context import PART_INPUTS
 from reinforge.registry import Registry, Settings, kind
 
 
@@ -41,7 +42,7 @@ class PolicyLossFn(Protocol):
     def __call__(self, **fields: Any) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
-POLICY_LOSSES: Registry[PolicyLossFn] = kind("policy_loss", Registry("policy loss"))
+POLICY_LOSSES: Registry[PolicyLossFn] = kind("policy_loss", Registry("policy loss", inputs=PART_INPUTS))
 
 
 class ClipSettings(Settings):

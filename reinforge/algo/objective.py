@@ -24,13 +24,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reinforge.algo.context import Context
+from reinforge.algo.context import CONTEXT_FIELDS, PART_INPUTS, Context
 from reinforge.algo.kl import KL_ESTIMATORS
 from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm
 from reinforge.algo.mismatch import mismatch_correction
 from reinforge.registry import Registry, kind
 
-LOSS_TERMS: Registry = kind("loss_term", Registry("loss term"))
+LOSS_TERMS: Registry = kind("loss_term", Registry("loss term", inputs=PART_INPUTS))
 
 
 @LOSS_TERMS.register(
@@ -198,6 +198,16 @@ def advantage_controller(cfg: Any) -> Any | None:
     settings = cfg.advantage.settings
     controller = getattr(type(settings), "controller", None)
     return controller(settings) if controller is not None else None
+
+
+def read_fields(cfg: Any) -> frozenset[str]:
+    """The context fields the run reads: those its estimator, policy loss and loss terms name as
+    parameters, and those they declare in ``needs`` (``required_inputs``)."""
+    from reinforge.algo.advantages import ADVANTAGES
+
+    entries = [ADVANTAGES.entry(cfg.advantage), POLICY_LOSSES.entry(cfg.policy_loss),
+               *(LOSS_TERMS.entry(term.name) for term in loss_terms(cfg))]
+    return frozenset(p for e in entries for p in e.params if p in CONTEXT_FIELDS) | required_inputs(cfg)
 
 
 def required_inputs(cfg: Any) -> frozenset[str]:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from reinforge.algo.objective import required_inputs
-from reinforge.algo.returns import turn_returns
 from reinforge.algo.shaping import REWARD_SHAPERS, ShapeInputs
 from reinforge.config import AlgoConfig, RewardShaperConfig
 from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import verifier_step_result
+from reinforge.orchestrate.batch_fields import produce_fields
 from reinforge.rewards.pool import VerifierOutcome, VerifierPool
 from reinforge.rollout.group_samplers import GroupSampler
 from reinforge.rollout.prompts import encode_prompt
@@ -143,80 +141,5 @@ def build_batch(
     if baseline is not None:
         base = torch.tensor([b for b, k in zip(baseline, keep, strict=True) if k], dtype=torch.float32)
     batch = Batch.from_trajectories(kept, pad_id, base)
-    needs = required_inputs(algo)
-    if "turn_returns" in needs:
-        batch.turn_returns = turn_return_tensor(kept, batch.input_ids.shape[1], algo.discount.gamma)
-    if "turn_states" in needs:
-        batch.turn_states, batch.turn_index = turn_state_tensors(kept, batch.input_ids.shape[1])
-    if "prompt_key" in needs:
-        batch.prompt_key = torch.tensor([stable_hash(t.task_id) for t in kept], dtype=torch.long)
-    if "subgroups" in needs:
-        batch.subgroups = subgroup_tensor(kept)
-    if "state_values" in needs:
-        batch.state_values, batch.state_mask = state_value_tensors(kept, batch.input_ids.shape[1])
+    produce_fields(batch, kept, algo)
     return batch, stats
-
-
-def state_value_tensors(trajs: list[Trajectory], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, width] each: the Monte Carlo value of the state before each position listed in
-    ``metadata['state_values']`` (``[[position, value], ...]``, orchestrate/state_values.py), 0 elsewhere,
-    and 1 at those positions."""
-    values, mask = torch.zeros((len(trajs), width)), torch.zeros((len(trajs), width))
-    for i, t in enumerate(trajs):
-        for pos, v in t.metadata.get("state_values", ()):
-            values[i, int(pos)], mask[i, int(pos)] = float(v), 1.0
-    return values, mask
-
-
-def stable_hash(text: str) -> int:
-    """A 64-bit signed integer key of ``text``, the same in every process and run (not Python's ``hash``)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-
-
-def turn_state_tensors(trajs: list[Trajectory], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, width] long each: at each model token, the hash of the state its turn acted from
-    (``turn_states``) and the turn's index (``turn_index``, -1 off the model's turns). A trajectory
-    without turns (single-turn) is one turn from the state of its prompt (its task id); a turn
-    without a recorded state gets a key of its own (it joins no step group)."""
-    states = torch.zeros((len(trajs), width), dtype=torch.long)
-    index = torch.full((len(trajs), width), -1, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        if not t.turn_spans:
-            live = torch.tensor(t.loss_mask, dtype=torch.bool)
-            index[i, : len(t.loss_mask)][live] = 0
-            states[i, : len(t.loss_mask)][live] = stable_hash(f"prompt:{t.task_id}")
-            continue
-        for k, (start, end) in enumerate(t.turn_spans):
-            key = t.turn_states[k] if k < len(t.turn_states) else f"unrecorded:{t.task_id}:{id(t)}:{k}"
-            index[i, start:end] = k
-            states[i, start:end] = stable_hash(key)
-    return states, index
-
-
-SUBGROUPS_PER_GROUP = 1 << 16  # subgroup id = group id * this + the subgroup's index within its group
-
-
-def subgroup_tensor(trajs: list[Trajectory]) -> torch.Tensor:
-    """[N, K] long: the ids of the subgroups each trajectory lists in ``metadata['subgroups']`` (names
-    unique within its group), unique across groups and ranks (derived from the group id); -1 padding."""
-    names: dict[int, dict[str, int]] = {}
-    width = max((len(t.metadata.get("subgroups", ())) for t in trajs), default=0)
-    out = torch.full((len(trajs), width), -1, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        local = names.setdefault(t.group_id, {})
-        for k, name in enumerate(t.metadata.get("subgroups", ())):
-            out[i, k] = t.group_id * SUBGROUPS_PER_GROUP + local.setdefault(str(name), len(local))
-    return out
-
-
-def turn_return_tensor(trajs: list[Trajectory], width: int, gamma: float) -> torch.Tensor:
-    """[N, width]: at each model token, the discounted return from its turn on (``turn_returns``);
-    a trajectory without turns (single-turn) has its reward on every token."""
-    out = torch.zeros((len(trajs), width))
-    for i, t in enumerate(trajs):
-        if not t.turn_spans:
-            out[i, : len(t.token_ids)] = t.reward
-            continue
-        for (start, end), g in zip(t.turn_spans, turn_returns(t.turn_rewards, gamma), strict=True):
-            out[i, start:end] = g
-    return out

@@ -23,8 +23,9 @@ BATCH_FIELDS: dict[str, str] = {  # context field -> Batch attribute
     "returns": "returns", "advantages": "advantages", "demo": "demo", "continues": "continues",
     "teacher_logp_vocab": "teacher_logprobs",
 }
-COMPUTED_FIELDS = frozenset({"lengths", "logp", "entropy", "logp_vocab"})  # by the learner, not held by a batch
-assert set(BATCH_FIELDS) | COMPUTED_FIELDS == CONTEXT_FIELDS - {"metadata"}, "a context field has no source"
+COMPUTED_FIELDS = CONTEXT_FIELDS - set(BATCH_FIELDS) - {"metadata"}
+"""Not held by a batch: ``lengths`` (derived here) and what the learner's forward gives (the current
+policy's log-probs, entropies and full rows)."""
 
 
 def context_tensors(batch: Batch, names: frozenset[str] | set[str] | None = None, **computed: Tensor | None
