@@ -115,6 +115,14 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same rows with every tensor on ``device`` (itself when they all are already)."""
+        device = torch.device(device)
+        if self.input_ids.device == device:
+            return self
+        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                        for f in fields(self)})
+
     def select(self, index: Tensor | list[int]) -> Batch:
         """Rows ``index``, with the [N, L] tensors trimmed to the longest selected sequence."""
         index = torch.as_tensor(index, dtype=torch.long)

@@ -305,7 +305,7 @@ class Learner(PreparesBatches):
         micros = self._micro_batches(minibatch) if minibatch is not None else []
         most = self.parallel.most_forwards(len(micros)) if train_policy else len(micros)
         for i, micro_rows in enumerate(micros):
-            micro = minibatch.select(micro_rows)  # type: ignore[union-attr]
+            micro = minibatch.select(micro_rows).to(self._device)  # type: ignore[union-attr]
             if self.critic is not None:
                 self.critic.backward(micro, value_norm, stats, self.algo.critic.value_clip, self.step)
             if not train_policy:

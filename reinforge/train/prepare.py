@@ -79,20 +79,20 @@ class PreparesBatches:
             self.parallel.equal_forwards(len(micros), self.parallel.most_forwards(len(micros)), grad=False)
         with self._reference_on_device(ref is not None):
             for rows in micros:
-                mb = batch.select(rows)
+                mb = batch.select(rows).to(self._device)  # the batch stays where it was built, its passes run here
                 cols = mb.input_ids.shape[1]
                 if old is not None:
                     logp, h = self._logprobs(self.model, mb, entropy=ent is not None)
-                    old[rows, :cols] = logp
+                    old[rows, :cols] = logp.cpu()
                     if ent is not None:
-                        ent[rows, :cols] = h * mb.loss_mask
+                        ent[rows, :cols] = (h * mb.loss_mask).cpu()
                     add_mismatch(stats, logp, mb)
                 if ref is not None:
-                    ref[rows, :cols] = self._reference_logprobs(mb)
+                    ref[rows, :cols] = self._reference_logprobs(mb).cpu()
                 if values is not None:
-                    values[rows, :cols] = self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask
+                    values[rows, :cols] = (self.critic.model(mb.input_ids, mb.attention_mask) * mb.loss_mask).cpu()
                 if self.teacher is not None:
-                    dist = self._vocab_logprobs(self.teacher, mb)[2]
+                    dist = self._vocab_logprobs(self.teacher, mb)[2].cpu()
                     teacher = dist.new_zeros(n, width, dist.shape[-1]) if teacher is None else teacher
                     teacher[rows, :cols] = dist
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
