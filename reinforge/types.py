@@ -6,6 +6,7 @@ tensors. Rollout knows nothing of losses and the learner nothing of environments
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -111,6 +112,7 @@ class Batch:
     state_values: Tensor | None = None
     state_mask: Tensor | None = None
     continues: Tensor | None = None
+    extra: dict[str, Tensor] = field(default_factory=dict)  # registered fields (algo.context.register_field)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -120,22 +122,17 @@ class Batch:
         device = torch.device(device)
         if self.input_ids.device == device:
             return self
-        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                        for f in fields(self)})
+        return Batch(**{f.name: _map(getattr(self, f.name), lambda t: t.to(device)) for f in fields(self)})
 
     def select(self, index: Tensor | list[int]) -> Batch:
         """Rows ``index``, with the [N, L] tensors trimmed to the longest selected sequence."""
         index = torch.as_tensor(index, dtype=torch.long)
         width = int(self.attention_mask[index].sum(-1).max().item()) if len(index) else 0
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                out[f.name] = None
-            elif value.dim() >= 2:  # [N, L] (or [N, L, V]) tensors
-                out[f.name] = value[index, :width]
-            else:
-                out[f.name] = value[index]
+
+        def rows(value: Tensor) -> Tensor:
+            return value[index, :width] if value.dim() >= 2 else value[index]  # [N, L] (or [N, L, V]); [N]
+
+        out = {f.name: _map(getattr(self, f.name), rows) for f in fields(self)}
         return Batch(**out)
 
     @classmethod
@@ -166,3 +163,12 @@ class Batch:
         continues = torch.tensor([t.continues for t in trajs]) if any(t.continues for t in trajs) else None
         return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo, token_rewards=token_rewards,
                    continues=continues)
+
+
+def _map(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``fn`` of a batch field: a tensor, None, or a dict of tensors (``Batch.extra``)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {k: fn(v) for k, v in value.items()}
+    return fn(value)

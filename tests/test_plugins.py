@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from reinforge.config import load_config
@@ -209,3 +210,44 @@ def test_a_misspelt_field_fails_at_config_load_naming_the_part(tmp_path):
     with pytest.raises(ConfigError, match=r"advantage estimator 'typo_adv': parameter 'rewardz' is not a field it can "
                                           r"read \(did you mean 'rewards'\?\)"):
         load_config(None, [f"plugins=[{plugin}]", "algo.advantage=typo_adv"])
+
+
+NEW_FIELD = '''
+import torch
+from reinforge.algo.advantages import ADVANTAGES, group_mean_std
+from reinforge.orchestrate.batch_fields import produces
+
+
+@produces("completion_tokens")
+def completion_tokens(kept, width, algo):
+    """A new per-sequence field: the tokens the model generated."""
+    return (torch.tensor([float(sum(t.loss_mask)) for t in kept]),)
+
+
+@ADVANTAGES.register("brevity_grpo", formula="A_i = r_i - mean_g(r) - 0.01 len_i", paper="a test")
+def brevity_grpo(rewards, group_index, mask, completion_tokens, cfg):
+    mean, _, _ = group_mean_std(rewards, group_index)
+    return (rewards.double() - mean - 0.01 * completion_tokens.double())[:, None] * mask
+'''
+
+
+@pytest.fixture(scope="module")
+def new_field_plugin(tmp_path_factory):
+    saved = dict(KINDS["advantage"]._entries)
+    plugin = tmp_path_factory.mktemp("new_field") / "new_field.py"
+    plugin.write_text(NEW_FIELD)
+    yield plugin
+    KINDS["advantage"]._entries.clear()
+    KINDS["advantage"]._entries.update(saved)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_new_field_from_a_plugin_producer_reaches_the_estimator_that_reads_it(tmp_path, mode, new_field_plugin,
+                                                                                   monkeypatch):
+    load_config(None, [f"plugins=[{new_field_plugin}]"])  # registers the producer and the estimator
+    calls = _spy(monkeypatch, KINDS["advantage"], "brevity_grpo")
+    _run(tmp_path, new_field_plugin, "algo.advantage=brevity_grpo", f"orchestrate.mode={mode}")
+    assert len(calls) == 2
+    for call in calls:
+        assert torch.equal(call["completion_tokens"], call["mask"].sum(-1).float())  # one value a sequence

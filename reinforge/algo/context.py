@@ -47,6 +47,10 @@ class Context:
     the terms that need ``demonstrations`` over these. ``continues`` [N] (bool): rows whose generation
     goes on in a later step (T-PPO's truncated rollouts; None when none does): no outcome reward yet, the
     last token not terminal. ``metadata``: per-batch extras a plug-in may pass along.
+
+    ``extra``: the fields registered from outside this record (``register_field``; a plug-in's batch
+    field producer, ``orchestrate/batch_fields.py``), read like the others: ``ctx.name``, or a part's
+    parameter ``name``; None when the run did not produce it.
     """
 
     mask: Tensor
@@ -75,13 +79,35 @@ class Context:
     demo: Tensor | None = None
     continues: Tensor | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Tensor | None] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:  # only reached for a name that is no declared field
+        if name in EXTRA_FIELDS:
+            return self.__dict__.get("extra", {}).get(name)
+        raise AttributeError(f"the context record has no field {name!r}")
+
+    @classmethod
+    def of(cls, values: dict[str, Tensor | None]) -> Context:
+        """The record of ``values`` (field name -> tensor), registered fields going to ``extra``."""
+        return cls(**{k: v for k, v in values.items() if k in CONTEXT_FIELDS},
+                   extra={k: v for k, v in values.items() if k in EXTRA_FIELDS})
 
     def tensors(self) -> dict[str, Tensor | None]:
-        """The tensor fields by name (for gathering them over ranks)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metadata"}
+        """The tensor fields by name (for gathering them over ranks), registered ones included."""
+        declared = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("metadata", "extra")}
+        return {**declared, **self.extra}
 
 
-CONTEXT_FIELDS = frozenset(f.name for f in fields(Context))
-PART_INPUTS = CONTEXT_FIELDS | {"cfg"}
-"""What an estimator's, policy loss's or loss term's parameters may name: a context field, or ``cfg`` (its
-settings); their registries refuse any other parameter name when a part registers."""
+CONTEXT_FIELDS = frozenset(f.name for f in fields(Context)) - {"extra"}
+EXTRA_FIELDS: set[str] = set()
+PART_INPUTS: set[str] = set(CONTEXT_FIELDS | {"cfg"})
+"""What an estimator's, policy loss's or loss term's parameters may name: a context field (declared above
+or registered), or ``cfg`` (its settings); their registries refuse any other name when a part registers."""
+
+
+def register_field(name: str) -> None:
+    """Open the record to a new field ``name`` (a producer from outside the package writes it)."""
+    if name in CONTEXT_FIELDS or name == "cfg" or not name.isidentifier():
+        raise ValueError(f"context field {name!r}: the name is taken or not an identifier")
+    EXTRA_FIELDS.add(name)
+    PART_INPUTS.add(name)

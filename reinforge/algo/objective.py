@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reinforge.algo.context import CONTEXT_FIELDS, PART_INPUTS, Context
+from reinforge.algo.context import PART_INPUTS, Context
 from reinforge.algo.kl import KL_ESTIMATORS
 from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm
 from reinforge.algo.mismatch import mismatch_correction
@@ -207,7 +207,7 @@ def read_fields(cfg: Any) -> frozenset[str]:
 
     entries = [ADVANTAGES.entry(cfg.advantage), POLICY_LOSSES.entry(cfg.policy_loss),
                *(LOSS_TERMS.entry(term.name) for term in loss_terms(cfg))]
-    return frozenset(p for e in entries for p in e.params if p in CONTEXT_FIELDS) | required_inputs(cfg)
+    return frozenset(p for e in entries for p in e.params if p in PART_INPUTS and p != "cfg") | required_inputs(cfg)
 
 
 def required_inputs(cfg: Any) -> frozenset[str]:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
+from reinforge.algo.context import EXTRA_FIELDS, register_field
 from reinforge.algo.objective import read_fields
 from reinforge.algo.returns import turn_returns
 from reinforge.config import AlgoConfig
+from reinforge.errors import ConfigError
 from reinforge.types import Batch, Trajectory
 
 Make = Callable[[list[Trajectory], int, AlgoConfig], tuple[Tensor, ...]]
@@ -34,15 +36,22 @@ class FieldProducer:
 
 
 PRODUCERS: list[FieldProducer] = []
+BATCH_ATTRIBUTES = frozenset(f.name for f in fields(Batch)) - {"extra"}
 
 
 def produces(*writes: str) -> Callable[[Make], Make]:
-    """Register ``make`` as the producer of the batch fields ``writes``."""
+    """Register ``make`` as the producer of the batch fields ``writes``. A name the batch record does not
+    have yet becomes a new context field (``register_field``): parts read it by naming it, and it travels
+    in ``Batch.extra``. A module imported again (a plug-in) replaces its own producer."""
     def deco(make: Make) -> Make:
-        taken = {w for p in PRODUCERS for w in p.writes} & set(writes)
+        mine = [p for p in PRODUCERS if _where(p.make) == _where(make)]
+        taken = {w for p in PRODUCERS if p not in mine for w in p.writes} & set(writes)
         if taken:
-            raise ValueError(f"batch fields {sorted(taken)} already have a producer")
-        PRODUCERS.append(FieldProducer(tuple(writes), make))
+            raise ConfigError(f"batch fields {sorted(taken)} already have a producer")
+        for name in writes:
+            if name not in BATCH_ATTRIBUTES and name not in EXTRA_FIELDS:
+                register_field(name)
+        PRODUCERS[:] = [p for p in PRODUCERS if p not in mine] + [FieldProducer(tuple(writes), make)]
         return make
     return deco
 
@@ -53,7 +62,14 @@ def produce_fields(batch: Batch, kept: list[Trajectory], algo: AlgoConfig) -> No
     for producer in PRODUCERS:
         if wanted & set(producer.writes):
             for name, value in zip(producer.writes, producer.make(kept, width, algo), strict=True):
-                setattr(batch, name, value)
+                if name in BATCH_ATTRIBUTES:
+                    setattr(batch, name, value)
+                else:
+                    batch.extra[name] = value
+
+
+def _where(fn: Callable) -> tuple:
+    return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
 
 
 @produces("turn_returns")

@@ -4,6 +4,7 @@ a part gets each field it names as a parameter whether it is an estimator or a l
 
 The batch names some fields after what they are on the rollout side (``loss_mask``, ``*_logprobs``);
 ``BATCH_FIELDS`` maps the context's names to them. ``lengths`` is derived (trained tokens per row).
+A field registered from outside (``algo.context.register_field``) lives in ``batch.extra`` by its name.
 What the learner computes itself (the current policy's ``logp``, ``entropy``, ``logp_vocab``; an
 ``old_logp`` taken from the same forward) is passed in and overrides the batch.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from reinforge.algo.context import CONTEXT_FIELDS, Context
+from reinforge.algo.context import CONTEXT_FIELDS, EXTRA_FIELDS, Context
 from reinforge.types import Batch
 
 BATCH_FIELDS: dict[str, str] = {  # context field -> Batch attribute
@@ -31,14 +32,15 @@ policy's log-probs, entropies and full rows)."""
 def context_tensors(batch: Batch, names: frozenset[str] | set[str] | None = None, **computed: Tensor | None
                     ) -> dict[str, Tensor | None]:
     """The context's tensor fields of ``batch`` (only ``names`` when given), with ``computed`` ones."""
-    wanted = CONTEXT_FIELDS - {"metadata"} if names is None else names
+    wanted = (CONTEXT_FIELDS | EXTRA_FIELDS) - {"metadata"} if names is None else names
     out = {f: getattr(batch, attr) for f, attr in BATCH_FIELDS.items() if f in wanted}
     if "lengths" in wanted:
         out["lengths"] = batch.loss_mask.sum(-1)
+    out.update({f: batch.extra.get(f) for f in EXTRA_FIELDS if f in wanted})  # registered fields
     out.update({k: v for k, v in computed.items() if k in wanted})
     return out
 
 
 def batch_context(batch: Batch, **computed: Tensor | None) -> Context:
     """The whole context record of ``batch`` (``computed`` fields override the batch's)."""
-    return Context(**context_tensors(batch, None, **computed))
+    return Context.of(context_tensors(batch, None, **computed))

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantages import gae_advantages_and_returns
-from reinforge.algo.context import CONTEXT_FIELDS, Context
+from reinforge.algo.context import PART_INPUTS, Context
 from reinforge.algo.egae import egae_token_rewards
 from reinforge.errors import ConfigError
 from reinforge.train.batch_context import context_tensors
@@ -122,7 +122,7 @@ class PreparesBatches:
         """The advantages of ``batch``'s rows. With several ranks the estimator runs on all ranks' rows
         (gathered in rank order), so batch-level statistics (REINFORCE++'s normalisation, whitened
         GAE) are those of the global batch; each rank keeps its rows."""
-        reads = set(ADVANTAGES.entry(self.algo.advantage).params) & CONTEXT_FIELDS
+        reads = set(ADVANTAGES.entry(self.algo.advantage).params) & (PART_INPUTS - {"cfg"})
         inputs = None if batch is None else context_tensors(
             batch, reads | {"mask", "group_index", "demo"}, values=values, token_rewards=token_rewards,
             entropy=self._old_entropy)
@@ -140,14 +140,14 @@ class PreparesBatches:
         ctl = self.advantage_controller  # a stateful estimator's state, handed to it as its cfg
         settings = ctl if ctl is not None else self.algo.advantage.settings
         if demo is None:
-            return ADVANTAGES.call(self.algo.advantage, Context(**inputs), settings).to(self._loss_dtype)
+            return ADVANTAGES.call(self.algo.advantage, Context.of(inputs), settings).to(self._loss_dtype)
         mask = inputs["mask"]
         assert mask is not None
         keep = ~(demo & (inputs["group_index"] < 0))
         adv = torch.zeros(mask.shape, dtype=self._loss_dtype)
         if keep.any():
             sub = {k: v[keep] if v is not None else None for k, v in inputs.items()}
-            adv[keep] = ADVANTAGES.call(self.algo.advantage, Context(**sub), settings).to(self._loss_dtype)
+            adv[keep] = ADVANTAGES.call(self.algo.advantage, Context.of(sub), settings).to(self._loss_dtype)
         return adv
 
     @contextlib.contextmanager
