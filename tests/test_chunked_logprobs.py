@@ -241,8 +241,9 @@ def test_the_largest_logits_allocation_is_one_chunk():
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("forward", [["train.shared_prefix=false"], ["train.shared_prefix=true"],
-                                     ["train.packing=true"]], ids=["plain", "shared_prefix", "packed"])
+@pytest.mark.parametrize("forward", [["train.shared_prefix=false"], ["train.shared_prefix=true"], ["train.packing=true"],
+                                     ["train.shared_prefix=false", "train.gradient_checkpointing=true"]],
+                         ids=["plain", "shared_prefix", "packed", "plain_layer_checkpointing"])
 def test_a_learner_update_is_the_same(tmp_path, forward):
     """Gradients at the optimizer step of a whole update (policy and KL reference passes, micro-batches,
     entropy metric) equal the plain head's, in float64."""
