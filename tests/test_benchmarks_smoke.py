@@ -17,6 +17,7 @@ SMOKE = {
     "bench_classic_impala.py": ["--actors", "0", "--updates", "3", "--warmup", "1", "--repeats", "1"],
     "bench_async.py": ["--steps", "2", "--repeats", "1", "--eval-every", "1", "--heldout", "8", "--staleness", "1"],
     "bench_memory.py": ["--quick", "--repeats", "1"],
+    "bench_lm_head.py": ["--vocab", "1000", "--hidden", "16", "--positions", "64", "--chunks", "0,16", "--repeats", "1"],
     "bench_learner.py": ["--prompts", "2", "--group", "2", "--repeats", "1"],
     "bench_rollout.py": ["--sizes", "tiny", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--repeats", "1"],
     "bench_sandbox.py": ["--runs", "2"],

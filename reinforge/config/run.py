@@ -124,6 +124,11 @@ class TrainConfig(_Strict):
         "none", description="bf16: run the policy/reference forwards under torch.autocast(bfloat16); log-probs, "
         "losses, weights and optimizer state stay float32"
     )
+    logprob_chunk_tokens: int = Field(
+        0, ge=0, description="> 0: the LM head's log-probs and entropies over this many positions at a time, each "
+        "chunk's float32 logits recomputed in the backward instead of kept (never the [N, T, V] logits at once; "
+        "about one more lm_head forward); 0: the model's own forward; exact either way (docs/memory.md)"
+    )
     offload_reference: bool = Field(
         False, description="keep the frozen reference model on the CPU and bring it to model.device only for its "
         "pass at the start of each update"
@@ -137,6 +142,14 @@ class TrainConfig(_Strict):
     dist_backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend; auto: nccl when model.device is cuda, else gloo"
     )
+
+    @model_validator(mode="after")
+    def _chunked_head_fits(self) -> TrainConfig:
+        if self.logprob_chunk_tokens > 0 and self.parallel == "fsdp":
+            raise ValueError("train.logprob_chunk_tokens > 0 calls the model's lm_head outside its forward, where "
+                             "train.parallel=fsdp (FSDP2) has not gathered its parameters; use train.parallel=ddp or "
+                             "train.logprob_chunk_tokens=0")
+        return self
 
 
 class EvalConfig(_Strict):

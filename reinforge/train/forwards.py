@@ -3,7 +3,8 @@
 Each is a registered part (``FORWARDS``) with the same arithmetic and a different cost: ``plain``
 (the model's own forward over the padded rows), ``shared_prefix`` (each group's prompt computed once,
 Llama/Qwen2; falls back to ``plain`` for rows whose prompts differ) and ``packed`` (sequences end to
-end, no compute on padding). ``select_forward`` picks one from ``train.packing`` /
+end, no compute on padding). Each computes the LM head in chunks of positions with
+``train.logprob_chunk_tokens`` > 0 (train/lm_head.py). ``select_forward`` picks one from ``train.packing`` /
 ``train.shared_prefix`` and what the model and the parallel strategy support. All return float32
 (float64 for a float64 model), also under autocast. The full next-token rows [N, L, V] a part may read
 (``Context.logp_vocab``, GKD's) come from the plain forward in every case (``vocab_logprobs``).
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 
 from reinforge.models.lean_llama import supports as shared_prefix_supported
 from reinforge.registry import Registry, kind
+from reinforge.train.lm_head import check_plain_head
 from reinforge.train.logprobs import token_logprobs, vocab_logprobs
 from reinforge.train.packing import packed_token_logprobs
 from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
@@ -32,9 +34,11 @@ class PlainForward:
     def __init__(self, policy: nn.Module, hf_model: nn.Module, cfg: Any) -> None:
         """``policy``: the learner's model (peft-wrapped with LoRA, FSDP2-sharded with several ranks);
         ``hf_model``: the HF model inside it; ``cfg``: the run's ``train`` section."""
+        self.chunk_tokens = chunk_tokens(hf_model, cfg)
 
     def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
-        return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, entropy, entropy_grad=True)
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, entropy, entropy_grad=True,
+                              chunk_tokens=self.chunk_tokens)
 
     def vocab_logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool
                        ) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -53,11 +57,14 @@ class SharedPrefixTrainingForward(PlainForward):
     them. Rows whose prompts differ fall back to the plain forward."""
 
     def __init__(self, policy: nn.Module, hf_model: nn.Module, cfg: Any) -> None:
+        super().__init__(policy, hf_model, cfg)
         self.policy = policy
-        self.shared = SharedPrefixForward(hf_model, checkpoint_layers=cfg.gradient_checkpointing)
+        self.shared = SharedPrefixForward(hf_model, checkpoint_layers=cfg.gradient_checkpointing,
+                                          chunk_tokens=self.chunk_tokens)
 
     def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
-        fwd = self.shared if model is self.policy else SharedPrefixForward(model)  # the policy, or the reference
+        fwd = (self.shared if model is self.policy  # the policy, or the reference
+               else SharedPrefixForward(model, chunk_tokens=self.chunk_tokens))
         out = shared_prefix_logprobs(fwd, mb.input_ids, mb.attention_mask, mb.prefix_len, mb.group_index,
                                      temperature, entropy)
         return out if out is not None else super().logprobs(model, mb, temperature, entropy)
@@ -71,7 +78,16 @@ class PackedForward(PlainForward):
     def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
         width = int(mb.attention_mask.sum(-1).max())
         return packed_token_logprobs(model, mb.input_ids, mb.attention_mask, width, temperature, entropy,
-                                     entropy_grad=True)
+                                     entropy_grad=True, chunk_tokens=self.chunk_tokens)
+
+
+def chunk_tokens(hf_model: nn.Module, cfg: Any) -> int:
+    """``train.logprob_chunk_tokens``: positions per chunk of the LM head (train/lm_head.py), 0 for the
+    model's own forward; a model whose logits are not ``lm_head(hidden)`` is refused."""
+    n = int(cfg.logprob_chunk_tokens)
+    if n > 0:
+        check_plain_head(hf_model)
+    return n
 
 
 def select_forward(train_cfg: Any, hf_model: nn.Module, fsdp: bool) -> str:

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from reinforge.algo.losses import entropy_from_logits
 from reinforge.models.precision import at_least_float32
+from reinforge.train.lm_head import chunked_token_logprobs, final_hidden
 
 
 def token_logprobs(
@@ -16,12 +17,21 @@ def token_logprobs(
     temperature: float = 1.0,
     entropy: bool = False,
     entropy_grad: bool = False,
+    chunk_tokens: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """log p(x_t | x_<t) under softmax(z / T) for t >= 1, aligned with ``input_ids`` (column 0 is 0).
 
     Returns (logp [N, L], entropy [N, L] or None); the entropy carries a gradient only with
-    ``entropy_grad`` (an entropy bonus), otherwise it is a detached statistic.
+    ``entropy_grad`` (an entropy bonus), otherwise it is a detached statistic. ``chunk_tokens`` > 0:
+    the LM head runs over that many positions at a time (train/lm_head.py; the same values, without
+    the [N, L, V] logits); 0: the model's own forward.
     """
+    if chunk_tokens > 0:
+        hidden = final_hidden(model, input_ids, attention_mask)[:, :-1]
+        logp, ent = chunked_token_logprobs(hidden, model.get_output_embeddings(), input_ids[:, 1:], temperature,
+                                           chunk_tokens, entropy, entropy_grad)
+        zero = logp.new_zeros(logp.shape[0], 1)
+        return torch.cat([zero, logp], dim=1), (torch.cat([zero, ent], dim=1) if ent is not None else None)
     logits = _next_token_logits(model, input_ids, attention_mask, temperature)
     return _taken(logits, input_ids, entropy, entropy_grad)
 
@@ -38,7 +48,8 @@ def vocab_logprobs(
     """``token_logprobs`` of the same forward plus the full rows log softmax(z / T) [N, L, V] (row t:
     the distribution of token t given x_<t, aligned like the log-probs), kept on the positions where
     ``loss_mask`` is set, zeros elsewhere; one log-softmax serves the rows and the taken tokens' log-probs.
-    Memory: the rows are N x L x V floats, as the forward's own logits."""
+    Memory: the rows are N x L x V floats, as the forward's own logits (full rows by definition: never
+    chunked, whatever ``train.logprob_chunk_tokens``)."""
     logits = _next_token_logits(model, input_ids, attention_mask, temperature)
     log_sm = torch.log_softmax(logits, dim=-1)
     logp, ent = _taken(logits, input_ids, entropy, entropy_grad, log_sm)

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from reinforge.models.precision import at_least_float32
+from reinforge.models.precision import at_least_float32, compute_dtype
+from reinforge.train.lm_head import chunked_token_logprobs
 
 
 def micro_batches(lengths: Tensor, budget_tokens: int) -> Iterator[list[int]]:
@@ -112,10 +113,50 @@ def packed_token_logprobs(
     temperature: float = 1.0,
     entropy: bool = False,
     entropy_grad: bool = False,
+    chunk_tokens: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """``token_logprobs`` of right-padded rows (real tokens first, as ``Batch`` lays them out),
-    computed on packed rows; same [N, L] outputs (column 0 and padding are 0)."""
+    computed on packed rows; same [N, L] outputs (column 0 and padding are 0). ``chunk_tokens`` > 0:
+    the LM head over that many of the packed tokens at a time (train/lm_head.py)."""
     n, width = input_ids.shape
+    ids, positions, allowed, src, dst = _pack(input_ids, attention_mask, budget_tokens)
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    inputs = dict(input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False)
+    if chunk_tokens > 0:
+        hidden = model.get_decoder()(**inputs).last_hidden_state
+        out_dtype = compute_dtype(hidden.dtype)
+    else:
+        logits = at_least_float32(model(**inputs).logits)
+        if temperature != 1.0:
+            logits = logits / temperature
+        out_dtype = logits.dtype
+    out_logp = torch.zeros((n, width), dtype=out_dtype, device=ids.device)
+    out_ent = torch.zeros_like(out_logp) if entropy else None
+    if src is None or dst is None:
+        return out_logp, out_ent
+    (sr, sc), target = src, ids[src[0], src[1] + 1]
+    if chunk_tokens > 0:
+        logp, ent = chunked_token_logprobs(hidden[sr, sc], model.get_output_embeddings(), target, temperature,
+                                           chunk_tokens, entropy, entropy_grad)
+    else:
+        picked = torch.log_softmax(logits[sr, sc], dim=-1)  # [tokens, vocab]
+        logp, ent = picked.gather(-1, target[:, None]).squeeze(-1), None
+        if entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = -(picked.exp() * picked).sum(-1)
+    out_logp = out_logp.index_put(dst, logp)
+    if ent is not None:
+        out_ent = out_ent.index_put(dst, ent)  # type: ignore[union-attr]
+    return out_logp, out_ent
+
+
+def _pack(input_ids: Tensor, attention_mask: Tensor, budget_tokens: int
+          ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor] | None, tuple[Tensor, Tensor] | None]:
+    """The packed rows of ``plan_packing``: (ids, position ids restarting per sequence, the boolean
+    block-diagonal causal mask [rows, W, W], where each sequence's tokens t >= 1 are predicted from in
+    the packed rows (row, column of t - 1) and where they go in the unpacked layout (row, t); the last
+    two None when no sequence has two tokens)."""
     lengths = attention_mask.sum(-1).tolist()
     rows = plan_packing(lengths, budget_tokens)
     packed_width = max(sum(lengths[i] for i in row) for row in rows)
@@ -123,7 +164,7 @@ def packed_token_logprobs(
     ids = torch.zeros((len(rows), packed_width), dtype=input_ids.dtype, device=device)
     positions = torch.zeros_like(ids)
     segment = torch.full((len(rows), packed_width), -1, dtype=torch.long, device=device)
-    src_row, src_col, dst_row, dst_col = [], [], [], []  # where each sequence's tokens t >= 1 go and come from
+    src_row, src_col, dst_row, dst_col = [], [], [], []
     for r, row in enumerate(rows):
         offset = 0
         for i in row:
@@ -141,23 +182,7 @@ def packed_token_logprobs(
     causal = torch.ones(packed_width, packed_width, dtype=torch.bool, device=device).tril()
     allowed = same & causal & (segment[:, :, None] >= 0)
     allowed |= torch.eye(packed_width, dtype=torch.bool, device=device)  # padding rows attend to themselves
-    dtype = next(model.parameters()).dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    logits = model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False).logits
-    logits = at_least_float32(logits)
-    if temperature != 1.0:
-        logits = logits / temperature
-    out_logp = logits.new_zeros(n, width)
-    out_ent = logits.new_zeros(n, width) if entropy else None
     if not src_row:
-        return out_logp, out_ent
-    sr, sc = torch.cat(src_row).to(device), torch.cat(src_col).to(device)
-    dr, dc = torch.cat(dst_row).to(device), torch.cat(dst_col).to(device)
-    picked = torch.log_softmax(logits[sr, sc], dim=-1)  # [tokens, vocab]
-    target = ids[sr, sc + 1]
-    out_logp = out_logp.index_put((dr, dc), picked.gather(-1, target[:, None]).squeeze(-1))
-    if entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = -(picked.exp() * picked).sum(-1)
-        out_ent = out_ent.index_put((dr, dc), ent)  # type: ignore[union-attr]
-    return out_logp, out_ent
+        return ids, positions, allowed, None, None
+    src = (torch.cat(src_row).to(device), torch.cat(src_col).to(device))
+    return ids, positions, allowed, src, (torch.cat(dst_row).to(device), torch.cat(dst_col).to(device))

@@ -10,7 +10,8 @@ their gradients — equals the ordinary forward over the G full sequences (teste
 Reads the HF module's parameters directly (plain torch ops, autograd works); architectures other
 than those ``LeanLlama`` supports use the HF forward instead. With ``checkpoint_layers`` each
 layer runs under ``torch.utils.checkpoint`` (non-reentrant) when gradients are on: its activations
-are recomputed in the backward instead of kept (``train.gradient_checkpointing``).
+are recomputed in the backward instead of kept (``train.gradient_checkpointing``). With
+``chunk_tokens`` > 0 the LM head runs over that many positions at a time (train/lm_head.py).
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ from torch.utils.checkpoint import checkpoint
 from reinforge.algo.losses import entropy_from_logits
 from reinforge.models.lean_llama import apply_rotary, rotary_cos_sin, supports
 from reinforge.models.precision import at_least_float32
+from reinforge.train.lm_head import chunked_token_logprobs
 
 
 class SharedPrefixForward:
     """Differentiable forward over (unique prompts, completions) for an HF Llama/Qwen2 model."""
 
-    def __init__(self, model: nn.Module, checkpoint_layers: bool = False) -> None:
+    def __init__(self, model: nn.Module, checkpoint_layers: bool = False, chunk_tokens: int = 0) -> None:
         if not supports(model):
             raise ValueError(f"shared-prefix training does not support model_type {model.config.model_type!r}")
         cfg = model.config
         self.model = model
         self.checkpoint_layers = checkpoint_layers
+        self.chunk_tokens = chunk_tokens
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
 
@@ -98,8 +101,12 @@ class SharedPrefixForward:
             else:
                 xp, xc = self._layer(layer, xp, xc, rotary, mask_p, mask_c, group)
         # token j of a completion is predicted from the position before it: the prompt's last for j = 0
-        hidden = torch.cat([xp[group, -1:], xc[:, :-1]], dim=1)
-        logits = at_least_float32(self.model.lm_head(m.norm(hidden)))
+        hidden = m.norm(torch.cat([xp[group, -1:], xc[:, :-1]], dim=1))
+        if self.chunk_tokens > 0:
+            logp, ent = chunked_token_logprobs(hidden, self.model.get_output_embeddings(), completion_ids,
+                                               temperature, self.chunk_tokens, entropy, entropy_grad=True)
+            return logp * completion_mask, ent
+        logits = at_least_float32(self.model.lm_head(hidden))
         if temperature != 1.0:
             logits = logits / temperature
         logp = torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)
