@@ -73,12 +73,23 @@ class Report:
                  f"commit {m.get('commit')}, {m['started']}, quick={m['quick']}", "",
                  "| step | status | s | figures |", "|---|---|---|---|"]
         for s in self.steps:
-            figures = ", ".join(f"{k}={_short(v)}" for k, v in s["figures"].items() if not isinstance(v, (dict, list)))
+            figures = ", ".join(f"{k}={_short(v)}" for k, v in _flat(s["figures"]).items())
             lines.append(f"| {s['step']} | {s['status']} | {s['seconds']} | {figures} |")
         for s in self.steps:
             if s["error"]:
                 lines += ["", f"## {s['step']}: {s['status']}", "", "```", s["error"][-2000:], "```"]
         return "\n".join(lines) + "\n"
+
+
+def _flat(figures: dict[str, Any]) -> dict[str, Any]:
+    """Scalars, and the scalars of a dict one level down as ``key.sub`` (lists and deeper dicts: JSON only)."""
+    out: dict[str, Any] = {}
+    for k, v in figures.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{sk}": sv for sk, sv in v.items() if not isinstance(sv, (dict, list))})
+        elif not isinstance(v, list):
+            out[k] = v
+    return out
 
 
 def _short(v: Any) -> str:

@@ -6,6 +6,7 @@ left, nothing outside the run's directory changed, and the result says why the r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import shutil
@@ -139,7 +140,9 @@ def test_process_limit_is_enforced(world, backend):
 
 
 def test_memory_bomb(world, backend):
-    result = _run(world, backend, "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))\n")
+    # a wall-clock limit that a loaded machine's slow start cannot reach first (it did at 1.5 s: 'timeout')
+    slow_start = dataclasses.replace(FAST, timeout_s=15)
+    result = _run(world, backend, "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))\n", limits=slow_start)
     assert result.status == "memory", result
     assert "MemoryError" in result.reason
 
