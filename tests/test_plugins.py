@@ -178,15 +178,25 @@ def turn_weighted_pg(logp, old_logp, advantages, token_rewards, turn_index, cfg)
 '''
 
 
+def _plugin_file(tmp_path_factory, name: str, code: str):
+    """``code`` as one plug-in file for the module (a part registers once); the parts and batch field
+    producers it registers are removed afterwards."""
+    from reinforge.orchestrate import batch_fields
+
+    saved = {key: dict(registry._entries) for key, registry in KINDS.items()}
+    producers = list(batch_fields.PRODUCERS)
+    plugin = tmp_path_factory.mktemp(name) / f"{name}.py"
+    plugin.write_text(code)
+    yield plugin
+    for key, registry in KINDS.items():
+        registry._entries.clear()
+        registry._entries.update(saved.get(key, {}))
+    batch_fields.PRODUCERS[:] = producers
+
+
 @pytest.fixture(scope="module")
 def turn_loss_plugin(tmp_path_factory):
-    """The plug-in above as one file for the module (a part is registered once); removed afterwards."""
-    saved = dict(KINDS["policy_loss"]._entries)
-    plugin = tmp_path_factory.mktemp("turn_loss") / "turn_loss.py"
-    plugin.write_text(TURN_WEIGHTED_LOSS)
-    yield plugin
-    KINDS["policy_loss"]._entries.clear()
-    KINDS["policy_loss"]._entries.update(saved)
+    yield from _plugin_file(tmp_path_factory, "turn_loss", TURN_WEIGHTED_LOSS)
 
 
 @pytest.mark.slow
@@ -233,12 +243,7 @@ def brevity_grpo(rewards, group_index, mask, completion_tokens, cfg):
 
 @pytest.fixture(scope="module")
 def new_field_plugin(tmp_path_factory):
-    saved = dict(KINDS["advantage"]._entries)
-    plugin = tmp_path_factory.mktemp("new_field") / "new_field.py"
-    plugin.write_text(NEW_FIELD)
-    yield plugin
-    KINDS["advantage"]._entries.clear()
-    KINDS["advantage"]._entries.update(saved)
+    yield from _plugin_file(tmp_path_factory, "new_field", NEW_FIELD)
 
 
 @pytest.mark.slow
