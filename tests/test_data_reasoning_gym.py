@@ -3,10 +3,10 @@ from collections import Counter
 
 import pytest
 
-from reinforge.data.base import Task
 from reinforge.data.reasoning_gym import reasoning_gym_score, reasoning_gym_splits
 from reinforge.errors import ConfigError
 from reinforge.rewards.verifiers import VERIFIERS
+from reinforge.types import Task
 
 
 @pytest.fixture()

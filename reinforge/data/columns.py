@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reinforge.data.base import Messages, Task
 from reinforge.errors import DataError
+from reinforge.types import Messages, Task
 
 ROLES = ("system", "user", "assistant", "tool")
 

@@ -42,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from reinforge.data.base import Task, TaskSplits
+from reinforge.data.base import TaskSplits
 from reinforge.errors import ConfigError
 from reinforge.rewards.verifiers import CPU_BOUND, VERIFIERS, RewardResult
+from reinforge.types import Task
 
 INSTALL_HINT = "pip install 'reinforge[reasoning-gym]'"
 PREFIX = "reasoning_gym/"
