@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -159,6 +160,38 @@ def test_no_import_cycle_between_packages():
     names = dict.fromkeys(f"reinforge.{m}" for m in "abcde")
     assert _imports(sample, names, module_level=True) == {"reinforge.a", "reinforge.c", "reinforge.e"}  # type: ignore[arg-type]
     assert _executed("reinforge.config.task") == ["reinforge", "reinforge.config", "reinforge.config.task"]
+
+
+def _layers_table() -> list[tuple[list[str], set[str]]]:
+    """The rows of docs/architecture.md's layers table: (packages, the packages they import at module level)."""
+    text = (PACKAGE.parent / "docs/architecture.md").read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in text.splitlines():
+        cells = line.split("|")[1:-1]
+        if len(cells) != 2 or not cells[0].strip().startswith("`"):
+            continue
+        packages = [name.removesuffix("/").removesuffix(".py") for name in re.findall(r"`([^`]+)`", cells[0])]
+        rows.append((packages, set(re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", cells[1])))))
+    return rows
+
+
+def test_packages_import_what_the_layers_table_says():
+    """Each package imports at module level exactly the packages its row of the layers table names, all in
+    rows above it; every package has a row."""
+    imported: dict[str, set[str]] = {}
+    for src, dst in _package_edges():
+        if dst != "reinforge":  # the root __init__, run by every import (it imports nothing at module level)
+            imported.setdefault(src, set()).add(dst)
+    rows = _layers_table()
+    documented = {package: names for packages, names in rows for package in packages}
+    wrong = [f"{p}: imports {sorted(imported.get(p, set()))}, the table says {sorted(documented.get(p, set()))}"
+             for p in sorted(set(imported) | set(documented)) if imported.get(p, set()) != documented.get(p)]
+    assert wrong == [], "\n".join(wrong)
+    assert {_package(m) for m in _modules()} - {"reinforge"} == set(documented)
+    above: set[str] = set()
+    for packages, names in rows:
+        assert names <= above, f"{packages} import {sorted(names - above)}, not in a row above"
+        above |= set(packages)
 
 
 _REGISTERED = """
