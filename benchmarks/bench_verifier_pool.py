@@ -19,10 +19,10 @@ import os
 import statistics
 import time
 
-from reinforge.data.base import Task
 from reinforge.rewards.code import code_tests
 from reinforge.rewards.math import math_verify_match
 from reinforge.rewards.pool import VerifierPool
+from reinforge.types import Task
 
 SOLUTION = "```python\ndef f(x):\n    return 2 * x\n```"
 WRONG = "```python\ndef f(x):\n    return x\n```"

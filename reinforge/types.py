@@ -1,6 +1,7 @@
-"""The plain records where rollout and learning meet (see shared/DESIGN.md, section 2).
+"""The plain records the packages share (see shared/DESIGN.md, section 2).
 
-A ``Trajectory`` flows from rollout to the learner; a ``Batch`` is trajectories as padded
+A ``Task`` is one prompt with what its verifier needs (task sources make it, environments, rewards and
+rollout read it). A ``Trajectory`` flows from rollout to the learner; a ``Batch`` is trajectories as padded
 tensors. Rollout knows nothing of losses and the learner nothing of environments.
 """
 
@@ -8,10 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported by the methods that use it: a task or a verifier does not need it
+    import torch
+    from torch import Tensor
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt with what its verifier needs.
+
+    ``prompt`` is either raw text or a list of chat messages (``{"role", "content"}``).
+    """
+
+    id: str
+    prompt: str | Messages
+    answer: str
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,6 +136,8 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         """The same rows with every tensor on ``device`` (itself when they all are already)."""
+        import torch
+
         device = torch.device(device)
         if self.input_ids.device == device:
             return self
@@ -126,6 +145,8 @@ class Batch:
 
     def select(self, index: Tensor | list[int]) -> Batch:
         """Rows ``index``, with the [N, L] tensors trimmed to the longest selected sequence."""
+        import torch
+
         index = torch.as_tensor(index, dtype=torch.long)
         width = int(self.attention_mask[index].sum(-1).max().item()) if len(index) else 0
 
@@ -138,6 +159,8 @@ class Batch:
     @classmethod
     def from_trajectories(cls, trajs: list[Trajectory], pad_id: int, baseline: Tensor | None = None) -> Batch:
         """Pad trajectories; with ``Trajectory.trainable`` false the row's loss mask is all zero."""
+        import torch
+
         width = max(len(t.token_ids) for t in trajs)
         n = len(trajs)
         ids = torch.full((n, width), pad_id, dtype=torch.long)

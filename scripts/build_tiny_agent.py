@@ -82,7 +82,6 @@ from build_tiny_base import SPECIALS, heldout_accuracy  # noqa: E402  (tiny-base
 from reinforge.assets import resolve_model_path  # noqa: E402
 from reinforge.data.agent_tasks import calculator_splits, guessing_splits  # noqa: E402
 from reinforge.data.arithmetic import arithmetic_splits  # noqa: E402
-from reinforge.data.base import Task  # noqa: E402
 from reinforge.data.code_tasks import code_splits  # noqa: E402
 from reinforge.data.search_corpus import search_splits  # noqa: E402
 from reinforge.envs.registry import build_environment  # noqa: E402
@@ -93,6 +92,7 @@ from reinforge.rewards.verifiers import VERIFIERS  # noqa: E402
 from reinforge.rollout.chat_splice import ChatSplicer  # noqa: E402
 from reinforge.rollout.torch_engine import TorchRolloutEngine  # noqa: E402
 from reinforge.rollout.types import SamplingParams  # noqa: E402
+from reinforge.types import Task  # noqa: E402
 
 ROLES = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 TOOL_TAGS = [OPEN_TAG, CLOSE_TAG]

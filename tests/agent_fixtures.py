@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 from openai import OpenAI
 
-from reinforge.data.base import Task
+from reinforge.types import Task
 
 
 def arithmetic_agent(base_url: str, task: Task) -> None:

@@ -8,11 +8,10 @@ from part_calls import advantage
 
 from reinforge.algo.gigpo import GiGPOSettings, StepGroupStats, gigpo_advantage
 from reinforge.config import AlgoConfig
-from reinforge.data.base import Task
 from reinforge.envs.guessing import GuessingEnv
 from reinforge.orchestrate.batch_fields import stable_hash, turn_state_tensors
 from reinforge.orchestrate.episodes import build_batch
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 
 def _episodes():

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from reinforge.parts import all_kinds
@@ -32,15 +34,32 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
-    """Every reinforge module this one imports, at the top or inside a function."""
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _run_on_import(node: ast.AST) -> Iterator[ast.AST]:
+    """The nodes that run when the module is imported: none inside a function (or lambda), none under
+    ``if TYPE_CHECKING:`` (its ``else`` runs); a class body runs."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        for stmt in child.orelse if isinstance(child, ast.If) and _is_type_checking(child.test) else [child]:
+            yield stmt
+            yield from _run_on_import(stmt)
+
+
+def _imports(tree: ast.AST, modules: dict[str, Path], module_level: bool = False) -> set[str]:
+    """Every reinforge module this one imports, at the top or inside a function (``module_level``: only
+    the imports that run when it is imported)."""
     def owner(name: str) -> str | None:
         while name and name not in modules:
             name = name.rpartition(".")[0]
         return name or None
 
     found = set()
-    for node in ast.walk(tree):
+    for node in _run_on_import(tree) if module_level else ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {owner(a.name) for a in node.names if a.name.startswith("reinforge")}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("reinforge"):
@@ -93,6 +112,86 @@ def test_no_import_cycle_inside_the_package():
     assert _cycles(graph) == []
     # the check sees a cycle when there is one
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _package(module: str) -> str:
+    """The top-level package (or module) of reinforge a module belongs to: ``reinforge.config.task`` ->
+    ``config``, ``reinforge.types`` -> ``types``; ``reinforge`` (the root ``__init__``) is its own."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _executed(module: str) -> list[str]:
+    """What importing ``module`` runs: the ``__init__`` of every package above it, then the module."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _package_edges() -> dict[tuple[str, str], list[str]]:
+    """(package, another package it imports at module level) -> the imports that make the edge, each
+    ``"module -> module it imports"``. Importing ``reinforge.x.y`` runs ``reinforge/x/__init__.py`` too: an edge
+    to ``x``, whose ``__init__``'s own imports are edges of ``x`` that the cycle search follows."""
+    modules = _modules()
+    edges: dict[tuple[str, str], list[str]] = {}
+    for name, path in sorted(modules.items()):
+        for dep in sorted(_imports(ast.parse(path.read_text()), modules, module_level=True)):
+            for package in dict.fromkeys(_package(ran) for ran in _executed(dep)):
+                if package != _package(name):
+                    edges.setdefault((_package(name), package), []).append(f"{name} -> {dep}")
+    return edges
+
+
+def test_no_import_cycle_between_packages():
+    """No package of reinforge imports, at module level, one that imports it back (directly or around a
+    circle), counting what each package's ``__init__`` imports: the layers of docs/architecture.md. An
+    import inside a function (or under ``if TYPE_CHECKING:``) may cross layers."""
+    edges = _package_edges()
+    graph: dict[str, set[str]] = {}
+    for src, dst in edges:
+        graph.setdefault(src, set()).add(dst)
+    cycles = _cycles(graph)
+    found = [" <-> ".join(c) + "".join(f"\n  {why}" for (src, dst), whys in sorted(edges.items())
+                                        if src in c and dst in c for why in whys) for c in cycles]
+    print("\n".join(found))
+    assert cycles == [], "import cycles between packages:\n" + "\n".join(found)
+    # the check reads only what runs on import, and an import runs every __init__ above the module
+    sample = ast.parse("import reinforge.a\nif TYPE_CHECKING:\n    import reinforge.b\nelse:\n    import reinforge.c\n"
+                       "def f():\n    import reinforge.d\nclass K:\n    from reinforge import e\n")
+    names = dict.fromkeys(f"reinforge.{m}" for m in "abcde")
+    assert _imports(sample, names, module_level=True) == {"reinforge.a", "reinforge.c", "reinforge.e"}  # type: ignore[arg-type]
+    assert _executed("reinforge.config.task") == ["reinforge", "reinforge.config", "reinforge.config.task"]
+
+
+def _layers_table() -> list[tuple[list[str], set[str]]]:
+    """The rows of docs/architecture.md's layers table: (packages, the packages they import at module level)."""
+    text = (PACKAGE.parent / "docs/architecture.md").read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in text.splitlines():
+        cells = line.split("|")[1:-1]
+        if len(cells) != 2 or not cells[0].strip().startswith("`"):
+            continue
+        packages = [name.removesuffix("/").removesuffix(".py") for name in re.findall(r"`([^`]+)`", cells[0])]
+        rows.append((packages, set(re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", cells[1])))))
+    return rows
+
+
+def test_packages_import_what_the_layers_table_says():
+    """Each package imports at module level exactly the packages its row of the layers table names, all in
+    rows above it; every package has a row."""
+    imported: dict[str, set[str]] = {}
+    for src, dst in _package_edges():
+        if dst != "reinforge":  # the root __init__, run by every import (it imports nothing at module level)
+            imported.setdefault(src, set()).add(dst)
+    rows = _layers_table()
+    documented = {package: names for packages, names in rows for package in packages}
+    wrong = [f"{p}: imports {sorted(imported.get(p, set()))}, the table says {sorted(documented.get(p, set()))}"
+             for p in sorted(set(imported) | set(documented)) if imported.get(p, set()) != documented.get(p)]
+    assert wrong == [], "\n".join(wrong)
+    assert {_package(m) for m in _modules()} - {"reinforge"} == set(documented)
+    above: set[str] = set()
+    for packages, names in rows:
+        assert names <= above, f"{packages} import {sorted(names - above)}, not in a row above"
+        above |= set(packages)
 
 
 _REGISTERED = """

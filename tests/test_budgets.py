@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from reinforge.config import load_config
-from reinforge.data.base import Task
 from reinforge.data.budgets import (
     KnapsackBudget,
     KnapsackSettings,
@@ -25,7 +24,7 @@ from reinforge.errors import ConfigError
 from reinforge.orchestrate.batch_sources import collect_sized
 from reinforge.orchestrate.collectors import Collected
 from reinforge.rollout.types import SamplingParams
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 
 def test_task_value_by_hand():

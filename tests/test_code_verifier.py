@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-from reinforge.data.base import Task
 from reinforge.rewards.code import (
     code_tests,
     extract_code,
@@ -16,6 +15,7 @@ from reinforge.rewards.code import (
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult
 from reinforge.sandbox import SandboxLimits
+from reinforge.types import Task
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux")
 

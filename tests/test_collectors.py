@@ -12,7 +12,6 @@ from chat_fixtures import ascii_chat_tokenizer, tiny_random_llama
 
 from reinforge.algo.shaping import REWARD_SHAPERS, ShapeInputs
 from reinforge.config import EnvConfig, RolloutConfig, load_config
-from reinforge.data.base import Task
 from reinforge.envs.registry import build_environment
 from reinforge.errors import ConfigError
 from reinforge.eval.heldout import evaluate
@@ -29,6 +28,7 @@ from reinforge.rewards.pool import FailedReward, VerifierError, VerifierPool
 from reinforge.rewards.verifiers import RewardResult, exact_match, numeric_match
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
+from reinforge.types import Task
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,7 @@ def test_jsonl_reader_and_errors(tmp_path):
 
 
 def test_verifiers():
-    from reinforge.data.base import Task
+    from reinforge.types import Task
 
     t = Task(id="x", prompt="1+1=", answer="2")
     assert exact_match(t, " 2 ").reward == 1.0

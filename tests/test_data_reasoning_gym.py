@@ -3,10 +3,11 @@ from collections import Counter
 
 import pytest
 
-from reinforge.data.base import Task
-from reinforge.data.reasoning_gym import reasoning_gym_score, reasoning_gym_splits
+from reinforge.data.reasoning_gym import reasoning_gym_splits
 from reinforge.errors import ConfigError
+from reinforge.rewards.reasoning_gym import reasoning_gym_score
 from reinforge.rewards.verifiers import VERIFIERS
+from reinforge.types import Task
 
 
 @pytest.fixture()
@@ -141,7 +142,7 @@ def test_every_registered_task_builds_and_scores_like_its_own_scorer(rg):
 
 
 def test_a_scorer_that_cannot_read_its_own_reference_is_an_error(rg, monkeypatch):
-    from reinforge.data import reasoning_gym as module
+    from reinforge.rewards import reasoning_gym as module
 
     s = reasoning_gym_splits("prime_factorization", size=2, heldout_size=1, seed=5)
     task = s.train[0]

@@ -11,7 +11,6 @@ import pytest
 from chat_fixtures import ascii_chat_tokenizer, tiny_random_llama
 
 from reinforge.config import load_config
-from reinforge.data.base import Task
 from reinforge.envs.latency import DelayedEnv, LatencySettings, with_latency
 from reinforge.envs.registry import build_environment
 from reinforge.errors import ReinforgeError
@@ -19,6 +18,7 @@ from reinforge.orchestrate.env_calls import EnvCalls
 from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
+from reinforge.types import Task
 
 
 def _sleeper(seconds: float, log: list, name: str):

@@ -15,7 +15,6 @@ from reinforge.data.agent_tasks import (
     guessing_splits,
     guessing_task,
 )
-from reinforge.data.base import Task
 from reinforge.envs.calculator import MAX_EXPR_CHARS, CalculatorEnv, evaluate, last_integer
 from reinforge.envs.guessing import GuessingEnv
 from reinforge.envs.registry import ENVIRONMENTS, build_environment, check_task_kind
@@ -24,6 +23,7 @@ from reinforge.envs.single_turn import SingleTurnEnv
 from reinforge.envs.tools import ToolError
 from reinforge.errors import ConfigError
 from reinforge.rewards.verifiers import numeric_match
+from reinforge.types import Task
 
 
 def say(text: str) -> dict[str, str]:

@@ -11,12 +11,12 @@ import pytest
 
 from reinforge.config import load_config
 from reinforge.data.agent_tasks import AGENT_TASK_SOURCES
-from reinforge.data.base import Task
 from reinforge.data.code_tasks import CODE_KINDS, KIND_SIZE, code_splits, code_task
 from reinforge.envs.code_interpreter import CodeInterpreterEnv
 from reinforge.envs.registry import ENVIRONMENTS, EnvironmentConfigError, build_environment, check_task_kind
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
+from reinforge.types import Task
 
 PROGRAMS = {"prod": "print({a}*{b})", "sum": "print(sum(range({a},{b}+1)))", "count": "print({n}//{k})",
             "powmod": "print(pow({a},{e},{m}))"}

@@ -12,12 +12,12 @@ import pytest
 
 from reinforge.config import load_config
 from reinforge.data.agent_tasks import AGENT_TASK_SOURCES
-from reinforge.data.base import Task
 from reinforge.data.search_corpus import RELATIONS, Country, corpus, passage, search_splits
 from reinforge.envs.registry import ENVIRONMENTS, EnvironmentConfigError, build_environment, check_task_kind
 from reinforge.envs.search import SearchEnv, SearchIndex, final_answer, normalize_answer, search_index
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
+from reinforge.types import Task
 
 
 def call(query: str, name: str = "search") -> str:

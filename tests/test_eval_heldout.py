@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from reinforge.data.base import Task
 from reinforge.eval.heldout import _breakdown, majority_correct
 from reinforge.rewards.verifiers import exact_match, numeric_match
+from reinforge.types import Task
 
 
 def test_majority_vote_hand_cases():

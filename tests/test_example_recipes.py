@@ -12,10 +12,10 @@ import pytest
 from model_fixtures import long_context_model, tiny_reward_model
 
 from reinforge.config import RECIPES_DIR, FileTaskConfig, load_config
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
+from reinforge.types import Task
 
 DATA_DIR = RECIPES_DIR / "data"
 EXAMPLES = ["math_jsonl", "reasoning_gym", "code_sandbox", "reward_model"]

@@ -20,8 +20,8 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
 from stub_openai_server import StubOpenAI, completion, text_reply, tool_call_reply  # noqa: E402
 
-from reinforge.data.base import Task  # noqa: E402
 from reinforge.orchestrate.agent_episodes import BackgroundServer  # noqa: E402
+from reinforge.types import Task  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "agents"
 FRAMEWORKS = {"openai_agents_calculator": "agents", "langchain_calculator": "langchain_openai"}

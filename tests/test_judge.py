@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.rewards.composite import CompositeReward, RewardTerm, term_metrics
 from reinforge.rewards.judge import JudgeError, LLMJudge, parse_score, render_rubric
+from reinforge.types import Task
 
 MODEL = "tiny-base"
 DIGIT = r"(\d)"  # the tiny model writes digits only: grade by the last digit it writes, on a 0-9 scale

@@ -7,14 +7,13 @@ import json
 import pytest
 from chat_fixtures import ascii_chat_tokenizer, tiny_random_llama
 
-from reinforge.data.base import Task
 from reinforge.envs.base import StepResult
 from reinforge.errors import ReinforgeError
 from reinforge.orchestrate.multi_turn import EpisodeLimits, run_episodes
 from reinforge.rollout.chat_splice import ChatSplicer, ChatTemplateError
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
-from reinforge.types import Batch
+from reinforge.types import Batch, Task
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "d", "parameters": {}}}]
 

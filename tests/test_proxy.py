@@ -16,7 +16,6 @@ pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installe
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from reinforge.data.base import Task  # noqa: E402
 from reinforge.errors import ReinforgeError  # noqa: E402
 from reinforge.orchestrate.agent_episodes import (  # noqa: E402
     AgentError,
@@ -30,6 +29,7 @@ from reinforge.rollout.torch_engine import TorchRolloutEngine  # noqa: E402
 from reinforge.rollout.types import GenerationRequest, SamplingParams  # noqa: E402
 from reinforge.serve.proxy import AgentProxy, EpisodeError  # noqa: E402
 from reinforge.serve.worker import Job  # noqa: E402
+from reinforge.types import Task  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "d", "parameters": {}}}]
 

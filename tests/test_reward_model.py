@@ -10,9 +10,9 @@ import pytest
 import torch
 from numerics import exact_approx, float64_model
 
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.rewards.reward_model import RewardModelScorer, RewardModelVerifier, RunningMeanStd
+from reinforge.types import Task
 
 PROMPTS = ["12+34=", "5+5=", "1+2=", "70+8=", "9+90=", "3+33="]
 COMPLETIONS = ["46", "10", "3+0=3", "78", "99 99 99", "36"]

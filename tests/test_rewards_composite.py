@@ -8,7 +8,6 @@ import pickle
 import pytest
 
 import reinforge.rewards.format  # noqa: F401  (registers think_answer_format)
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.rewards.composite import (
     CompositeReward,
@@ -20,6 +19,7 @@ from reinforge.rewards.composite import (
 )
 from reinforge.rewards.pool import VerifierError, VerifierPool
 from reinforge.rewards.verifiers import RewardResult
+from reinforge.types import Task
 
 TASK = Task("t7", "2+2=", "4")
 GOOD = "<think>easy</think><answer>4</answer>"

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from reinforge.config import load_config
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.run import train
 from reinforge.rewards.build import build_reward
@@ -17,6 +16,7 @@ from reinforge.rewards.imported import ImportedVerifier, resolve_verifier
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import RewardResult, numeric_match
 from reinforge.track.jsonl import read_jsonl
+from reinforge.types import Task
 
 USER_REWARDS = '''
 from reinforge.rewards.verifiers import RewardResult

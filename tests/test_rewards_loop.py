@@ -11,11 +11,11 @@ from collections import Counter
 import pytest
 
 from reinforge.config import load_config
-from reinforge.data.base import Task
 from reinforge.orchestrate.run import train
 from reinforge.rewards.pool import VerifierError
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult, numeric_match
 from reinforge.track.jsonl import read_jsonl
+from reinforge.types import Task
 
 STEP_CALLS = 8  # prompts_per_step x group_size below
 EVAL_CALLS = 4  # the greedy held-out evaluation before training (task.heldout_size)

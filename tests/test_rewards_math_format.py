@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.data.base import Task
 from reinforge.rewards import math as rmath
 from reinforge.rewards.format import think_answer_format
 from reinforge.rewards.math import extract_answer, extract_choice, last_boxed, multiple_choice, regex_match
 from reinforge.rewards.verifiers import VERIFIERS
+from reinforge.types import Task
 
 
 def task(answer: str, **metadata) -> Task:

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from reinforge.data.base import Task
 from reinforge.rewards.composite import CompositeReward, RewardTerm
 from reinforge.rewards.pool import VerifierError, VerifierPool
 from reinforge.rewards.verifiers import RewardResult
+from reinforge.types import Task
 
 
 def _task(i: int) -> Task:

@@ -14,7 +14,6 @@ from test_docs_metrics import _undocumented
 
 from reinforge.config import load_config
 from reinforge.data.arithmetic import arithmetic_splits
-from reinforge.data.base import Task
 from reinforge.data.curriculum import DifficultyFilterSampler, DumpSampler, DumpSettings, FilterSettings
 from reinforge.data.insight import (
     InsightSampler,
@@ -26,7 +25,7 @@ from reinforge.data.insight import (
 from reinforge.data.prompt_stats import PromptStats
 from reinforge.data.samplers import build_task_sampler
 from reinforge.errors import ConfigError
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 
 def traj(task_id: str, group_id: int, reward: float, correct: bool | None = None, **kw) -> Trajectory:

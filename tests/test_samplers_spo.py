@@ -15,10 +15,11 @@ from test_samplers_curriculum import group, json_round_trip, play
 from reinforge.algo.spo import SPOSettings, ValueTracker
 from reinforge.config import load_config
 from reinforge.data.arithmetic import arithmetic_splits
-from reinforge.data.base import Task, TaskSampler
+from reinforge.data.base import TaskSampler
 from reinforge.data.samplers import build_task_sampler
 from reinforge.data.spo_sampler import SPOSampler, SPOSamplerSettings, priority_weights, weighted_draw
 from reinforge.errors import ConfigError
+from reinforge.types import Task
 
 
 def tasks(n: int) -> list[Task]:

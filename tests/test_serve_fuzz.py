@@ -18,12 +18,12 @@ from chat_fixtures import ascii_chat_tokenizer, tiny_random_llama
 pytest.importorskip("openai", reason="the serve extra (openai) is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
 
-from reinforge.data.base import Task  # noqa: E402
 from reinforge.orchestrate.agent_episodes import BackgroundServer, run_agent_episodes  # noqa: E402
 from reinforge.rollout.torch_engine import TorchRolloutEngine  # noqa: E402
 from reinforge.serve.launch import build_server_app  # noqa: E402
 from reinforge.serve.proxy import AgentProxy  # noqa: E402
 from reinforge.serve.schema import ServeLimits  # noqa: E402
+from reinforge.types import Task  # noqa: E402
 
 MODEL = "tiny-base"
 C, CHAT = "/v1/completions", "/v1/chat/completions"

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from reinforge.config import config_from_dict
-from reinforge.data.base import Task
 from reinforge.envs.registry import build_environment
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.batch_fields import state_value_tensors
@@ -20,7 +19,7 @@ from reinforge.rewards.verifiers import exact_match
 from reinforge.rollout.continuation import continue_budgeted
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import Generation, SamplingParams
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 CHARS = {10: "a", 11: "b", 12: "\n", 13: " "}
 

@@ -7,9 +7,8 @@ from part_calls import advantage
 
 from reinforge.algo.advantages import grpo_advantage
 from reinforge.config import load_config
-from reinforge.data.base import Task
 from reinforge.rewards.steps import ArithmeticStepSettings, StepRewards, arithmetic_steps, token_of_offsets
-from reinforge.types import Batch, Trajectory
+from reinforge.types import Batch, Task, Trajectory
 
 TASK = Task("t", "3+4*2=", "11")
 

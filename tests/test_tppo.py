@@ -148,10 +148,10 @@ def test_the_batch_source_puts_held_generations_first(tmp_path):
     """Successive batching: held tasks first with their counts, the rest from the task sampler; the
     collector's held tasks survive its state round trip."""
     from reinforge.config import load_config
-    from reinforge.data.base import Task
     from reinforge.orchestrate.batch_sources import LocalBatches
     from reinforge.orchestrate.collectors import SingleTurn
     from reinforge.rollout.types import SamplingParams as SP
+    from reinforge.types import Task
 
     cfg = load_config(None, ["rollout.group_sampler={name: tppo, params: {window: 2}}", "algo.advantage=egae",
                              "algo.skip_equal_reward_groups=false", "rollout.prompts_per_step=2",

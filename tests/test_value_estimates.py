@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 from reinforge.config import load_config
-from reinforge.data.base import Task
 from reinforge.orchestrate.collectors import Collected
 from reinforge.orchestrate.value_estimates import (
     OptimalValues,
@@ -16,7 +15,7 @@ from reinforge.orchestrate.value_estimates import (
     value_settings,
 )
 from reinforge.rollout.types import SamplingParams
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 
 def _traj(group: int, task_id: str, reward: float = 0.0) -> Trajectory:

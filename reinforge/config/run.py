@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reinforge.config.algo import AlgoConfig
 from reinforge.config.base import GroupSamplerConfig, PartConfig, _check_registered, _Strict
 from reinforge.config.demonstrations import DemonstrationsConfig, PreferencesConfig
 from reinforge.config.task import AgentTaskConfig, ArithmeticTaskConfig, RewardConfig, TaskConfig
-from reinforge.envs.latency import LatencySettings
 
 
 class LoraConfig(_Strict):
@@ -173,6 +172,17 @@ class LogConfig(_Strict):
         default_factory=list, description="metric sinks beside metrics.jsonl (always written): tensorboard, "
         "wandb (offline), mlflow (sqlite); docs/tracking.md")
     report: bool = Field(True, description="write report.html (plots, samples, evaluation, config) at the end")
+
+
+class LatencySettings(BaseModel):
+    """``env.latency``: the delay `envs/latency.py` adds to every environment step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dist: Literal["fixed", "lognormal"] = Field("fixed", description="the delay's distribution")
+    mean_s: float = Field(gt=0, le=600, description="mean delay of a step, in seconds")
+    sigma: float = Field(0.5, ge=0, le=3, description="lognormal: the shape (the log-delay's standard deviation)")
+    asynchronous: bool = Field(False, description="step is an async def awaiting the delay")
 
 
 class EnvConfig(_Strict):

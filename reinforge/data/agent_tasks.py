@@ -19,10 +19,11 @@ import operator
 from collections.abc import Callable
 from functools import partial
 
-from reinforge.data.base import Task, TaskSplits
+from reinforge.data.base import TaskSplits
 from reinforge.data.code_tasks import code_splits
 from reinforge.data.grid import MAX_GRID, grid_splits
 from reinforge.data.search_corpus import search_splits
+from reinforge.types import Task
 
 CALC_OPERATORS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 

@@ -14,7 +14,8 @@ from functools import partial
 
 import numpy as np
 
-from reinforge.data.base import IndexedSplit, Task, TaskSplits
+from reinforge.data.base import IndexedSplit, TaskSplits
+from reinforge.types import Task
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
 

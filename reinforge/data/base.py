@@ -1,27 +1,14 @@
-"""The `Task` record and a seeded, resumable sampler over a split."""
+"""Splits of tasks and a seeded, resumable sampler over a split (the `Task` record is ``reinforge.types``'s)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
 
-Messages = list[dict[str, str]]
-
-
-@dataclass(frozen=True)
-class Task:
-    """One prompt with what its verifier needs.
-
-    ``prompt`` is either raw text or a list of chat messages (``{"role", "content"}``).
-    """
-
-    id: str
-    prompt: str | Messages
-    answer: str
-    metadata: dict[str, Any] = field(default_factory=dict)
+from reinforge.types import Task
 
 
 class IndexedSplit(Sequence[Task]):

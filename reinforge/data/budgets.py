@@ -27,9 +27,9 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import Field, model_validator
 
-from reinforge.data.base import Task
 from reinforge.data.prompt_stats import PromptStats
 from reinforge.registry import Registry, Settings, kind
+from reinforge.types import Task
 
 KNAPSACK_PAPER = "Knapsack RL, Li et al. 2025, arXiv:2509.25849"
 

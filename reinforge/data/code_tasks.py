@@ -23,8 +23,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from reinforge.data.base import Task, TaskSplits
+from reinforge.data.base import TaskSplits
 from reinforge.data.grid import grid_splits
+from reinforge.types import Task
 
 POWMOD_MODULI = (97, 1000, 10007)
 

@@ -1,8 +1,8 @@
 """Which columns of a dataset row hold what (``task.columns``), and one row -> one `Task`.
 
 The one column mapping of every file-based task source (``task.kind`` ``jsonl`` and ``table``):
-`ColumnsConfig` is the recipe's ``task.columns`` section, and `rows_to_tasks` applies it to the
-rows a reader yields. Every bad row raises `DataError` naming where it is (file and line, or row
+`ColumnsConfig` is the recipe's ``task.columns`` section (a config model, ``config/task.py``), and
+`rows_to_tasks` applies it to the rows a reader yields. Every bad row raises `DataError` naming where it is (file and line, or row
 index), what is wrong, and the columns the row has.
 """
 
@@ -12,45 +12,11 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from reinforge.data.base import Messages, Task
+from reinforge.config.task import ColumnsConfig
 from reinforge.errors import DataError
+from reinforge.types import Messages, Task
 
 ROLES = ("system", "user", "assistant", "tool")
-
-
-class ColumnsConfig(BaseModel):
-    """Which columns hold what. ``None`` = not used.
-
-    - ``prompt``: raw text or a list of ``{"role", "content"}`` messages (required).
-    - ``answer``: the reference answer, read as ``str`` (``None``: no answer, ``Task.answer == ""``).
-    - ``id``: unique task ids (default: the reader's, e.g. ``"<file stem>:<row index>"``).
-    - ``system``: a per-row system prompt, put first in the prompt's messages.
-    - ``tests``: unit tests for the ``code_tests`` verifier: a string or list of assert strings
-      (-> ``metadata["asserts"]``), a list of ``{"input", "output"}`` (-> ``metadata["io"]``), or an
-      object with ``asserts`` and/or ``io``.
-    - ``difficulty``, ``source``: copied to ``metadata["difficulty"]`` / ``metadata["source"]``
-      (evaluation reports break results down by these keys).
-    - ``metadata``: columns copied into ``metadata`` under their own names; ``None`` (default)
-      copies every column not named above, ``[]`` copies none.
-    """
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    prompt: str = "prompt"
-    answer: str | None = "answer"
-    id: str | None = None
-    system: str | None = None
-    tests: str | None = None
-    difficulty: str | None = None
-    source: str | None = None
-    metadata: list[str] | None = Field(None, description="columns copied into Task.metadata; null = all other columns")
-
-    def named(self) -> dict[str, str]:
-        """Role -> column, for the roles in use."""
-        roles = ("prompt", "answer", "id", "system", "tests", "difficulty", "source")
-        return {r: c for r in roles if (c := getattr(self, r)) is not None}
 
 
 def _cell(row: dict[str, Any], column: str, where: str, json_columns: tuple[str, ...]) -> Any:

@@ -19,10 +19,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from reinforge.data.base import Task, TaskSampler
+from reinforge.data.base import TaskSampler
 from reinforge.data.prompt_stats import GroupOutcome, PromptStats
 from reinforge.data.samplers import TASK_SAMPLERS
 from reinforge.registry import Settings
+from reinforge.types import Task
 
 
 class StatsSampler:

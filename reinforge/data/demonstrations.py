@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from reinforge.data.base import Messages, Task
 from reinforge.errors import DataError
 from reinforge.rollout.prompts import encode_prompt
-from reinforge.types import Trajectory
+from reinforge.types import Messages, Task, Trajectory
 
 Row = tuple[str, dict[str, Any]]  # (where: file:line, the row)
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reinforge.data.base import IndexedSplit, Task, TaskSplits
+from reinforge.data.base import IndexedSplit, TaskSplits
+from reinforge.types import Task
 
 MAX_GRID = 3_000_000  # problems per source (the seeded permutation holds one int64 each)
 

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from reinforge.data.base import Task
 from reinforge.data.curriculum import StatsSampler
 from reinforge.data.prompt_stats import GroupOutcome
 from reinforge.data.samplers import TASK_SAMPLERS
 from reinforge.registry import Settings
+from reinforge.types import Task
 
 
 class InsightSettings(Settings):

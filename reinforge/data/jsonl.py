@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from reinforge.data.base import Task, TaskSplits
+from reinforge.data.base import TaskSplits
 from reinforge.data.columns import ColumnsConfig, rows_to_tasks
 from reinforge.errors import DataError
+from reinforge.types import Task
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

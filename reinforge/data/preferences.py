@@ -15,10 +15,9 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from reinforge.data.base import Task
 from reinforge.data.demonstrations import Row, completion_demonstration, demonstration
 from reinforge.errors import DataError
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 OFFSETS = (1, -1, 10, -10, 2, -2)
 

@@ -26,7 +26,7 @@ tags (reasoning-gym's convention, ``reasoning_gym.utils.extract_answer``; the wh
 the tasks were built with ``answer_tag=None``) and returns the task's ``score_answer`` as the reward;
 ``correct`` means a score of 1. An answer the task's scorer cannot parse (some scorers raise on
 one) scores 0; a scorer that raises on its own reference answer too is broken, and that error is
-raised for the reward pool's error policy. Importing this module registers the verifier.
+raised for the reward pool's error policy. The verifier is ``rewards/reasoning_gym.py``'s.
 """
 
 from __future__ import annotations
@@ -34,17 +34,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import functools
-import json
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from reinforge.data.base import Task, TaskSplits
+from reinforge.data.base import TaskSplits
 from reinforge.errors import ConfigError
-from reinforge.rewards.verifiers import CPU_BOUND, VERIFIERS, RewardResult
+from reinforge.types import Task
 
 INSTALL_HINT = "pip install 'reinforge[reasoning-gym]'"
 PREFIX = "reasoning_gym/"
@@ -59,7 +57,7 @@ class RGTaskSpec:
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _rg() -> Any:
+def require_reasoning_gym() -> Any:
     try:
         import reasoning_gym
     except ImportError:
@@ -99,9 +97,9 @@ def _shares(total: int, weights: list[float]) -> list[int]:
     return [int(c) for c in counts]
 
 
-def _create(name: str, params: Mapping[str, Any], **size_seed: int) -> Any:
+def create_dataset(name: str, params: Mapping[str, Any], **size_seed: int) -> Any:
     """``reasoning_gym.create_dataset`` with errors turned into ConfigErrors naming the task and fields."""
-    rg = _rg()
+    rg = require_reasoning_gym()
     from reasoning_gym.factory import DATASETS
 
     if name == "composite":
@@ -194,7 +192,7 @@ def reasoning_gym_splits(
             continue
         task_seed = seed if len(specs) == 1 else _derived_seed(seed, k)
         with _global_rngs_seeded(task_seed):
-            ds = _create(spec.name, spec.params, size=n_total, seed=task_seed)
+            ds = create_dataset(spec.name, spec.params, size=n_total, seed=task_seed)
             items = [_task(spec, ds.category, i, ds[i], chat, answer_tag) for i in range(n_total)]
         heldout += items[:n_held]
         train += items[n_held:]
@@ -208,51 +206,3 @@ def reasoning_gym_splits(
                           "question; the task's params allow too few distinct questions")
     label = ", ".join(f"{s.name}" + (f"x{s.weight:g}" if len(specs) > 1 else "") for s in specs)
     return TaskSplits(train, heldout, name=f"reasoning_gym({label})")
-
-
-@functools.lru_cache(maxsize=64)
-def _scorer(name: str, params_json: str) -> Callable[..., float]:
-    return _create(name, json.loads(params_json)).score_answer
-
-
-@VERIFIERS.register(
-    "reasoning_gym",
-    formula="r = score_answer(answer in the last <answer></answer> tags, entry) of the task's reasoning-gym "
-            "dataset; correct = r >= 1",
-    paper="Stojanovski et al. 2025, REASONING GYM: Reasoning Environments for RL with Verifiable Rewards",
-    needs=(CPU_BOUND,),
-)
-def reasoning_gym_score(task: Task, completion: str) -> RewardResult:
-    """Score with the reasoning-gym task's own ``score_answer`` (the task is rebuilt from
-    ``metadata["task"]`` and ``metadata["rg_params"]``, once per process)."""
-    meta = task.metadata
-    if "rg_entry" not in meta or "task" not in meta:
-        raise ValueError(f"task {task.id!r} is not a reasoning-gym task: its metadata has no 'task' and 'rg_entry'")
-    tag = meta.get("rg_answer_tag", "answer")
-    if tag is None:
-        answer: str | None = completion.strip()
-    else:
-        _rg()
-        from reasoning_gym.utils import extract_answer
-
-        answer = extract_answer(completion, tag_name=tag)
-    params = json.dumps(meta.get("rg_params") or {}, sort_keys=True)
-    scorer, entry = _scorer(meta["task"], params), meta["rg_entry"]
-    try:
-        score = float(scorer(answer=answer, entry=entry))
-    except Exception:
-        if not _reads_its_reference(scorer, entry):
-            raise  # the scorer is broken, not the answer: the reward pool's error policy decides
-        score = 0.0
-    return RewardResult(score, score >= 1.0, answer)
-
-
-def _reads_its_reference(scorer: Callable[..., float], entry: dict[str, Any]) -> bool:
-    """Whether ``scorer`` scores the entry's own reference answer without raising. Some tasks' scorers
-    raise on an answer they cannot parse (prime_factorization on "zzz", boxnet on "-1"): when the same
-    scorer reads the reference, the fault is the model's answer, which then scores 0."""
-    try:
-        scorer(answer=None if entry.get("answer") is None else str(entry["answer"]), entry=entry)
-    except Exception:
-        return False
-    return True

@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from reinforge.data.base import Task, TaskSampler
+from reinforge.data.base import TaskSampler
 from reinforge.registry import Registry, kind
+from reinforge.types import Task
 
 
 class TaskSamplerPart(Protocol):

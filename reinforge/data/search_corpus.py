@@ -38,8 +38,9 @@ import random
 from dataclasses import dataclass
 from functools import cache, partial
 
-from reinforge.data.base import Task, TaskSplits
+from reinforge.data.base import TaskSplits
 from reinforge.data.grid import grid_splits
+from reinforge.types import Task
 
 RELATIONS = ("capital", "leader", "currency")
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "tr", "qu", "sh")

@@ -29,11 +29,12 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from reinforge.data.base import Task, TaskSampler
+from reinforge.data.base import TaskSampler
 from reinforge.data.curriculum import StatsSampler
 from reinforge.data.prompt_stats import GroupOutcome
 from reinforge.data.samplers import TASK_SAMPLERS
 from reinforge.registry import Settings
+from reinforge.types import Task
 
 
 class SPOSamplerSettings(Settings):

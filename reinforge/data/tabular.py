@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reinforge.data.base import Messages, Task, TaskSplits
+from reinforge.data.base import TaskSplits
 from reinforge.data.columns import ColumnsConfig, rows_to_tasks
 from reinforge.data.jsonl import iter_jsonl
 from reinforge.errors import DataError
+from reinforge.types import Messages, Task
 
 log = logging.getLogger(__name__)
 

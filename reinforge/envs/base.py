@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from reinforge.data.base import Task
+from reinforge.types import Task
 
 Message = dict[str, str]
 

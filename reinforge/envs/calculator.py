@@ -16,9 +16,9 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from reinforge.data.base import Task
 from reinforge.envs.base import Message, StepResult
 from reinforge.envs.tools import Toolbox, ToolError, parse_tool_calls, tool_message
+from reinforge.types import Task
 
 MAX_EXPR_CHARS = 100
 MAX_DIGITS = 30  # every literal, intermediate value and result stays below 10**MAX_DIGITS in size

@@ -8,9 +8,9 @@ the episode with reward 1.0; running out of guesses ends it with reward 0.0.
 
 from __future__ import annotations
 
-from reinforge.data.base import Task
 from reinforge.envs.base import Message, StepResult
 from reinforge.envs.calculator import last_integer, task_messages
+from reinforge.types import Task
 
 HIGHER, LOWER, NO_NUMBER = "higher", "lower", "say a number"
 

@@ -15,20 +15,10 @@ import math
 import random
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from reinforge.config.run import LatencySettings
 from reinforge.envs.base import Environment, StepResult
-
-
-class LatencySettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    dist: Literal["fixed", "lognormal"] = Field("fixed", description="the delay's distribution")
-    mean_s: float = Field(gt=0, le=600, description="mean delay of a step, in seconds")
-    sigma: float = Field(0.5, ge=0, le=3, description="lognormal: the shape (the log-delay's standard deviation)")
-    asynchronous: bool = Field(False, description="step is an async def awaiting the delay")
 
 
 class DelayedEnv:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reinforge.data.base import Task
 from reinforge.envs.base import Environment, Message, StepResult
+from reinforge.types import Task
 
 
 class RetryEnv:

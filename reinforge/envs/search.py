@@ -29,11 +29,11 @@ from typing import Any
 import bm25s
 import numpy as np
 
-from reinforge.data.base import Task
 from reinforge.data.search_corpus import corpus
 from reinforge.envs.base import Message
 from reinforge.envs.calculator import CalculatorEnv, task_messages
 from reinforge.envs.tools import Toolbox, ToolError
+from reinforge.types import Task
 
 _ANSWER_SPAN = re.compile(r"<answer>(.*?)</answer>", re.S)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

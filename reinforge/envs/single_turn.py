@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from reinforge.data.base import Task
 from reinforge.envs.base import Message, StepResult
 from reinforge.rewards.verifiers import RewardResult, Verifier
 from reinforge.rollout.prompts import prompt_messages
+from reinforge.types import Task
 
 
 class SingleTurnEnv:

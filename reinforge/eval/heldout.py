@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from reinforge.data.base import Task
 from reinforge.eval.passk import pass_at_k
 from reinforge.eval.stats import bootstrap_ci
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.prompts import encode_prompt, prompt_messages
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.types import Task
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
 BREAKDOWN_KEYS = ("task", "source", "difficulty", "level", "category")

@@ -28,9 +28,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from reinforge.data.base import Task
 from reinforge.errors import ReinforgeError
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 if TYPE_CHECKING:  # the proxy needs the serve extra (fastapi); this module does not
     from reinforge.serve.proxy import AgentProxy

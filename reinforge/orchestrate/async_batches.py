@@ -39,12 +39,11 @@ from typing import Any
 import torch
 
 from reinforge.config import RunConfig
-from reinforge.data.base import Task
 from reinforge.orchestrate.batch_sources import Rollout, Round, Rounds
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkers
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
 from reinforge.train.checkpoint import latest_valid_checkpoint
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 
 class WorkerBatches:

@@ -24,7 +24,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from reinforge.config import EnvConfig, GroupSamplerConfig, RolloutConfig
-from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.env_calls import EnvCalls
@@ -34,7 +33,7 @@ from reinforge.rewards.pool import VerifierPool
 from reinforge.rollout.continuation import continue_budgeted
 from reinforge.rollout.group_samplers import build_group_sampler
 from reinforge.rollout.types import SamplingParams
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 EVAL_SEED = 0  # environments of held-out episodes are reset from this seed
 

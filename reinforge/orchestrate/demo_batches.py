@@ -23,7 +23,6 @@ import torch
 
 from reinforge.algo.objective import required_inputs
 from reinforge.config import RunConfig
-from reinforge.data.base import Task
 from reinforge.data.demonstrations import rows_to_demonstrations, task_demonstrations
 from reinforge.data.preferences import rows_to_pairs, task_pairs
 from reinforge.data.prompt_stats import is_correct
@@ -31,7 +30,7 @@ from reinforge.data.tabular import table_rows
 from reinforge.errors import ConfigError, DataError
 from reinforge.orchestrate.batch_sources import BatchSource, Rollout
 from reinforge.orchestrate.guidance_rules import GUIDANCE_RULES
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 SEED_OFFSET = 4_243  # the demonstrations' shuffle is apart from the run's other random streams
 

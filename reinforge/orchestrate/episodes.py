@@ -9,7 +9,6 @@ import torch
 
 from reinforge.algo.shaping import REWARD_SHAPERS, ShapeInputs
 from reinforge.config import AlgoConfig, RewardShaperConfig
-from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import verifier_step_result
 from reinforge.orchestrate.batch_fields import produce_fields
@@ -18,7 +17,7 @@ from reinforge.rollout.group_samplers import GroupSampler
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 from reinforge.train.faults import check_rewards
-from reinforge.types import Batch, Trajectory
+from reinforge.types import Batch, Task, Trajectory
 
 
 def generate_single_turn(

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from reinforge.data.base import Task
 from reinforge.envs.base import Environment
 from reinforge.errors import ReinforgeError
 from reinforge.orchestrate.env_calls import EnvCalls, EnvOutcome
@@ -38,7 +37,7 @@ from reinforge.rewards.pool import VerifierError
 from reinforge.rollout.chat_splice import ChatSplicer
 from reinforge.rollout.engines import context_limit
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 
 @dataclass(frozen=True)

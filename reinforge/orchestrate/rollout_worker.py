@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 import torch
 
 from reinforge.config import RunConfig
-from reinforge.data.base import Task
 from reinforge.errors import ReinforgeError
 from reinforge.orchestrate.shared_weights import SharedWeights
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 
 @dataclass

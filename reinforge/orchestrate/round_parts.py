@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reinforge.data.base import Task
 from reinforge.data.budgets import BudgetPart, build_budget
 from reinforge.orchestrate.replay import ReplayBuffer
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 BUDGET_KEY, REPLAY_KEY = "budget", "replay"
 

@@ -25,11 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from reinforge.algo.objective import required_inputs
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.rewards.steps import token_of_offsets
 from reinforge.rollout.types import SamplingParams
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 NEED = "state_values"
 PREFIX = "rollout/state_values"

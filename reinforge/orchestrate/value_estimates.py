@@ -31,11 +31,10 @@ import torch
 
 from reinforge.algo.objective import required_inputs
 from reinforge.algo.regression import soft_optimal_value
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.collectors import Collector
 from reinforge.rollout.types import SamplingParams
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 if TYPE_CHECKING:
     from reinforge.orchestrate.components import Components

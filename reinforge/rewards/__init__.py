@@ -1,10 +1,10 @@
 """Rewards: verifiers that score a completion for a task. Importing this package registers them all."""
 
-import reinforge.data.reasoning_gym  # noqa: F401  (registers the reasoning_gym verifier)
 from reinforge.rewards import code as _code  # noqa: F401  (code_tests)
 from reinforge.rewards import composite as _composite  # noqa: F401  (length_penalty)
 from reinforge.rewards import format as _format  # noqa: F401  (think_answer_format)
 from reinforge.rewards import math as _math  # noqa: F401  (math_verify, regex, multiple_choice)
+from reinforge.rewards import reasoning_gym as _reasoning_gym  # noqa: F401  (reasoning_gym)
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult
 
 __all__ = ["VERIFIERS", "RewardResult"]

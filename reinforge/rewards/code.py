@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from reinforge.data.base import Task
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult
 from reinforge.sandbox import Isolation, SandboxLimits, SandboxResult, run_python
+from reinforge.types import Task
 
 log = logging.getLogger(__name__)
 

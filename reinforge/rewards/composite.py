@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.rewards.imported import resolve_verifier
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult, Verifier
+from reinforge.types import Task
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from reinforge.data.base import Task
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult
+from reinforge.types import Task
 
 _TAG_NAME = re.compile(r"[A-Za-z_][\w.-]*")
 

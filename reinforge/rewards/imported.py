@@ -2,7 +2,7 @@
 or ``task.verifier: mypkg.rewards:score`` (an importable module), and the same for a reward term's
 ``verifier``. No registration and no Python driver script are needed.
 
-The function takes ``(task, completion)`` (a ``reinforge.data.base.Task`` and the completion text)
+The function takes ``(task, completion)`` (a ``reinforge.types.Task`` and the completion text)
 and returns a ``RewardResult`` or a number (a bool counts as 0/1; ``correct`` is then
 ``reward >= 1``). It is imported once when the config is checked (so a typo fails before any model
 loads), and again in each process that scores: ``ImportedVerifier`` pickles as its reference
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reinforge.data.base import Task
 from reinforge.plugins import import_user_module
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult, Verifier
+from reinforge.types import Task
 
 _LOADED: dict[str, Any] = {}  # reference -> function, per process
 

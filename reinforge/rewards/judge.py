@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.rewards.verifiers import RewardResult
+from reinforge.types import Task
 
 DEFAULT_SCORE_PATTERN = r"(?:score|rating)\s*[:=]?\s*(\d+(?:\.\d+)?)"
 _PLACEHOLDER = re.compile(r"\{(prompt|completion|answer)\}")

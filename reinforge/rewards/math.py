@@ -23,8 +23,8 @@ import threading
 from functools import lru_cache
 from typing import Any
 
-from reinforge.data.base import Task
 from reinforge.rewards.verifiers import CPU_BOUND, VERIFIERS, RewardResult
+from reinforge.types import Task
 
 MATH_VERIFY_TIMEOUT_S = 5
 _INSTALL = "the math_verify verifier needs math-verify: pip install 'reinforge[math]' (or pip install math-verify)"

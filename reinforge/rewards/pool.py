@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from reinforge.data.base import Task
 from reinforge.errors import ReinforgeError
 from reinforge.rewards.pool_backends import OnError, _ProcessBackend, _ThreadBackend
 from reinforge.rewards.verifiers import RewardResult, Verifier
+from reinforge.types import Task
 
 if TYPE_CHECKING:
     from reinforge.rewards.steps import StepRewards

@@ -20,9 +20,9 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
 from typing import Any, Literal
 
-from reinforge.data.base import Task
 from reinforge.errors import ReinforgeError
 from reinforge.rewards.verifiers import RewardResult, Verifier
+from reinforge.types import Task
 
 OnError = Literal["raise", "zero"]
 # A backend runs calls and reports (status, RewardResult or error text, seconds, exception or None).

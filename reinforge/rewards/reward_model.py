@@ -24,10 +24,10 @@ from typing import Any, Literal
 
 import torch
 
-from reinforge.data.base import Task
 from reinforge.errors import ConfigError
 from reinforge.models.precision import at_least_float32
 from reinforge.rewards.verifiers import RewardResult
+from reinforge.types import Task
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import Field
 
-from reinforge.data.base import Task
 from reinforge.registry import Registry, Settings, kind
+from reinforge.types import Task
 
 StepVerifier = Callable[..., list[tuple[int, float]]]
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from reinforge.data.base import Task
 from reinforge.registry import Registry, kind
+from reinforge.types import Task
 
 
 @dataclass(frozen=True)
