@@ -51,7 +51,6 @@ def train(
     from reinforge.config import load_config
     from reinforge.orchestrate.run import train as run_train
 
-    verifier, overrides = _verifier_alias(verifier, overrides)
     dotted = _overrides(model=model, task=task, verifier=verifier, preset=preset, plugins=plugins, **overrides)
     if resume is not None:
         return run_train(None, resume=Path(resume), overrides=dotted)
@@ -83,8 +82,11 @@ def _callers_level() -> int:
     return level
 
 
-def _overrides(*, model: Any, task: Any, verifier: Any, preset: Any, plugins: Any, **sections: Any) -> list[str]:
-    """The keyword arguments as ``key.path=value`` overrides (values as JSON, which YAML reads)."""
+def _overrides(*, model: Any, task: Any, preset: Any, plugins: Any, verifier: Any = None, **sections: Any
+               ) -> list[str]:
+    """The keyword arguments as ``key.path=value`` overrides (values as JSON, which YAML reads); ``reward=``
+    a name or function is ``verifier=``'s deprecated alias (``_verifier_alias``)."""
+    verifier, sections = _verifier_alias(verifier, sections)
     out: list[str] = []
     if preset is not None:
         out.append(f"preset={preset}")
