@@ -329,7 +329,7 @@ def bench_grpo_step(args, rec: Record) -> None:
 
 def bench_recipe(args, rec: Record) -> None:
     target = 0.9
-    steps = ["train.steps=4", "eval.every=2", "task.heldout_size=50"] if args.quick else []
+    steps = ["train.steps=2", "eval.every=1", "task.heldout_size=20"] if args.quick else []
     with tempfile.TemporaryDirectory() as tmp:
         rows = _train([f"model.device={args.device}", f"output_dir={tmp}", "name=recipe", "eval.final_samples=0",
                        "checkpoint.every=0", "log.report=false", *steps, *args.set], 0 if args.quick else max(1, args.budget_s))

@@ -29,12 +29,12 @@ def test_quick_cpu_check_runs_every_step_and_reports_its_figures(tmp_path):
     assert all(s["status"] == "ok" for s in steps.values())
     f = {name: s["figures"] for name, s in steps.items()}
     assert f["machine"]["matmul_peak_tflops"] > 0 and f["machine"]["copy_bandwidth_gbs"] > 0
-    assert f["cuda_tests"]["passed"] >= 4 and f["cuda_tests"]["failures"] == 0
+    assert f["cuda_tests"]["passed"] >= 3 and f["cuda_tests"]["failures"] == 0
     assert f["generate"]["torch_tokens_per_s"] > 0 and f["generate"]["hf_tokens_per_s"] > 0
     assert 0 < f["generate"]["torch_fraction_of_bandwidth_limit"] < 1
     assert 0 < f["learner"]["mfu"] < 1 and f["learner"]["largest_micro_batch_tokens"] >= 256
     assert f["grpo_step"]["generate_s"] > 0 and f["grpo_step"]["train_s"] > 0 and f["grpo_step"]["steps"] == 2
-    assert f["recipe"]["steps"] == 4 and 0 <= f["recipe"]["final_heldout"] <= 1
+    assert f["recipe"]["steps"] == 2 and 0 <= f["recipe"]["final_heldout"] <= 1
     assert set(f["async"]["speedup"]) == {"async s=1"}
     assert "| learner | ok |" in (tmp_path / "device_report.md").read_text()
 
