@@ -215,14 +215,14 @@ def training_flops(model, tokens: int, seq_len: int) -> float:
 
 def _learner(model, overrides: list[str]):
     from reinforge.config import load_config
-    from reinforge.train.learner import Learner
+    from reinforge.learn.learner import Learner
 
     cfg = load_config(None, ["algo.kl.coef=0", "train.shared_prefix=false", "train.lr=1e-6", *overrides])
     return Learner.for_run(model, cfg)
 
 
 def bench_learner(args, rec: Record) -> None:
-    from reinforge.train.memory import peak_mb, reset_peak
+    from reinforge.learn.memory import peak_mb, reset_peak
 
     device, t_end = torch.device(args.device), time.monotonic() + args.budget_s
     n_prompts, group, plen, clen = (4, 4, 8, 8) if args.quick else (64, 8, 128, 384)
@@ -255,7 +255,7 @@ def bench_learner(args, rec: Record) -> None:
 
 def _largest_micro_batch(args, rec: Record, model, micro: int, t_end: float) -> None:
     """Double the micro-batch's tokens (one micro-batch a update, 512-token rows) until it does not fit."""
-    from reinforge.train.memory import peak_mb, reset_peak
+    from reinforge.learn.memory import peak_mb, reset_peak
 
     device, fits, row = torch.device(args.device), {}, 16 if args.quick else 512
     autocast = ["train.autocast=bf16"] if device.type == "cuda" else []

@@ -18,9 +18,9 @@ import time
 import torch
 
 from reinforge.config import load_config
+from reinforge.learn.learner import Learner
 from reinforge.orchestrate.components import build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
-from reinforge.train.learner import Learner
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ The head alone (Qwen2.5-0.5B's shape by default: H=896, V=151936, untied ``nn.Li
 CPU, over ``--positions`` hidden states that require a gradient: forward (log-prob of a random target
 and the entropy at every position) and backward of sum(logp) + 0.01 sum(entropy), as the learner's
 loss would. Chunk 0 is the plain path (``train.logprob_chunk_tokens=0``: the head over every position
-at once, then ``train/logprobs._taken``); a chunk > 0 is ``train/lm_head.chunked_token_logprobs``.
+at once, then ``learn/logprobs._taken``); a chunk > 0 is ``learn/lm_head.chunked_token_logprobs``.
 
 Every (setting, repeat) runs in a fresh subprocess (``--threads`` torch threads), the settings
 interleaved within each repeat. Reported: median and range of the forward+backward time; "largest
@@ -31,9 +31,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from reinforge.models.precision import at_least_float32
-from reinforge.train.lm_head import chunked_token_logprobs
-from reinforge.train.logprobs import _taken
-from reinforge.train.memory import peak_mb, reset_peak
+from reinforge.learn.lm_head import chunked_token_logprobs
+from reinforge.learn.logprobs import _taken
+from reinforge.learn.memory import peak_mb, reset_peak
 
 spec = json.loads(sys.argv[1])
 torch.set_num_threads(spec["threads"])

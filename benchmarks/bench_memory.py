@@ -45,8 +45,8 @@ CHILD = r"""
 import json, random, statistics, sys, tempfile, time
 import torch
 from reinforge.config import load_config
-from reinforge.train.learner import Learner
-from reinforge.train.memory import peak_mb, reset_peak
+from reinforge.learn.learner import Learner
+from reinforge.learn.memory import peak_mb, reset_peak
 from reinforge.types import Batch, Trajectory
 
 spec = json.loads(sys.argv[1])

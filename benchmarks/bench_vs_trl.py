@@ -204,9 +204,9 @@ def child_reinforge(spec: dict) -> dict:
     import torch
 
     from reinforge.config import load_config
+    from reinforge.learn.learner import Learner
     from reinforge.orchestrate import loop, run
     from reinforge.rollout.torch_engine import TorchRolloutEngine
-    from reinforge.train.learner import Learner
 
     import_s = time.perf_counter() - t0
     torch.set_num_threads(spec["threads"])

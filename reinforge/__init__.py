@@ -4,14 +4,14 @@ Heavy modules (torch, transformers) are imported lazily by the parts that need t
 `import reinforge` and `reinforge --help` stay fast.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
 
 
+def train(*args: Any, **kwargs: Any) -> Any:
+    """The one-call Python API, ``reinforge.api.train`` (imported on the first call): e.g.
+    ``reinforge.train(preset="grpo", model="tiny-base", task="arithmetic", verifier="exact_match")``."""
+    from reinforge.api import train as api_train
 
-def __getattr__(name: str):  # type: ignore[no-untyped-def]
-    """``reinforge.train``: the learner package, callable as the one-call Python API (reinforge/api.py)."""
-    if name == "train":
-        import reinforge.train as train_package
-
-        return train_package
-    raise AttributeError(f"module 'reinforge' has no attribute {name!r}")
+    return api_train(*args, **kwargs)

@@ -75,7 +75,7 @@ def _verifier_alias(verifier: Any, overrides: dict[str, Any]) -> tuple[Any, dict
 
 def _callers_level() -> int:
     """The ``stacklevel`` of the first frame outside this package, for a warning raised by the caller
-    of this function (``reinforge.train`` reaches ``train`` through the package's ``__call__``)."""
+    of this function (``reinforge.train`` calls ``train`` from ``reinforge/__init__.py``)."""
     package, frame, level = str(Path(__file__).parent), sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1

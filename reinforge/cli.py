@@ -59,8 +59,8 @@ def train(
         from rich.console import Console
 
         from reinforge.config import load_config
+        from reinforge.learn import distributed
         from reinforge.orchestrate.run import train as run_train
-        from reinforge.train import distributed
 
         console = Console()
         cfg = None if resume is not None else load_config(recipes[0] if recipes else None, overrides)
@@ -252,7 +252,7 @@ def export(
 
     def go() -> None:
         from reinforge.errors import ConfigError
-        from reinforge.train.checkpoint import export_model
+        from reinforge.learn.checkpoint import export_model
 
         if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"--dtype: allowed values: float32, bfloat16, float16 (got {dtype!r})")

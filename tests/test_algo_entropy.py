@@ -275,7 +275,7 @@ def _batch(c):
 
 
 def test_the_learner_gives_the_estimator_pi_old_entropy(tmp_path):
-    from reinforge.train.logprobs import token_logprobs
+    from reinforge.learn.logprobs import token_logprobs
 
     c = _components(tmp_path, "algo.advantage=gtpo")
     batch = _batch(c)

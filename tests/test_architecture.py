@@ -17,10 +17,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "reinforge"
 # A string that is a part's name but also means something else where it is compared (not the part).
 OTHER_MEANINGS = {
     ("rewards/reward_model.py", "none"),  # reward.reward_model normalise: none | running
-    ("train/prepare.py", "entropy"),  # the context field an estimator declares it needs, not the loss term
+    ("learn/prepare.py", "entropy"),  # the context field an estimator declares it needs, not the loss term
     ("serve/tool_calls.py", "none"),  # OpenAI's tool_choice "none" and the tool parser "none", not a mismatch mode
     # reward.pool, train.dist_backend and reward.on_error "auto", not the rollout engine "auto"
-    ("rewards/build.py", "auto"), ("train/distributed.py", "auto"), ("orchestrate/loop.py", "auto"),
+    ("rewards/build.py", "auto"), ("learn/distributed.py", "auto"), ("orchestrate/loop.py", "auto"),
 }
 
 
@@ -225,15 +225,15 @@ def test_importing_algo_alone_registers_every_algorithm_part():
 
 
 def test_rollout_and_train_share_model_code_only_through_models():
-    """rollout/ and train/ do not import each other; models/ (the code both use) imports neither."""
+    """rollout/ and learn/ do not import each other; models/ (the code both use) imports neither."""
     modules = _modules()
     graph = {name: _imports(ast.parse(path.read_text()), modules) for name, path in modules.items()}
 
     def under(name: str, package: str) -> bool:
         return name == package or name.startswith(package + ".")
 
-    rules = [("reinforge.rollout", "reinforge.train"), ("reinforge.train", "reinforge.rollout"),
-             ("reinforge.models", "reinforge.rollout"), ("reinforge.models", "reinforge.train"),
+    rules = [("reinforge.rollout", "reinforge.learn"), ("reinforge.learn", "reinforge.rollout"),
+             ("reinforge.models", "reinforge.rollout"), ("reinforge.models", "reinforge.learn"),
              ("reinforge.models", "reinforge.orchestrate")]
     found = [f"{a} imports {b}" for a, deps in graph.items() for src, dst in rules if under(a, src)
              for b in deps if under(b, dst)]

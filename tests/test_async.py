@@ -15,14 +15,14 @@ from numerics import assert_all_exact, exact_approx, float64_model
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.learn.learner import Learner
+from reinforge.learn.logprobs import token_logprobs
 from reinforge.orchestrate import async_batches
 from reinforge.orchestrate.components import build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
 from reinforge.orchestrate.run import train
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
 from reinforge.track.jsonl import read_jsonl
-from reinforge.train.learner import Learner
-from reinforge.train.logprobs import token_logprobs
 from reinforge.types import Trajectory
 
 COMMON = ["orchestrate.mode=async", "eval.every=0", "eval.final_samples=0", "task.heldout_size=16",

@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 
 from reinforge.config import load_config
 from reinforge.errors import ReinforgeError
+from reinforge.learn import checkpoint
+from reinforge.learn.checkpoint import list_checkpoints, verify_checkpoint
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
-from reinforge.train import checkpoint
-from reinforge.train.checkpoint import list_checkpoints, verify_checkpoint
 
 TIMING = ("time/", "perf/", "memory/")
 

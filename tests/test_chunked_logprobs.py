@@ -1,4 +1,4 @@
-"""The LM head in chunks of positions (train/lm_head.py, ``train.logprob_chunk_tokens``) gives the plain
+"""The LM head in chunks of positions (learn/lm_head.py, ``train.logprob_chunk_tokens``) gives the plain
 path's log-probs, entropies and gradients (mathematically equal paths: compared in float64,
 tests/numerics.py) in the plain, shared-prefix and packed forwards and through a whole learner update,
 while its largest logits allocation is one chunk's instead of the whole batch's."""
@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM, Gemma2Config, GraniteConfig, Llam
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
+from reinforge.learn.lm_head import check_plain_head, chunked_token_logprobs, final_hidden
+from reinforge.learn.logprobs import token_logprobs
+from reinforge.learn.packing import packed_token_logprobs
+from reinforge.learn.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 from reinforge.models.loading import load_model
-from reinforge.train.lm_head import check_plain_head, chunked_token_logprobs, final_hidden
-from reinforge.train.logprobs import token_logprobs
-from reinforge.train.packing import packed_token_logprobs
-from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:Seems like `optimizer.step\(\)` has been overridden")
 

@@ -324,8 +324,8 @@ def test_train_cartpole_ppo_writes_a_run_directory(tmp_path):
                 "time/elapsed_s", "perf/env_steps_per_s"):
         assert key in records[0], key
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert ckpts == ["step_2"]  # keep=1; written to a hidden directory and renamed (train/checkpoint.py)
-    from reinforge.train.checkpoint import verify_checkpoint
+    assert ckpts == ["step_2"]  # keep=1; written to a hidden directory and renamed (learn/checkpoint.py)
+    from reinforge.learn.checkpoint import verify_checkpoint
 
     assert verify_checkpoint(run / "checkpoints" / "step_2") is None
     assert (run / "checkpoints" / "step_2" / "model.safetensors").is_file()

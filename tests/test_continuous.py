@@ -7,9 +7,9 @@ import pytest
 import torch
 from numerics import assert_exact, exact_approx, float64_model
 
+from reinforge.learn.logprobs import token_logprobs
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import GenerationRequest, SamplingParams
-from reinforge.train.logprobs import token_logprobs
 from tests.test_engine import _requests
 
 

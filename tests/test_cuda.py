@@ -55,8 +55,8 @@ def _engine_and_requests(dtype: torch.dtype, n: int = 12):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_engine_logprobs_match_the_learner_on_cuda(dtype):
+    from reinforge.learn.logprobs import token_logprobs
     from reinforge.rollout.types import SamplingParams
-    from reinforge.train.logprobs import token_logprobs
 
     model, engine, reqs, tok = _engine_and_requests(dtype)
     gens = engine.generate(reqs, SamplingParams(max_new_tokens=6, n=4))
@@ -130,8 +130,8 @@ def test_resume_on_cuda_equals_an_uninterrupted_run(tmp_path, monkeypatch):
 
 
 def test_bf16_autocast_update_follows_the_fp32_update():
+    from reinforge.learn.learner import Learner
     from reinforge.models.loading import load_model
-    from reinforge.train.learner import Learner
     from reinforge.types import Batch
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))

@@ -126,8 +126,8 @@ def test_options_and_the_teacher_are_validated():
 
 
 def test_the_forward_gives_full_rows_on_the_loss_mask_only():
+    from reinforge.learn.logprobs import token_logprobs, vocab_logprobs
     from reinforge.models.loading import load_model
-    from reinforge.train.logprobs import token_logprobs, vocab_logprobs
 
     model = load_model("tiny-base", "float64")
     ids = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 11, 0]])
@@ -150,7 +150,7 @@ def _quick(tmp_path, name: str) -> list[str]:
 
 def _divergence(teacher: torch.nn.Module, student: torch.nn.Module, batch) -> float:
     """Mean JSD(0.5)(teacher || student) over the batch's answer tokens."""
-    from reinforge.train.logprobs import vocab_logprobs
+    from reinforge.learn.logprobs import vocab_logprobs
 
     args = (batch.input_ids, batch.attention_mask, batch.loss_mask)
     with torch.no_grad():
@@ -206,7 +206,7 @@ def test_a_student_data_fraction_below_one_mixes_in_the_demonstrations(tmp_path)
 
 
 def test_a_batch_keeps_the_teacher_rows_of_the_rows_it_selects():
-    from reinforge.train.faults import nonfinite_inputs
+    from reinforge.learn.faults import nonfinite_inputs
     from reinforge.types import Batch
 
     n, width, vocab = 3, 4, 5

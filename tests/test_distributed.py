@@ -1,4 +1,4 @@
-"""Data-parallel training (train/distributed.py): 2 ranks (gloo, processes spawned here) give the
+"""Data-parallel training (learn/distributed.py): 2 ranks (gloo, processes spawned here) give the
 same update as 1 process on the whole batch, with DDP and FSDP2; and a tiny 2-rank training run.
 
 The update comparisons claim mathematical equality, so they run in float64 (tests/numerics.py): in
@@ -18,7 +18,7 @@ import torch
 from numerics import EXACT_RTOL, float64_model
 
 from reinforge.config import load_config
-from reinforge.train.learner import Learner
+from reinforge.learn.learner import Learner
 from reinforge.types import Batch, Trajectory
 
 pytestmark = pytest.mark.skipif(
@@ -80,8 +80,8 @@ def _batch(groups: list[int]) -> Batch | None:
 
 
 def _learner(cfg) -> Learner:
+    from reinforge.learn.critic import build_critic
     from reinforge.models.loading import load_model
-    from reinforge.train.critic import build_critic
 
     torch.manual_seed(0)
     ref = float64_model(load_model("tiny-base")) if cfg.algo.kl.coef > 0 else None
@@ -92,7 +92,7 @@ def _learner(cfg) -> Learner:
 
 
 def _full_state(learner: Learner) -> dict[str, torch.Tensor]:
-    from reinforge.train import distributed
+    from reinforge.learn import distributed
 
     state = distributed.full_state_dict(learner.model) if learner.fsdp else learner.model.state_dict()
     if learner.critic is not None:
@@ -160,7 +160,7 @@ def _rank_main(index: int, world: int, port: int, parallel: str, reference: str,
 def _run_ranks(tmp_path: Path, parallel: str) -> dict[str, dict]:
     import torch.multiprocessing as mp
 
-    from reinforge.train.distributed import free_port
+    from reinforge.learn.distributed import free_port
 
     reference = _reference(tmp_path, parallel)
     mp.spawn(_rank_main, args=(2, free_port(), parallel, str(reference), str(tmp_path)), nprocs=2, join=True)
@@ -201,7 +201,7 @@ def test_fsdp2_two_ranks_update_equals_one_process(tmp_path):
 
 def test_config_refusals():
     from reinforge.errors import ConfigError
-    from reinforge.train import distributed
+    from reinforge.learn import distributed
 
     base = ["train.world_size=2", "rollout.prompts_per_step=4"]
     distributed.check(load_config(None, base))
@@ -221,7 +221,7 @@ def _finish_rank(index: int, world: int, port: int, out_dir: str) -> None:
     of a run); each rank records when ``finish()`` returned and whether the group is gone after it."""
     import time
 
-    from reinforge.train import distributed
+    from reinforge.learn import distributed
 
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -240,7 +240,7 @@ def test_finish_waits_for_every_rank_then_destroys_the_group(tmp_path):
     rank 0 still worked aborted now and then: "terminate called without an active exception")."""
     import torch.multiprocessing as mp
 
-    from reinforge.train.distributed import free_port
+    from reinforge.learn.distributed import free_port
 
     mp.spawn(_finish_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"finish{r}.json").read_text()) for r in range(2))

@@ -3,10 +3,10 @@ import copy
 import torch
 
 from reinforge.data.arithmetic import arithmetic_splits
+from reinforge.learn.logprobs import token_logprobs
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import GenerationRequest, SamplingParams
-from reinforge.train.logprobs import token_logprobs
 from reinforge.types import Batch
 
 

@@ -11,12 +11,12 @@ import torch
 from chat_fixtures import two_policies_and_requests
 
 from reinforge.config import LoraConfig
+from reinforge.learn.lora import wrap_lora
 from reinforge.orchestrate.components import LoraTorchRolloutEngine
 from reinforge.orchestrate.shared_weights import SharedWeights
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
 from reinforge.serve.worker import EngineWorker
-from reinforge.train.lora import wrap_lora
 
 PARAMS = SamplingParams(max_new_tokens=4, n=2, ignore_eos=True)
 

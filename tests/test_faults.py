@@ -9,10 +9,10 @@ import torch
 
 from reinforge.config import load_config
 from reinforge.errors import TrainingDiverged
+from reinforge.learn.faults import check_rewards, nonfinite_inputs
+from reinforge.learn.learner import Learner
 from reinforge.orchestrate.batch_sources import LocalBatches
 from reinforge.orchestrate.run import train
-from reinforge.train.faults import check_rewards, nonfinite_inputs
-from reinforge.train.learner import Learner
 from reinforge.types import Batch, Trajectory
 
 

@@ -36,7 +36,7 @@ MODES = {
 # 0.2 s, so the kill "while writing" lands inside the write every time, not by luck of timing.
 SLOW_DISK_TRAIN = """
 import time
-import reinforge.train.checkpoint as checkpoint
+import reinforge.learn.checkpoint as checkpoint
 fsync_dir = checkpoint._fsync_dir
 def slow_fsync_dir(path):
     if path.name.startswith(".tmp_step_"):

@@ -11,6 +11,8 @@ from numerics import assert_all_exact, float64_model
 from reinforge.algo.advantages import returns_to_go
 from reinforge.algo.kl import kl_k1
 from reinforge.config import load_config
+from reinforge.learn.critic import ValueModel
+from reinforge.learn.learner import Learner
 from reinforge.orchestrate.components import build_components
 from reinforge.orchestrate.episodes import (
     build_batch,
@@ -20,8 +22,6 @@ from reinforge.orchestrate.episodes import (
     shape_rewards,
 )
 from reinforge.orchestrate.loop import Loop
-from reinforge.train.critic import ValueModel
-from reinforge.train.learner import Learner
 from reinforge.types import Trajectory
 
 

@@ -13,13 +13,13 @@ from safetensors.torch import load_file
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.learn.logprobs import token_logprobs
+from reinforge.learn.shared_prefix import shared_prefix_logprobs
 from reinforge.models.loading import load_model
 from reinforge.orchestrate.components import LoraTorchRolloutEngine, build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
-from reinforge.train.logprobs import token_logprobs
-from reinforge.train.shared_prefix import shared_prefix_logprobs
 
 
 def _cfg(tmp_path, name, *overrides):
@@ -151,7 +151,7 @@ def test_engine_gets_merged_weights_and_the_policy_is_untouched(lora_kl):
 
 
 def test_bad_target_modules_fail_with_the_field_name(tiny_model):
-    from reinforge.train.lora import wrap_lora
+    from reinforge.learn.lora import wrap_lora
 
     with pytest.raises(ConfigError, match="model.lora.target_modules"):
         load_config(None, ["model.lora.target_modules=[]"])
@@ -181,7 +181,7 @@ def test_adapter_checkpoints_resume_exactly_and_export_merged(tmp_path, monkeypa
     from typer.testing import CliRunner
 
     from reinforge.cli import app
-    from reinforge.train.lora import restore_adapter, wrap_lora
+    from reinforge.learn.lora import restore_adapter, wrap_lora
 
     out = tmp_path / "exported"
     result = CliRunner().invoke(app, ["export", str(straight.run_dir), "--out", str(out)])
@@ -202,7 +202,7 @@ def test_adapter_checkpoints_resume_exactly_and_export_merged(tmp_path, monkeypa
 def test_export_of_a_full_checkpoint_copies_the_model(tmp_path, tiny_model, tiny_tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from reinforge.train.checkpoint import export_model, save_checkpoint
+    from reinforge.learn.checkpoint import export_model, save_checkpoint
 
     with torch.no_grad():
         tiny_model.model.norm.weight.mul_(1.5)  # a "trained" model that differs from the shipped one

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from reinforge.train.memory import peak_mb, reset_peak
+from reinforge.learn.memory import peak_mb, reset_peak
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux")

@@ -11,9 +11,9 @@ from numerics import assert_all_exact, exact_approx, float64_model
 
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
+from reinforge.learn.packing import packed_micro_batches
 from reinforge.orchestrate.components import build_components
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
-from reinforge.train.packing import packed_micro_batches
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:Seems like `optimizer.step\(\)` has been overridden")
 

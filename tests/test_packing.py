@@ -6,9 +6,9 @@ import pytest
 import torch
 from numerics import assert_all_exact, assert_exact, float64_model
 
+from reinforge.learn.logprobs import token_logprobs
+from reinforge.learn.packing import packed_token_logprobs, plan_packing
 from reinforge.models.loading import load_model
-from reinforge.train.logprobs import token_logprobs
-from reinforge.train.packing import packed_token_logprobs, plan_packing
 
 
 def test_plan_is_first_fit_decreasing_within_budget():

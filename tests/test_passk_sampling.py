@@ -7,8 +7,8 @@ import torch
 from torch.testing import assert_close
 
 from reinforge.eval.passk import mean_pass_at_k, pass_at_k
+from reinforge.learn.learner import micro_batches
 from reinforge.rollout.sampling import restrict_logits, sample_tokens
-from reinforge.train.learner import micro_batches
 
 
 # ------------------------------------------------------------------ pass@k

@@ -18,8 +18,8 @@ from reinforge.config import load_config
 from reinforge.data.preferences import rows_to_pairs, wrong_answer
 from reinforge.data.tabular import table_rows
 from reinforge.errors import ConfigError, DataError
+from reinforge.learn.packing import group_micro_batches, group_order
 from reinforge.models.loading import load_tokenizer
-from reinforge.train.packing import group_micro_batches, group_order
 
 
 def test_pair_rows_takes_the_first_best_and_first_worst_of_each_group_with_a_spread():

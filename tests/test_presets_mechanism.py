@@ -12,10 +12,10 @@ from test_learner_parts import _rollout_batch
 
 from reinforge.algo.objective import required_inputs
 from reinforge.config import load_config, preset_names
+from reinforge.learn.critic import build_critic
+from reinforge.learn.learner import Learner
 from reinforge.models.loading import load_model
 from reinforge.orchestrate.components import build_components
-from reinforge.train.critic import build_critic
-from reinforge.train.learner import Learner
 
 DEMO_SCALE = ["rollout.prompts_per_step=16", "rollout.group_size=8", "task.heldout_size=20", "train.time_limit_s=0",
               "eval.final_samples=0", "log.report=false"]

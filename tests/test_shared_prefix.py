@@ -6,8 +6,8 @@ import torch
 from numerics import assert_exact, float64_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from reinforge.train.logprobs import token_logprobs
-from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
+from reinforge.learn.logprobs import token_logprobs
+from reinforge.learn.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 
 
 def _model(kind):

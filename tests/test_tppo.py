@@ -13,11 +13,11 @@ from reinforge.algo.advantages import ADVANTAGES
 from reinforge.algo.advantages_batch import GAESettings
 from reinforge.algo.egae import egae_advantage
 from reinforge.errors import ConfigError
+from reinforge.learn.critic import value_mask
 from reinforge.rollout.group_samplers import build_group_sampler
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.tppo import TPPOSettings
 from reinforge.rollout.types import GenerationRequest, SamplingParams
-from reinforge.train.critic import value_mask
 from reinforge.types import Batch, Trajectory
 from tests.sampler_fixtures import chi_square_pvalue, exact_completion_probs, random_policy
 

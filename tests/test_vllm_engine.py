@@ -18,13 +18,13 @@ import torch
 from reinforge.config import load_config
 from reinforge.data.arithmetic import arithmetic_splits
 from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.learn.logprobs import token_logprobs
 from reinforge.rollout import auto_engine
 from reinforge.rollout.auto_engine import VLLM_CROSSOVER_PARAMS, choose_engine, parameter_count
 from reinforge.rollout.engines import context_limit, engine_spec
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import GenerationRequest, SamplingParams
 from reinforge.rollout.vllm_engine import full_weights, import_vllm, vllm_sampling_params
-from reinforge.train.logprobs import token_logprobs
 
 
 def _vllm_importable() -> tuple[bool, str]:

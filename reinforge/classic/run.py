@@ -1,5 +1,5 @@
 """A classic run: ``runs/<name>/`` with ``config.yaml``, ``metrics.jsonl`` (one record per update),
-atomic checkpoints (``train/checkpoint.py``'s writer) and a final ``eval.json``: the run-directory
+atomic checkpoints (``learn/checkpoint.py``'s writer) and a final ``eval.json``: the run-directory
 format of the LLM side, so ``reinforge compare`` aggregates classic runs (docs/classic.md)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from rich.console import Console
 from reinforge.classic.agents import ClassicAgent, Iteration, build_agent
 from reinforge.classic.config import ClassicConfig
 from reinforge.classic.envs import finished_episodes, make_vec_env, obs_normalizers, obs_tensor
+from reinforge.learn.checkpoint import save_checkpoint
 from reinforge.orchestrate.run_dir import new_run_dir
 from reinforge.track.jsonl import JsonlSink
-from reinforge.train.checkpoint import save_checkpoint
 
 
 @dataclass

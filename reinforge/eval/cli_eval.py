@@ -14,10 +14,10 @@ from reinforge.config import config_from_dict, load_config
 from reinforge.data.sources import build_task_splits
 from reinforge.errors import ConfigError
 from reinforge.eval.heldout import DEFAULT_KS, EvalResult, evaluate
+from reinforge.learn.checkpoint import latest_checkpoint
 from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.rewards.imported import resolve_verifier
 from reinforge.rollout.engines import context_limit
-from reinforge.train.checkpoint import latest_checkpoint
 
 
 def resolve_eval_model(model: str) -> str:

@@ -1,6 +1,6 @@
 """LoRA checkpoint directories (peft's format): recognise one, find its base model, merge it into
 the base. Training LoRA adapters (wrapping, merged weights for the engine, saving and restoring)
-is ``train/lora.py``; this is what loading a model needs of it (docs/lora.md)."""
+is ``learn/lora.py``; this is what loading a model needs of it (docs/lora.md)."""
 
 from __future__ import annotations
 

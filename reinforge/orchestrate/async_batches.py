@@ -39,10 +39,10 @@ from typing import Any
 import torch
 
 from reinforge.config import RunConfig
+from reinforge.learn.checkpoint import latest_valid_checkpoint
 from reinforge.orchestrate.batch_sources import Rollout, Round, Rounds
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkers
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
-from reinforge.train.checkpoint import latest_valid_checkpoint
 from reinforge.types import Task, Trajectory
 
 

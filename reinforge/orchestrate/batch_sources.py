@@ -21,10 +21,10 @@ import torch
 
 from reinforge.algo.objective import required_inputs
 from reinforge.config import AlgoConfig, RolloutConfig
+from reinforge.learn import distributed
 from reinforge.orchestrate.collectors import Collected, Collector, greedy_baseline
 from reinforge.orchestrate.episodes import groups_with_spread, shape_rewards
 from reinforge.rollout.types import SamplingParams
-from reinforge.train import distributed
 from reinforge.types import Task, Trajectory
 
 

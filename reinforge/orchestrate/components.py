@@ -17,6 +17,10 @@ from reinforge.data.samplers import TaskSamplerPart, build_task_sampler
 from reinforge.data.sources import build_task_splits
 from reinforge.envs.base import Environment
 from reinforge.envs.registry import build_environment
+from reinforge.learn import distributed
+from reinforge.learn.critic import build_critic
+from reinforge.learn.learner import Learner
+from reinforge.learn.lora import is_lora_model, merged_weights
 from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.orchestrate.collectors import Collector, build_collector, episode_limits, sampling_params
 from reinforge.orchestrate.multi_turn import EpisodeLimits
@@ -29,10 +33,6 @@ from reinforge.rollout.engines import engine_spec
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
-from reinforge.train import distributed
-from reinforge.train.critic import build_critic
-from reinforge.train.learner import Learner
-from reinforge.train.lora import is_lora_model, merged_weights
 
 
 @dataclass
@@ -71,7 +71,7 @@ def seed_everything(seed: int) -> None:
 
 class _MergesLora:
     """A rollout engine of a LoRA run: the loop hands ``update_weights`` the learner's peft model;
-    the engine receives its merged weights (train/lora.py), as a plain model of the base's
+    the engine receives its merged weights (learn/lora.py), as a plain model of the base's
     architecture has them. Nothing here takes adapters directly."""
 
     def update_weights(self, state: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
@@ -110,7 +110,7 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer):
 
 
 def build_components(cfg: RunConfig) -> Components:
-    """Every component of a run. With several ranks (train/distributed.py) each rank builds its own,
+    """Every component of a run. With several ranks (learn/distributed.py) each rank builds its own,
     all from the same seed: the learner shares or shards the policy, each engine samples its rank's
     share of the prompts (``distributed.seed_rollout`` gives each rank its own random stream)."""
     all_kinds()  # a spawned process (a rank) starts with no part registered (its config is unpickled)

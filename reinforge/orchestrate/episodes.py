@@ -11,12 +11,12 @@ from reinforge.algo.shaping import REWARD_SHAPERS, ShapeInputs
 from reinforge.config import AlgoConfig, RewardShaperConfig
 from reinforge.envs.base import Environment
 from reinforge.envs.single_turn import verifier_step_result
+from reinforge.learn.faults import check_rewards
 from reinforge.orchestrate.batch_fields import produce_fields
 from reinforge.rewards.pool import VerifierOutcome, VerifierPool
 from reinforge.rollout.group_samplers import GroupSampler
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.train.faults import check_rewards
 from reinforge.types import Batch, Task, Trajectory
 
 

@@ -22,6 +22,9 @@ from rich.console import Console
 
 from reinforge.errors import TrainingDiverged
 from reinforge.eval.heldout import evaluate
+from reinforge.learn import distributed
+from reinforge.learn.checkpoint import latest_checkpoint, latest_valid_checkpoint, save_checkpoint
+from reinforge.learn.memory import peak_mb, reset_peak
 from reinforge.orchestrate.batch_sources import BatchSource, LocalBatches, Rollout
 from reinforge.orchestrate.collectors import Collector, play
 from reinforge.orchestrate.components import Components
@@ -41,9 +44,6 @@ from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
 from reinforge.track.report import write_report
 from reinforge.track.sinks import build_sinks, close_sinks
-from reinforge.train import distributed
-from reinforge.train.checkpoint import latest_checkpoint, latest_valid_checkpoint, save_checkpoint
-from reinforge.train.memory import peak_mb, reset_peak
 from reinforge.types import Trajectory
 
 SourceFactory = Callable[[Components, Collector], BatchSource]

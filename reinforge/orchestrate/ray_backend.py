@@ -25,8 +25,8 @@ import torch
 
 from reinforge.config import RunConfig
 from reinforge.errors import ReinforgeError
+from reinforge.learn.lora import merged_weights
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkerCore
-from reinforge.train.lora import merged_weights
 
 
 def _ray():

@@ -91,7 +91,7 @@ def saved_state(run_dir: Path | None) -> dict[str, Any]:
     """``state.json`` of the checkpoint a run resumes from (empty without one)."""
     if run_dir is None:
         return {}
-    from reinforge.train.checkpoint import latest_valid_checkpoint
+    from reinforge.learn.checkpoint import latest_valid_checkpoint
 
     ckpt = latest_valid_checkpoint(run_dir, warn=lambda _: None)
     return json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}

@@ -12,6 +12,13 @@ from pathlib import Path
 
 from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
+from reinforge.learn import distributed
+from reinforge.learn.checkpoint import (
+    latest_checkpoint,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
 from reinforge.orchestrate.collectors import Collector
 from reinforge.orchestrate.components import Components, build_components
 from reinforge.orchestrate.demo_batches import demonstration_batches, preference_batches
@@ -19,13 +26,6 @@ from reinforge.orchestrate.loop import Loop, TrainResult, local_batches
 from reinforge.orchestrate.run_dir import create_run_dir
 from reinforge.track import provenance
 from reinforge.track.jsonl import JsonlSink
-from reinforge.train import distributed
-from reinforge.train.checkpoint import (
-    latest_checkpoint,
-    latest_valid_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-)
 
 
 def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: list[str] | None = None,

@@ -19,7 +19,7 @@ import time
 import torch
 from torch import Tensor, nn
 
-from reinforge.train.lora import merged_weights
+from reinforge.learn.lora import merged_weights
 
 
 class SharedWeights:

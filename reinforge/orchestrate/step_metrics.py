@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from reinforge.learn import distributed
 from reinforge.orchestrate.episodes import BatchStats
-from reinforge.train import distributed
 from reinforge.types import Trajectory
 
 COLLAPSE_PATIENCE = 5  # steps in a row with no reward spread in any group before we warn

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from reinforge.learn.lm_head import chunked_token_logprobs
 from reinforge.models.precision import at_least_float32, compute_dtype
-from reinforge.train.lm_head import chunked_token_logprobs
 
 
 def micro_batches(lengths: Tensor, budget_tokens: int) -> Iterator[list[int]]:
@@ -117,7 +117,7 @@ def packed_token_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """``token_logprobs`` of right-padded rows (real tokens first, as ``Batch`` lays them out),
     computed on packed rows; same [N, L] outputs (column 0 and padding are 0). ``chunk_tokens`` > 0:
-    the LM head over that many of the packed tokens at a time (train/lm_head.py)."""
+    the LM head over that many of the packed tokens at a time (learn/lm_head.py)."""
     n, width = input_ids.shape
     ids, positions, allowed, src, dst = _pack(input_ids, attention_mask, budget_tokens)
     dtype = next(model.parameters()).dtype

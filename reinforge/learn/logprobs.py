@@ -6,8 +6,8 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.algo.losses import entropy_from_logits
+from reinforge.learn.lm_head import chunked_token_logprobs, final_hidden
 from reinforge.models.precision import at_least_float32
-from reinforge.train.lm_head import chunked_token_logprobs, final_hidden
 
 
 def token_logprobs(
@@ -23,7 +23,7 @@ def token_logprobs(
 
     Returns (logp [N, L], entropy [N, L] or None); the entropy carries a gradient only with
     ``entropy_grad`` (an entropy bonus), otherwise it is a detached statistic. ``chunk_tokens`` > 0:
-    the LM head runs over that many positions at a time (train/lm_head.py; the same values, without
+    the LM head runs over that many positions at a time (learn/lm_head.py; the same values, without
     the [N, L, V] logits); 0: the model's own forward.
     """
     if chunk_tokens > 0:

@@ -18,8 +18,8 @@ from reinforge.algo.losses import AggNorm, token_mean
 from reinforge.algo.value import clipped_value_loss
 from reinforge.config import CriticConfig
 from reinforge.errors import TrainingDiverged
+from reinforge.learn.metric_sums import MetricSums
 from reinforge.models.precision import at_least_float32
-from reinforge.train.metric_sums import MetricSums
 from reinforge.types import Batch
 
 

@@ -1,7 +1,7 @@
 """The learner's data-parallel strategy: every collective of an update, in one object.
 
 With one process every method is the identity (or a no-op). With several ranks (DDP or FSDP2,
-train/distributed.py) each rank holds whole groups of the global batch, whose rows are all ranks'
+learn/distributed.py) each rank holds whole groups of the global batch, whose rows are all ranks'
 rows in rank order: ``layout`` says where this rank's rows sit, ``norm`` gives a mini-batch's global
 denominators, ``gather_rows`` puts every rank's advantage inputs together (batch-level statistics are
 those of the global batch), ``reduce_grads`` sums DDP gradients (FSDP2 reduce-scatters them in its
@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 from reinforge.algo.losses import AggNorm
 from reinforge.algo.value import explained_variance
-from reinforge.train import distributed
-from reinforge.train.critic import value_mask
+from reinforge.learn import distributed
+from reinforge.learn.critic import value_mask
 from reinforge.types import Batch
 
 

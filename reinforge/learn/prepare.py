@@ -28,8 +28,8 @@ from reinforge.algo.advantages import gae_advantages_and_returns
 from reinforge.algo.context import PART_INPUTS, Context
 from reinforge.algo.egae import egae_token_rewards
 from reinforge.errors import ConfigError
-from reinforge.train.batch_context import context_tensors
-from reinforge.train.metric_sums import MetricSums, add_mismatch
+from reinforge.learn.batch_context import context_tensors
+from reinforge.learn.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch
 
 
@@ -188,6 +188,6 @@ class PreparesBatches:
     def _vocab_logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False
                         ) -> tuple[Tensor, Tensor | None, Tensor]:
         """(log-probs, entropies, full rows [N, L, V] on the loss mask's positions) of ``mb`` under ``model``
-        (train/forwards.py ``vocab_logprobs``), under autocast when configured."""
+        (learn/forwards.py ``vocab_logprobs``), under autocast when configured."""
         with self._autocast():
             return self.forward.vocab_logprobs(model, mb, self.temperature, entropy)

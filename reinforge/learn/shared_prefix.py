@@ -11,7 +11,7 @@ Reads the HF module's parameters directly (plain torch ops, autograd works); arc
 than those ``LeanLlama`` supports use the HF forward instead. With ``checkpoint_layers`` each
 layer runs under ``torch.utils.checkpoint`` (non-reentrant) when gradients are on: its activations
 are recomputed in the backward instead of kept (``train.gradient_checkpointing``). With
-``chunk_tokens`` > 0 the LM head runs over that many positions at a time (train/lm_head.py).
+``chunk_tokens`` > 0 the LM head runs over that many positions at a time (learn/lm_head.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from reinforge.algo.losses import entropy_from_logits
+from reinforge.learn.lm_head import chunked_token_logprobs
 from reinforge.models.lean_llama import apply_rotary, rotary_cos_sin, supports
 from reinforge.models.precision import at_least_float32
-from reinforge.train.lm_head import chunked_token_logprobs
 
 
 class SharedPrefixForward:

@@ -4,7 +4,7 @@ Each is a registered part (``FORWARDS``) with the same arithmetic and a differen
 (the model's own forward over the padded rows), ``shared_prefix`` (each group's prompt computed once,
 Llama/Qwen2; falls back to ``plain`` for rows whose prompts differ) and ``packed`` (sequences end to
 end, no compute on padding). Each computes the LM head in chunks of positions with
-``train.logprob_chunk_tokens`` > 0 (train/lm_head.py). ``select_forward`` picks one from ``train.packing`` /
+``train.logprob_chunk_tokens`` > 0 (learn/lm_head.py). ``select_forward`` picks one from ``train.packing`` /
 ``train.shared_prefix`` and what the model and the parallel strategy support. All return float32
 (float64 for a float64 model), also under autocast. The full next-token rows [N, L, V] a part may read
 (``Context.logp_vocab``, GKD's) come from the plain forward in every case (``vocab_logprobs``).
@@ -16,12 +16,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from reinforge.learn.lm_head import check_plain_head
+from reinforge.learn.logprobs import token_logprobs, vocab_logprobs
+from reinforge.learn.packing import packed_token_logprobs
+from reinforge.learn.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 from reinforge.models.lean_llama import supports as shared_prefix_supported
 from reinforge.registry import Registry, kind
-from reinforge.train.lm_head import check_plain_head
-from reinforge.train.logprobs import token_logprobs, vocab_logprobs
-from reinforge.train.packing import packed_token_logprobs
-from reinforge.train.shared_prefix import SharedPrefixForward, shared_prefix_logprobs
 from reinforge.types import Batch
 
 FORWARDS: Registry = kind("forward", Registry("training forward"))
@@ -82,7 +82,7 @@ class PackedForward(PlainForward):
 
 
 def chunk_tokens(hf_model: nn.Module, cfg: Any) -> int:
-    """``train.logprob_chunk_tokens``: positions per chunk of the LM head (train/lm_head.py), 0 for the
+    """``train.logprob_chunk_tokens``: positions per chunk of the LM head (learn/lm_head.py), 0 for the
     model's own forward; a model whose logits are not ``lm_head(hidden)`` is refused."""
     n = int(cfg.logprob_chunk_tokens)
     if n > 0:

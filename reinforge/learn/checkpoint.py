@@ -31,8 +31,8 @@ import torch
 import yaml
 
 from reinforge.errors import ReinforgeError
+from reinforge.learn.lora import is_lora_model, restore_adapter, save_adapter
 from reinforge.models.adapters import is_adapter_dir
-from reinforge.train.lora import is_lora_model, restore_adapter, save_adapter
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from torch import Tensor
 
-from reinforge.train import distributed
+from reinforge.learn import distributed
 from reinforge.types import Batch
 
 

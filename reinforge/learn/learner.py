@@ -4,14 +4,14 @@ For each rollout batch: ``epochs`` passes, each split into ``minibatches`` optim
 mini-batch is cut into micro-batches by a token budget and gradients accumulate. Loss denominators
 (``AggNorm``) are global over the mini-batch, so the gradient does not depend on the split.
 
-At the start of an update (train/prepare.py), no-grad passes give what the update holds fixed: the old
+At the start of an update (learn/prepare.py), no-grad passes give what the update holds fixed: the old
 log-probs of the PPO ratio (skipped with a single update per batch and no KL in the reward: they then
 come from the same forward, exactly on-policy), the reference log-probs, the critic's values; then
 the advantages (``ADVANTAGES``, on the global batch). Each micro-batch's loss is the objective of
 algo/objective.py over a ``Context``. What the learner computes is what the run's parts declare
 (``required_inputs``). The training forward (plain, shared-prefix, packed) is a part
-(train/forwards.py), every collective is in ``DataParallel`` (train/parallel.py, docs/distributed.md),
-the critic trains in train/critic.py, LoRA adapters come from train/lora.py (the reference is the
+(learn/forwards.py), every collective is in ``DataParallel`` (learn/parallel.py, docs/distributed.md),
+the critic trains in learn/critic.py, LoRA adapters come from learn/lora.py (the reference is the
 base with the adapters disabled), and the memory switches are described in docs/memory.md.
 """
 
@@ -36,19 +36,19 @@ from reinforge.algo.objective import (
 )
 from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, TrainConfig
 from reinforge.errors import ConfigError, TrainingDiverged
+from reinforge.learn import distributed
+from reinforge.learn.batch_context import batch_context
+from reinforge.learn.critic import Critic, value_mask
+from reinforge.learn.faults import nonfinite_inputs
+from reinforge.learn.forwards import FORWARDS, select_forward
+from reinforge.learn.lora import is_lora_model, wrap_lora
+from reinforge.learn.metric_sums import MetricSums, add_mismatch, batch_summary, sampled_mask
+from reinforge.learn.optim import build_optimizer
+from reinforge.learn.packing import group_micro_batches, group_order, micro_batches, packed_micro_batches
+from reinforge.learn.parallel import DataParallel
+from reinforge.learn.prepare import PreparesBatches
+from reinforge.learn.shared_prefix import SharedPrefixForward
 from reinforge.models.precision import compute_dtype
-from reinforge.train import distributed
-from reinforge.train.batch_context import batch_context
-from reinforge.train.critic import Critic, value_mask
-from reinforge.train.faults import nonfinite_inputs
-from reinforge.train.forwards import FORWARDS, select_forward
-from reinforge.train.lora import is_lora_model, wrap_lora
-from reinforge.train.metric_sums import MetricSums, add_mismatch, batch_summary, sampled_mask
-from reinforge.train.optim import build_optimizer
-from reinforge.train.packing import group_micro_batches, group_order, micro_batches, packed_micro_batches
-from reinforge.train.parallel import DataParallel
-from reinforge.train.prepare import PreparesBatches
-from reinforge.train.shared_prefix import SharedPrefixForward
 from reinforge.types import Batch
 
 
@@ -195,7 +195,7 @@ class Learner(PreparesBatches):
         """Set the policy's weights to a checkpoint's (``checkpoint.restore_policy``; under FSDP2 every
         rank reads the checkpoint and keeps its shard)."""
         if not self.fsdp:
-            from reinforge.train.checkpoint import restore_policy
+            from reinforge.learn.checkpoint import restore_policy
 
             restore_policy(self.model, ckpt, dtype, device)
             return
@@ -362,7 +362,7 @@ class Learner(PreparesBatches):
 
     def _logprobs(self, model: nn.Module, mb: Batch, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (and entropies) of ``mb`` under ``model`` by the training forward
-        (train/forwards.py: plain, shared-prefix or packed), under autocast when configured."""
+        (learn/forwards.py: plain, shared-prefix or packed), under autocast when configured."""
         with self._autocast():
             return self.forward.logprobs(model, mb, self.temperature, entropy)
 

@@ -1,0 +1,1 @@
+"""The learner: model loading, optimizer, micro-batched policy updates, checkpoints."""
