@@ -15,7 +15,7 @@ from reinforge.algo.losses_replay import repo_loss
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.replay import REPLAY_STRATEGIES, ReplayBuffer, ReplaySettings
-from reinforge.orchestrate.round_parts import interleave
+from reinforge.orchestrate.stages import interleave
 from reinforge.orchestrate.step_metrics import token_metrics
 from reinforge.types import Trajectory
 
@@ -165,9 +165,8 @@ def test_a_bad_replay_setting_names_it(override, field):
         load_config(None, [override])
 
 
-def test_replay_and_budgets_run_in_the_synchronous_process():
-    with pytest.raises(ConfigError, match="rollout.replay runs with orchestrate.mode=sync"):
-        load_config(None, ["rollout.replay={name: recent}", "orchestrate.mode=async"])
+def test_replay_and_budgets_run_in_one_rank_sync_or_async():
+    assert load_config(None, ["rollout.replay={name: recent}", "orchestrate.mode=async"]).rollout.replay.name == "recent"
     with pytest.raises(ConfigError, match="rollout.budget runs with"):
         load_config(None, ["rollout.budget={name: knapsack}", "train.world_size=2"])
     cfg = load_config(None, ["preset=repo"])

@@ -170,7 +170,6 @@ def test_the_batch_carries_the_values_when_the_estimator_needs_them():
 
 
 @pytest.mark.parametrize(("overrides", "field"), [
-    ({"orchestrate": {"mode": "async"}}, "orchestrate.mode"),
     ({"env": {"name": "retry"}, "model": {"path": "tiny-agent"}}, "env.name"),
     ({"algo": {"skip_equal_reward_groups": True}}, "skip_equal_reward_groups"),
 ])
@@ -179,6 +178,12 @@ def test_the_config_refuses_what_cannot_be_estimated(overrides, field):
     raw = {**overrides, "algo": {**algo, **overrides.get("algo", {})}}
     with pytest.raises((ConfigError, ValueError), match=field):
         config_from_dict(raw)
+
+
+def test_an_asynchronous_run_estimates_state_values_in_the_learner_process():
+    """The state-values stage runs after collection in the learner's process (orchestrate/stages.py)."""
+    algo = {"advantage": {"name": "vineppo"}, "skip_equal_reward_groups": False}
+    assert config_from_dict({"orchestrate": {"mode": "async"}, "algo": algo}).orchestrate.mode == "async"
 
 
 def test_a_collector_that_cannot_continue_is_refused():

@@ -97,11 +97,9 @@ def test_the_collapse_warning_is_off_with_one_sample_per_prompt():
     assert CollapseDetector(patience=1).update(flat) is not None
 
 
-def test_an_asynchronous_run_is_refused_up_front():
-    from reinforge.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="orchestrate.mode=sync"):
-        load_config(None, ["preset=astar_po", "orchestrate.mode=async"])
+def test_an_asynchronous_run_estimates_its_values_too():
+    """The prompt-values stage runs in the learner's process after collection (orchestrate/stages.py)."""
+    assert load_config(None, ["preset=astar_po", "orchestrate.mode=async"]).orchestrate.mode == "async"
 
 
 def test_pvpo_reference_value_is_the_mean_and_trivial_prompts_get_no_loss():

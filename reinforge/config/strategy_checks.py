@@ -1,6 +1,7 @@
-"""Cross-section checks of a run's rollout strategies, and of the inputs the synchronous loop estimates
-for a part (per-prompt values, Monte Carlo state values): each raises ``ValueError`` naming the field
-(``RunConfig`` turns it into the config error)."""
+"""Cross-section checks of a run's rollout strategies, and of the inputs the loop estimates for a part
+(Monte Carlo state values): each raises ``ValueError`` naming the field (``RunConfig`` turns it into the
+config error). What remains refused is what the method itself cannot do there: a stage's state that
+ranks would split, generations carried inside one engine, partial turns of a multi-turn episode."""
 
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ RunConfig = Any
 
 def check_strategies(cfg: RunConfig) -> None:
     """Every check below, in order."""
-    for check in (rollout_parts_run_in_process, carried_generations_fit, prompt_values_are_estimated,
-                  state_values_are_estimated):
+    for check in (rollout_parts_run_in_one_rank, carried_generations_fit, state_values_are_estimated):
         check(cfg)
 
 
-def rollout_parts_run_in_process(cfg: RunConfig) -> None:
-    """Replay buffers and budgets keep their state in the synchronous, single-process batch source."""
+def rollout_parts_run_in_one_rank(cfg: RunConfig) -> None:
+    """Replay buffers and budgets keep one state over every prompt's samples (orchestrate/stages.py); with
+    several ranks each would see only its share of the samples and a checkpoint would hold rank 0's."""
     for key, part in (("rollout.replay", cfg.rollout.replay), ("rollout.budget", cfg.rollout.budget)):
-        if part is not None and (cfg.orchestrate.mode == "async" or cfg.train.world_size > 1):
-            raise ValueError(f"{key} runs with orchestrate.mode=sync and train.world_size=1 (its state lives in "
-                             "the loop's process)")
+        if part is not None and cfg.train.world_size > 1:
+            raise ValueError(f"{key} runs with train.world_size=1 (its state covers every prompt's samples; "
+                             "ranks would each hold a part of it)")
 
 
 def carried_generations_fit(cfg: RunConfig) -> None:
@@ -46,30 +47,14 @@ def carried_generations_fit(cfg: RunConfig) -> None:
         raise ValueError(f"{key}: not supported with {where} (a window cut is not an outcome)")
 
 
-def prompt_values_are_estimated(cfg: RunConfig) -> None:
-    """A part that needs ``optimal_value`` (A*-PO's V*) or ``reference_value`` (PVPO's) gets it from the
-    synchronous loop only (orchestrate/value_estimates.py samples the reference model in the learner's
-    process)."""
-    from reinforge.algo.objective import required_inputs
-
-    needs = {"optimal_value", "reference_value"} & required_inputs(cfg.algo)
-    if cfg.orchestrate.mode == "async" and needs:
-        raise ValueError(f"algo: a part needs a value per prompt ({', '.join(sorted(needs))}), estimated by the "
-                         "synchronous loop: use orchestrate.mode=sync")
-
-
 def state_values_are_estimated(cfg: RunConfig) -> None:
-    """Monte Carlo values of intermediate states (``state_values``, VinePPO's) are estimated by the
-    synchronous loop, by continuing single-turn completions (orchestrate/state_values.py)."""
+    """Monte Carlo values of intermediate states (``state_values``, VinePPO's) continue single-turn
+    completions (orchestrate/state_values.py)."""
     from reinforge.algo.objective import required_inputs
     from reinforge.envs.registry import environment_spec
 
     if "state_values" not in required_inputs(cfg.algo):
         return
-    if cfg.orchestrate.mode == "async":
-        raise ValueError(f"orchestrate.mode=async: algo.advantage={cfg.algo.advantage} needs Monte Carlo values "
-                         "of intermediate states, estimated with the current policy by the synchronous loop; "
-                         "use orchestrate.mode=sync")
     spec = environment_spec(cfg.env.name)
     if spec.multi_turn or spec.agent_driven:
         raise ValueError(f"env.name={cfg.env.name}: algo.advantage={cfg.algo.advantage} needs Monte Carlo "

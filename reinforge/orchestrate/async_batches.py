@@ -31,17 +31,16 @@ one) re-issues the requests instead: the same tasks, sampled by the restored wei
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from reinforge.config import RunConfig
-from reinforge.learn.checkpoint import latest_valid_checkpoint
 from reinforge.orchestrate.batch_sources import Rollout, Round, Rounds
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkers
+from reinforge.orchestrate.stages import Stages
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
 from reinforge.types import Task, Trajectory
 
@@ -49,15 +48,18 @@ from reinforge.types import Task, Trajectory
 class WorkerBatches:
     """The batch source of asynchronous RL (see the module docstring)."""
 
-    def __init__(self, cfg: RunConfig, sampler, reward_pool, model: torch.nn.Module, version: int, run_dir: Path,
-                 start: int) -> None:
+    def __init__(self, cfg: RunConfig, sampler, reward_pool, model: torch.nn.Module, version: int,
+                 stages: Stages | None = None, resumed: Mapping[str, Any] | None = None) -> None:
+        """``stages``: the run's stages after collection (orchestrate/stages.py), run here on each step's
+        rollout; ``resumed``: the ``state.json`` of the checkpoint the run resumes from (None: a new run)."""
         self.cfg, self.sampler, self.reward_pool = cfg, sampler, reward_pool
+        self.stages = stages or Stages()
         self.control = AdmissionControl(cfg.orchestrate.max_staleness)
-        self.next_submit = start + 1
+        self.next_submit = int(resumed["step"]) + 1 if resumed else 1
         self.in_flight: dict[tuple[int, int], RolloutRequest] = {}
         self.results: dict[tuple[int, int], RolloutResult] = {}
         self.dropped_groups = 0
-        requests, finished = pending_from_checkpoint(run_dir) if start > 0 else ([], [])
+        requests, finished = pending_from_state(resumed) if resumed else ([], [])
         self.results.update({r.key: r for r in finished})
         self._resubmit = [r for r in requests if r.key not in self.results]
         for request in requests:
@@ -77,9 +79,10 @@ class WorkerBatches:
         self._admit()
         n = self.cfg.rollout.prompts_per_step
         t0 = time.perf_counter()
-        rounds, results = Rounds(self.cfg.algo, self.cfg.rollout.max_new_tokens, n), []
+        rounds, results, drawn = Rounds(self.cfg.algo, self.cfg.rollout.max_new_tokens, n), [], {}
         while True:
-            result = self._wait((step, rounds.out.rounds + 1))
+            request, result = self._wait((step, rounds.out.rounds + 1))
+            drawn.update((t.id, t) for t in request.tasks)
             results.append(result)
             kept, dropped = split_stale(result.trajectories, step, self.control)
             self.dropped_groups += dropped
@@ -87,8 +90,8 @@ class WorkerBatches:
             rounds.add(Round(kept, result.baseline, result.generate_s, 0.0, 0.0, result.metrics), offset)
             if rounds.done():
                 break
-            self._submit(RolloutRequest(step, self.sampler.next_batch(n), round=rounds.out.rounds + 1,
-                                        group_offset=rounds.out.rounds * n))
+            self._submit(self._request(step, round_=rounds.out.rounds + 1, group_offset=rounds.out.rounds * n))
+        self.stages.run(rounds.out, drawn, step)  # in this process, as in the synchronous loop
         rounds.out.metrics.update(self._metrics(step, results, time.perf_counter() - t0))
         return rounds.out
 
@@ -102,7 +105,8 @@ class WorkerBatches:
         pending = sorted(self.in_flight.values(), key=lambda r: r.key)
         for request in pending:
             self._receive(request.key)
-        return {"async": [{"update": r.update, "round": r.round, "group_offset": r.group_offset,
+        return {**self.stages.state_dict(),
+                "async": [{"update": r.update, "round": r.round, "group_offset": r.group_offset, "sizes": r.sizes,
                            "tasks": [dataclasses.asdict(t) for t in r.tasks]} for r in pending],
                 "async_results": [result_to_json(self.results[r.key]) for r in pending]}
 
@@ -117,8 +121,13 @@ class WorkerBatches:
         self._resubmit = []
         while (self.next_submit <= self.cfg.train.steps
                and self.control.may_start(self.next_submit, self.published_version)):
-            tasks = self.sampler.next_batch(self.cfg.rollout.prompts_per_step)
-            self._submit(RolloutRequest(self.next_submit, tasks))
+            self._submit(self._request(self.next_submit))
+
+    def _request(self, update: int, round_: int = 1, group_offset: int = 0) -> RolloutRequest:
+        """The next tasks of the sampler, with the budget's samples per task (orchestrate/stages.py)."""
+        tasks = self.sampler.next_batch(self.cfg.rollout.prompts_per_step)
+        return RolloutRequest(update, tasks, round=round_, group_offset=group_offset,
+                              sizes=self.stages.sizes(tasks, self.cfg.rollout.group_size))
 
     def _submit(self, request: RolloutRequest) -> None:
         request.on_error = self.reward_pool.on_error
@@ -133,10 +142,9 @@ class WorkerBatches:
             result = self.workers.next_result(self.cfg.orchestrate.timeout_s)
             self.results[result.key] = result
 
-    def _wait(self, key: tuple[int, int]) -> RolloutResult:
+    def _wait(self, key: tuple[int, int]) -> tuple[RolloutRequest, RolloutResult]:
         self._receive(key)
-        self.in_flight.pop(key, None)
-        return self.results.pop(key)
+        return self.in_flight.pop(key), self.results.pop(key)
 
     def _metrics(self, step: int, results: list[RolloutResult], wait_s: float) -> dict[str, float]:
         lags = [self.control.lag(step, t.version) for r in results for t in r.trajectories]
@@ -160,12 +168,12 @@ def result_from_json(data: dict[str, Any]) -> RolloutResult:
     return RolloutResult(**{**data, "trajectories": trajs})
 
 
-def pending_from_checkpoint(run_dir: Path) -> tuple[list[RolloutRequest], list[RolloutResult]]:
-    """What was in flight when the checkpoint the run resumes from was written: its requests, and
-    the results it holds for them (none in a checkpoint from before results were saved)."""
-    ckpt = latest_valid_checkpoint(run_dir, warn=lambda _: None)
-    state = json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}
+def pending_from_state(state: Mapping[str, Any]) -> tuple[list[RolloutRequest], list[RolloutResult]]:
+    """What was in flight when the checkpoint the run resumes from was written (``state``: its
+    ``state.json``): its requests, and the results it holds for them (none in a checkpoint from before
+    results were saved)."""
     finished = [result_from_json(r) for r in state.get("async_results", [])]
     requests = [RolloutRequest(p["update"], [Task(**t) for t in p["tasks"]], round=p.get("round", 1),
-                               group_offset=p.get("group_offset", 0)) for p in state.get("async", [])]
+                               group_offset=p.get("group_offset", 0), sizes=p.get("sizes"))
+                for p in state.get("async", [])]
     return requests, finished

@@ -24,6 +24,7 @@ from reinforge.config import AlgoConfig, RolloutConfig
 from reinforge.learn import distributed
 from reinforge.orchestrate.collectors import Collected, Collector, greedy_baseline
 from reinforge.orchestrate.episodes import groups_with_spread, shape_rewards
+from reinforge.orchestrate.stages import Stages
 from reinforge.rollout.types import SamplingParams
 from reinforge.types import Task, Trajectory
 
@@ -59,21 +60,6 @@ class Round:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class PromptBaseline(Protocol):
-    """A per-prompt value a part needs, for the context's ``baseline``: one float per task, in task
-    order; it may take trajectories out of the loss (``Trajectory.trainable``). E.g. A*-PO's V*
-    (orchestrate/value_estimates.py)."""
-
-    def __call__(self, tasks: Sequence[Task], trajectories: list[Trajectory], params: SamplingParams,
-                 step: int) -> list[float]: ...
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint records of it (e.g. its cache)."""
-        ...
-
-    def metrics(self) -> dict[str, float]: ...
-
-
 def collect_sized(collector: Collector, tasks: Sequence[Task], params: SamplingParams, step: int, group_offset: int,
                   sizes: Sequence[int] | None = None) -> Collected:
     """``sizes[i]`` scored samples for task i (``params.n`` each when None): one collection per distinct
@@ -99,18 +85,13 @@ def collect_sized(collector: Collector, tasks: Sequence[Task], params: SamplingP
 
 
 def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingParams, step: int, group_offset: int,
-                 with_baseline: bool, prompt_baseline: PromptBaseline | None = None,
-                 sizes: Sequence[int] | None = None) -> Round:
+                 with_baseline: bool, sizes: Sequence[int] | None = None) -> Round:
     """``params.n`` (or ``sizes[i]``) scored samples per task (group id = ``group_offset`` + task index)
-    and, when the advantage needs it, the task's greedy baseline (ReMax) or the ``prompt_baseline``
-    provider's value. ``step`` is the step the round is for (the collector's environment seed). The same
-    in this process and in a worker."""
+    and, when the advantage needs it, the task's greedy baseline (ReMax). ``step`` is the step the round
+    is for (the collector's environment seed). The same in this process and in a worker."""
     t0 = time.perf_counter()
     collected = collect_sized(collector, tasks, params, step, group_offset, sizes)
-    if prompt_baseline is not None:
-        baseline = prompt_baseline(tasks, collected.trajectories, params, step)
-    else:
-        baseline = greedy_baseline(collector, tasks, params, step) if with_baseline else None
+    baseline = greedy_baseline(collector, tasks, params, step) if with_baseline else None
     total = time.perf_counter() - t0
     return Round(collected.trajectories, baseline, total - collected.reward_s - collected.env_s, collected.reward_s,
                  collected.env_s, collected.metrics)
@@ -175,20 +156,16 @@ class BatchSource(Protocol):
 
 class LocalBatches:
     """Rollout in this process with the loop's engine: rounds of ``prompts_per_step`` tasks. With
-    several ranks every rank draws the same tasks and samples its share ``[lo, hi)`` of them. The
-    optional ``parts`` (``round_parts.RoundParts``: a budget's per-prompt group sizes, a replay
-    buffer's past samples) shape each step's groups; the optional ``states`` (``state_values.StateValues``)
-    estimates the values of intermediate states of the step's kept completions."""
+    several ranks every rank draws the same tasks and samples its share ``[lo, hi)`` of them. The run's
+    ``stages`` (orchestrate/stages.py: budget, replay, prompt values, state values) then run on the step's
+    rollout, as they do on a ``WorkerBatches`` one."""
 
     def __init__(self, algo: AlgoConfig, rollout: RolloutConfig, seed: int, sampler, collector: Collector,
-                 params: SamplingParams, generator, prompt_baseline: PromptBaseline | None = None,
-                 parts=None, states=None) -> None:
+                 params: SamplingParams, generator, stages: Stages | None = None) -> None:
         self.algo, self.rollout, self.seed = algo, rollout, seed
         self.sampler, self.collector, self.params, self.generator = sampler, collector, params, generator
         self.with_baseline = needs_baseline(algo)
-        self.prompt_baseline = prompt_baseline  # a per-prompt value a part needs (value_estimates.py)
-        self.parts = parts
-        self.states = states  # Monte Carlo values of intermediate states a part needs (state_values.py)
+        self.stages = stages or Stages()
 
     def collect(self, step: int) -> Rollout:
         n_prompts = self.rollout.prompts_per_step
@@ -200,28 +177,22 @@ class LocalBatches:
             held = getattr(self.collector, "held", lambda: [])() if not rounds.out.rounds else []
             tasks = self.sampler.next_batch(n_prompts - len(held))[lo:hi]  # every rank draws the same tasks
             offset = rounds.out.rounds * n_prompts + lo
-            sizes = self.parts.sizes(tasks, self.params.n) if self.parts is not None else None
+            sizes = self.stages.sizes(tasks, self.params.n)
             if held:  # generations a group sampler carries over (T-PPO) come first, with their counts
                 sizes = [k for _, k in held] + (sizes or [self.params.n] * len(tasks))
                 tasks = [t for t, _ in held] + tasks
             drawn.update((t.id, t) for t in tasks)
-            rounds.add(sample_round(self.collector, tasks, self.params, step, offset, self.with_baseline,
-                                    self.prompt_baseline, sizes), offset)
+            rounds.add(sample_round(self.collector, tasks, self.params, step, offset, self.with_baseline, sizes),
+                       offset)
             if distributed.all_ranks(rounds.done()):  # a rank already full samples on, unused: same draws
-                if self.prompt_baseline is not None:
-                    rounds.out.metrics.update(self.prompt_baseline.metrics())
-                if self.parts is not None:
-                    self.parts.finish(rounds.out, step)
-                if self.states is not None:  # after replay: every kept row gets the current policy's values
-                    rounds.out.metrics.update(self.states(drawn, rounds.out.kept, self.params))
+                self.stages.run(rounds.out, drawn, step)
                 return rounds.out
 
     def published(self, model: torch.nn.Module, version: int) -> None:
         pass  # the loop's engine is this source's engine
 
     def state(self) -> dict[str, Any]:
-        state = self.prompt_baseline.state() if self.prompt_baseline is not None else {}  # e.g. the V* cache
-        return {**state, **(self.parts.state() if self.parts is not None else {})}
+        return self.stages.state_dict()
 
     def close(self) -> None:
         pass

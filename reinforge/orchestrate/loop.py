@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,14 +23,13 @@ from rich.console import Console
 from reinforge.errors import TrainingDiverged
 from reinforge.eval.heldout import evaluate
 from reinforge.learn import distributed
-from reinforge.learn.checkpoint import latest_checkpoint, latest_valid_checkpoint, save_checkpoint
+from reinforge.learn.checkpoint import latest_checkpoint, save_checkpoint
 from reinforge.learn.memory import peak_mb, reset_peak
 from reinforge.orchestrate.batch_sources import BatchSource, LocalBatches, Rollout
 from reinforge.orchestrate.collectors import Collector, play
 from reinforge.orchestrate.components import Components
 from reinforge.orchestrate.episodes import build_batch
-from reinforge.orchestrate.round_parts import RoundParts
-from reinforge.orchestrate.state_values import state_value_stage
+from reinforge.orchestrate.stages import build_stages
 from reinforge.orchestrate.step_metrics import (
     CollapseDetector,
     gather_step,
@@ -38,7 +37,6 @@ from reinforge.orchestrate.step_metrics import (
     time_limit_message,
     time_limit_metrics,
 )
-from reinforge.orchestrate.value_estimates import prompt_values
 from reinforge.track.console import ConsoleProgress
 from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
@@ -67,22 +65,21 @@ class TrainResult:
         return read_jsonl(self.run_dir / "metrics.jsonl")
 
 
-def local_batches(c: Components, collector: Collector, run_dir: Path | None = None) -> BatchSource:
-    """Synchronous RL: each step samples its batch here, with the loop's engine; with the per-prompt
-    value a part declares it needs (``value_estimates.prompt_values``), the run's budget and replay
-    (``round_parts.RoundParts``), their state from ``run_dir``'s checkpoint when resuming, and the Monte
-    Carlo values of intermediate states a part declares it needs (``state_values.state_value_stage``)."""
+def local_batches(c: Components, collector: Collector, resumed: Mapping[str, Any] | None = None) -> BatchSource:
+    """Synchronous RL: each step samples its batch here, with the loop's engine, then runs the run's
+    stages (orchestrate/stages.py), restored from ``resumed`` (the checkpoint's ``state.json``)."""
     cfg = c.cfg
     return LocalBatches(cfg.algo, cfg.rollout, cfg.seed, c.sampler, collector, c.sampling_params(), c.engine.generator,
-                        prompt_values(c, run_dir), RoundParts.from_config(cfg.rollout, cfg.seed, run_dir),
-                        state_value_stage(cfg.algo, collector))
+                        build_stages(c, collector, resumed))
 
 
 class Loop:
     """One run's steps, evaluations and checkpoints over ``source``'s batches (synchronous by default)."""
 
     def __init__(self, c: Components, run_dir: Path, start: int, progress_every: int,
-                 source: SourceFactory = local_batches) -> None:
+                 source: SourceFactory = local_batches, resumed: Mapping[str, Any] | None = None) -> None:
+        """``resumed``: the ``state.json`` of the checkpoint the run resumes from (read once, by the caller);
+        the collector's state comes from it, the source's factory was given it."""
         self.c, self.cfg, self.run_dir, self.start = c, c.cfg, run_dir, start
         self.metrics = JsonlSink(run_dir / "metrics.jsonl")
         self.samples = JsonlSink(run_dir / "samples.jsonl")
@@ -90,8 +87,8 @@ class Loop:
         self.progress_every = progress_every
         self.collapse = CollapseDetector(active=self.cfg.rollout.group_size > 1)  # one sample per prompt: no spread
         self.collector = c.make_collector()  # this process's: the synchronous rollout, and evaluation
-        if start > 0:
-            restore_collector(self.collector, run_dir)
+        if resumed and hasattr(self.collector, "load_state_dict"):  # e.g. a group sampler's earlier rollouts
+            self.collector.load_state_dict(resumed.get("collector", {}))
         try:
             self.source = source(c, self.collector)
         except BaseException:
@@ -228,7 +225,6 @@ class Loop:
         training, also the before/after pass@k curves (passk.png). Both evaluations sample from the
         same seed (common random numbers), so an unchanged policy scores exactly the same; the rollout
         generator's state is restored afterwards, so training samples as it would without them."""
-        import json
 
         from reinforge.eval.plots import plot_pass_curves
 
@@ -301,12 +297,3 @@ class Loop:
         warning = self.collapse.update(metrics)
         if warning:
             progress.print(f"[bold red]warning:[/] {warning}")
-
-
-def restore_collector(collector: Collector, run_dir: Path) -> None:
-    """The collector's own state (its group sampler's, e.g. SPEC-RL's earlier rollouts) from ``run_dir``'s
-    latest valid checkpoint, for a collector that keeps any."""
-    ckpt = latest_valid_checkpoint(run_dir, warn=lambda _: None)
-    load = getattr(collector, "load_state_dict", None)
-    if ckpt is not None and load is not None:
-        load(json.loads((ckpt / "state.json").read_text()).get("collector", {}))

@@ -42,6 +42,7 @@ class RolloutRequest:
     min_version: int = 0  # admission control: sample with weights of at least this version
     round: int = 1  # > 1: a further round of dynamic sampling for the same update
     group_offset: int = 0  # group id of the first task
+    sizes: list[int] | None = None  # samples per task (a rollout budget's); None: rollout.group_size each
 
     @property
     def key(self) -> tuple[int, int]:
@@ -113,7 +114,7 @@ class RolloutWorkerCore:
             # before: a resumed run (fresh workers) samples exactly what the interrupted one would have.
             self.engine.generator.manual_seed(request_seed(self.cfg.seed, request.update, request.round))
             r = sample_round(self.collector, request.tasks, self.params, request.update, request.group_offset,
-                             self.with_baseline)
+                             self.with_baseline, request.sizes)
             return RolloutResult(request.update, self.worker_id, r.trajectories, r.generate_s, r.reward_s, r.env_s,
                                  r.metrics, baseline=r.baseline, round=request.round)
         except Exception:

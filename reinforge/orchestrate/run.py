@@ -7,8 +7,10 @@ spawns that many ranks here (or joins torchrun's), each of which runs ``train`` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from reinforge.config import RunConfig, dump_config, load_config
 from reinforge.errors import ReinforgeError
@@ -24,6 +26,7 @@ from reinforge.orchestrate.components import Components, build_components
 from reinforge.orchestrate.demo_batches import demonstration_batches, preference_batches
 from reinforge.orchestrate.loop import Loop, TrainResult, local_batches
 from reinforge.orchestrate.run_dir import create_run_dir
+from reinforge.orchestrate.stages import build_stages
 from reinforge.track import provenance
 from reinforge.track.jsonl import JsonlSink
 
@@ -44,30 +47,31 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
     joined = distributed.init(cfg)  # joins torchrun's process group; a no-op with one process
     c = build_components(cfg)
     run_dir = run_dir or distributed.from_main(lambda: create_run_dir(cfg))
-    start = _restore(c, run_dir) if resume is not None else 0
+    start, resumed = _restore(c, run_dir) if resume is not None else (0, None)
     if distributed.is_main():
         (run_dir / "config.yaml").write_text(dump_config(cfg))
         provenance.record(run_dir, cfg.seed, resumed_from=start if resume is not None else None)
-    source = (partial(worker_batches, run_dir=run_dir, start=start) if cfg.orchestrate.mode == "async"
-              else partial(local_batches, run_dir=run_dir if start > 0 else None))
+    source = partial(worker_batches if cfg.orchestrate.mode == "async" else local_batches, resumed=resumed)
     if cfg.demonstrations.path is not None:  # SFT, or demonstrations mixed into every rollout batch
         source = partial(demonstration_batches, inner=source if cfg.demonstrations.mix else None)
     if cfg.preferences.path is not None:  # offline preference pairs (DPO)
         source = preference_batches
-    result = Loop(c, run_dir, start, progress_every or cfg.log.console_every, source).run()
+    result = Loop(c, run_dir, start, progress_every or cfg.log.console_every, source, resumed).run()
     if joined:
         distributed.finish()
     return result
 
 
-def worker_batches(c: Components, collector: Collector, run_dir: Path, start: int):
-    """Asynchronous RL: rollout workers sample ahead (async_batches.py); this process trains."""
+def worker_batches(c: Components, collector: Collector, resumed: Mapping[str, Any] | None = None):
+    """Asynchronous RL: rollout workers sample ahead (async_batches.py); this process trains and runs the
+    stages after collection over ``collector`` (orchestrate/stages.py), restored from ``resumed``."""
     import torch
 
     from reinforge.orchestrate.async_batches import WorkerBatches
 
     torch.set_num_threads(c.cfg.orchestrate.learner_threads)
-    return WorkerBatches(c.cfg, c.sampler, c.reward_pool, c.learner.model, c.engine.version, run_dir, start)
+    return WorkerBatches(c.cfg, c.sampler, c.reward_pool, c.learner.model, c.engine.version,
+                         build_stages(c, collector, resumed), resumed)
 
 
 def _resumed_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, Path]:
@@ -76,7 +80,9 @@ def _resumed_config(run_dir: Path, overrides: list[str]) -> tuple[RunConfig, Pat
     return load_config(run_dir / "config.yaml", overrides), run_dir
 
 
-def _restore(c: Components, run_dir: Path) -> int:
+def _restore(c: Components, run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """The components' state from ``run_dir``'s newest undamaged checkpoint (read and verified here,
+    once); the step it was written at and its ``state.json``, which the stages and the source restore from."""
     ckpt = latest_valid_checkpoint(run_dir, warn=_warn)
     if ckpt is None:
         found = "no checkpoint" if not list_checkpoints(run_dir) else "no undamaged checkpoint"
@@ -91,7 +97,7 @@ def _restore(c: Components, run_dir: Path) -> int:
     step = int(state["step"])
     for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl") if distributed.is_main() else ():
         JsonlSink(run_dir / name).truncate_after_step(step)
-    return step
+    return step, state
 
 
 def spawn_train(cfg: RunConfig, resume: Path | None, overrides: list[str] | None,

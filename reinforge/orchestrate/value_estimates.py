@@ -17,14 +17,14 @@ With ``skip_unsolved`` the trajectories of a prompt none of whose reference samp
 reward are kept out of the loss (``Trajectory.trainable``), A*-PO's filter of all-incorrect prompts;
 with ``skip_solved`` those of a prompt all of whose reference samples reached ``solved_reward`` (PVPO's
 filter of trivial prompts). The sampling is the run's (``rollout.temperature``, ``max_new_tokens``), its own seeded
-stream. Single-turn and multi-turn collectors alike; the synchronous loop only.
+stream. Single-turn and multi-turn collectors alike; in the learner's process after collection, in
+synchronous and asynchronous runs alike (orchestrate/stages.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,7 +60,7 @@ class OptimalValues:
     """V*(x) per task id, estimated on first use from ``collector`` (over the reference policy) and cached.
 
     ``__call__(tasks, trajectories, params, step)`` is a prompt-baseline provider
-    (``batch_sources.PromptBaseline``): V* of each task, in task order."""
+    (the prompt-values stage, orchestrate/stages.py): V* of each task, in task order."""
 
     def __init__(self, collector: Collector, settings: ValueSettings, generator: torch.Generator | None = None,
                  seed: int = 0, cache: dict[str, list[float]] | None = None) -> None:
@@ -140,17 +140,10 @@ def value_settings(algo: Any) -> ValueSettings:
     raise ConfigError("algo: no part declares optimal_value or reference_value")
 
 
-def saved_values(run_dir: Path | None) -> dict[str, list[float]]:
-    """The V* cache of the checkpoint a run resumes from (empty without one)."""
-    from reinforge.orchestrate.round_parts import saved_state
-
-    return {k: list(v) for k, v in saved_state(run_dir).get(STATE_KEY, {}).items()}
-
-
-def prompt_values(c: Components, run_dir: Path | None = None) -> OptimalValues | None:
+def prompt_values(c: Components) -> OptimalValues | None:
     """The run's prompt-value provider: ``OptimalValues`` over a rollout engine of the frozen reference
-    model when a part needs ``optimal_value`` (None otherwise); its cache from ``run_dir``'s latest
-    checkpoint when resuming."""
+    model when a part needs ``optimal_value`` (None otherwise); the prompt-values stage
+    (orchestrate/stages.py) restores its cache when a run resumes."""
     cfg = c.cfg
     if not needs_optimal_value(cfg.algo):
         return None
@@ -163,4 +156,4 @@ def prompt_values(c: Components, run_dir: Path | None = None) -> OptimalValues |
 
     engine = TorchRolloutEngine.from_config(cfg.rollout, ref, c.tokenizer, cfg.model.device, cfg.seed, cfg.model.path)
     collector = build_collector(cfg.env, cfg.rollout, engine, c.make_env, c.reward_pool, c.model_context)
-    return OptimalValues(collector, value_settings(cfg.algo), engine.generator, cfg.seed, saved_values(run_dir))
+    return OptimalValues(collector, value_settings(cfg.algo), engine.generator, cfg.seed)
