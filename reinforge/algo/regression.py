@@ -74,8 +74,8 @@ def astar_po_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, rewards: Tensor,
     KL-regularised optimum: the regression is its own trust region (no clipping, no pi_old).
     Metrics: ``regression/implicit_reward`` (beta2 h_i), ``regression/target`` (r_i - V*)."""
     if baseline is None:
-        raise ConfigError("algo.policy_loss=astar_po needs V*(x) per prompt (optimal_value): it is estimated "
-                          "by the synchronous loop (orchestrate.mode=sync)")
+        raise ConfigError("algo.policy_loss=astar_po needs V*(x) per prompt (optimal_value): the "
+                          "prompt-values stage estimates it (orchestrate/stages.py) when the part declares it")
     implicit = cfg.beta2 * sequence_log_ratio(logp, ref_logp, mask)
     target = (rewards - baseline).to(implicit.dtype)
     loss = (implicit - target) ** 2
