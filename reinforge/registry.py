@@ -16,7 +16,9 @@ What an entry *needs* from the loop is declared, never inferred from its name:
 No code outside a registry module tests a part's name (tests/test_architecture.py greps for it).
 ``KINDS`` indexes every registry by the recipe key that names its parts (``reinforge.parts``
 imports the modules that fill them); a user's module named in a recipe's ``plugins:`` registers
-parts exactly like built-in ones (``reinforge.plugins``).
+parts exactly like built-in ones (``reinforge.plugins``). A registry made with ``references=True``
+(advantage estimators, policy losses) also takes a plain function named ``module:qualname``: looked up,
+it is imported and registered under that name, in every process that looks it up (no plug-in needed).
 """
 
 from __future__ import annotations
@@ -97,11 +99,13 @@ NEEDS: dict[str, str] = {
 
 class Registry(Generic[F]):
     """A name -> part table for one kind of part. ``inputs``: the names its parts' parameters may take
-    (the fields of the record the part is called with, and ``cfg``); None where any name goes."""
+    (the fields of the record the part is called with, and ``cfg``); None where any name goes.
+    ``references``: a ``module:qualname`` name not registered yet is imported and registered on lookup."""
 
-    def __init__(self, kind: str, inputs: frozenset[str] | None = None) -> None:
+    def __init__(self, kind: str, inputs: frozenset[str] | None = None, references: bool = False) -> None:
         self.kind = kind
         self.inputs = inputs
+        self.references = references
         self._entries: dict[str, Entry[F]] = {}
 
     def register(self, name: str, *, paper: str, formula: str = "", description: str = "",
@@ -134,10 +138,37 @@ class Registry(Generic[F]):
                                   f"{_close(param, self.inputs)}; fields: {', '.join(sorted(self.inputs))}")
 
     def entry(self, name: str) -> Entry[F]:
+        if name not in self._entries and self.references and ":" in name:
+            self._register_reference(name)
         try:
             return self._entries[name]
         except KeyError:
-            raise ConfigError(f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}") from None
+            yours = ", or your own function as module:function" if self.references else ""
+            raise ConfigError(f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}{yours}") from None
+
+    def _register_reference(self, name: str) -> None:
+        """Import the function ``module:qualname`` (or ``path/file.py:qualname``) names and register it
+        under that name: its docstring's first line is its description; it declares no needs or settings."""
+        from reinforge.plugins import import_user_module
+
+        target, _, qualname = name.rpartition(":")
+        if not target or not qualname:
+            return
+        try:
+            obj: Any = import_user_module(target, f"{self.kind} {name!r}:", ConfigError)
+        except ConfigError:
+            raise
+        except Exception as exc:  # the user's module failed while importing: show its error
+            raise ConfigError(f"{self.kind} {name!r}: importing {target!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        for attr in qualname.split("."):
+            if not hasattr(obj, attr):
+                raise ConfigError(f"{self.kind} {name!r}: {target!r} has no attribute {qualname!r}")
+            obj = getattr(obj, attr)
+        if not callable(obj):
+            raise ConfigError(f"{self.kind} {name!r}: {qualname!r} is not callable (a {type(obj).__name__})")
+        doc = (inspect.getdoc(obj) or "").strip().split("\n")[0]
+        self.register(name, paper=f"your function {name}", description=doc or f"your function {name}")(obj)
 
     def get(self, name: str) -> F:
         return self.entry(name).fn

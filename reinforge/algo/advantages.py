@@ -49,7 +49,8 @@ class AdvantageFn(Protocol):
     def __call__(self, **fields: Any) -> Tensor: ...
 
 
-ADVANTAGES: Registry[AdvantageFn] = kind("advantage", Registry("advantage estimator", inputs=PART_INPUTS))
+ADVANTAGES: Registry[AdvantageFn] = kind(
+    "advantage", Registry("advantage estimator", inputs=PART_INPUTS, references=True))
 
 
 class DiscountSettings(Settings):

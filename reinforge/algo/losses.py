@@ -42,7 +42,8 @@ class PolicyLossFn(Protocol):
     def __call__(self, **fields: Any) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
-POLICY_LOSSES: Registry[PolicyLossFn] = kind("policy_loss", Registry("policy loss", inputs=PART_INPUTS))
+POLICY_LOSSES: Registry[PolicyLossFn] = kind(
+    "policy_loss", Registry("policy loss", inputs=PART_INPUTS, references=True))
 
 
 class ClipSettings(Settings):

@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
+from reinforge.errors import ConfigError
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -19,8 +21,10 @@ def _check_registered(kind: str, name: str) -> str:
     from reinforge.parts import all_kinds  # torch import, deferred until a config is built
 
     registry = all_kinds()[kind]
-    if name not in registry:
-        raise ValueError(f"unknown {registry.kind} {name!r}; allowed: {', '.join(registry.names())}")
+    try:
+        registry.entry(name)  # a registry that takes references imports module:function here
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
     return name
 
 

@@ -114,17 +114,23 @@ def _list_index(item: str, key: str, part: str, items: list[Any]) -> int:
     return index
 
 
-def is_part_field(path: Sequence[str]) -> bool:
-    """Whether the dotted ``path`` names a part field (a ``config.base.Part`` one, e.g. algo.policy_loss)."""
+def part_kind(path: Sequence[str]) -> str | None:
+    """The registry key (``registry.KINDS``) of the part field the dotted ``path`` names (``advantage`` for
+    algo.advantage), or None when it names no ``config.base.Part`` field."""
     model: Any = RunConfig
     for depth, key in enumerate(path):
         field = model.model_fields.get(key) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
-            return False
+            return None
         if depth == len(path) - 1:
-            return any(isinstance(m, Part) for m in field.metadata)
+            return next((m.kind for m in field.metadata if isinstance(m, Part)), None)
         model = field.annotation
-    return False
+    return None
+
+
+def is_part_field(path: Sequence[str]) -> bool:
+    """Whether the dotted ``path`` names a part field (a ``config.base.Part`` one, e.g. algo.policy_loss)."""
+    return part_kind(path) is not None
 
 
 def merge_part(old: Any, new: Any) -> Any:
@@ -245,6 +251,13 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
     overrides are taken as given.
     """
     path = resolve_recipe_path(str(recipe) if recipe is not None else None)
+    return config_from_dict(recipe_data(recipe, overrides), source=str(path))
+
+
+def recipe_data(recipe: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The recipe mapping ``load_config`` validates: the recipe, its preset and the overrides merged,
+    not checked (plug-ins not imported)."""
+    path = resolve_recipe_path(str(recipe) if recipe is not None else None)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -258,8 +271,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
         data = apply_overrides(data, switched[-1:])
         data = deep_merge(data, load_preset(str(data["preset"])))
     _switch_task_kind(data, overrides)
-    data = apply_overrides(data, [o for o in overrides if o not in switched])
-    return config_from_dict(data, source=str(path))
+    return apply_overrides(data, [o for o in overrides if o not in switched])
 
 
 def _switch_task_kind(data: dict[str, Any], overrides: list[str]) -> None:

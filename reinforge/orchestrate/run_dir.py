@@ -10,9 +10,10 @@ from reinforge.errors import ConfigError
 
 
 def create_run_dir(cfg: RunConfig) -> Path:
-    """A new directory for this run: ``cfg.name`` if given (must not exist), else a fresh timestamped name."""
-    return new_run_dir(Path(cfg.output_dir), cfg.name, f"{cfg.task.kind}-{cfg.algo.advantage}",
-                       resumable=True)
+    """A new directory for this run: ``cfg.name`` if given (must not exist), else a fresh timestamped name
+    (an estimator given as ``module:function`` named by its function)."""
+    advantage = str(cfg.algo.advantage).rpartition(":")[2]
+    return new_run_dir(Path(cfg.output_dir), cfg.name, f"{cfg.task.kind}-{advantage}", resumable=True)
 
 
 def new_run_dir(root: Path, name: str | None, stem: str, resumable: bool = False) -> Path:
