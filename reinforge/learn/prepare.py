@@ -33,6 +33,11 @@ from reinforge.learn.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch
 
 
+# What the two stages write into the batch record (docs/architecture.md's step table; a test records them).
+PREPARE_WRITES = ("old_logprobs", "ref_logprobs", "values", "teacher_logprobs", "token_rewards")
+ADVANTAGE_WRITES = ("advantages", "returns")
+
+
 class PreparesBatches:
     """The ``Learner``'s no-grad passes and advantage estimation (a mixin over its model, reference,
     critic, KL controller and data-parallel strategy)."""

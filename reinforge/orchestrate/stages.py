@@ -24,15 +24,17 @@ from reinforge.rollout.types import SamplingParams
 from reinforge.types import Task, Trajectory
 
 if TYPE_CHECKING:
-    from reinforge.orchestrate.batch_sources import Rollout
     from reinforge.orchestrate.collectors import Collector
     from reinforge.orchestrate.components import Components
 
 
+Rollout = Any  # a ``batch_sources.Rollout`` (not imported: batch_sources imports this module)
+
+
 class RolloutStage(Protocol):
     """One stage after collection: ``run`` updates the step's ``Rollout`` (the fields in ``writes``,
-    from those in ``reads``) and returns its metrics; ``key`` names its state in a checkpoint (None:
-    it keeps none)."""
+    from those in ``reads``; ``kept.<attribute>`` is an attribute of the kept trajectories) and returns
+    its metrics; ``key`` names its state in a checkpoint (None: it keeps none)."""
 
     name: str
     key: str | None
@@ -51,7 +53,7 @@ class BudgetStage:
     collection), then it observes the step's fresh samples."""
 
     name, key = "budget", "budget"
-    reads, writes = ("sampled",), ("metrics",)
+    reads, writes = ("sampled",), ()
 
     def __init__(self, budget: BudgetPart) -> None:
         self.budget = budget
@@ -75,7 +77,7 @@ class ReplayStage:
     (with its baseline), then the buffer takes the step's fresh samples."""
 
     name, key = "replay", "replay"
-    reads, writes = ("sampled", "kept", "baseline"), ("kept", "baseline", "tokens_reused", "metrics")
+    reads, writes = ("sampled", "kept", "baseline", "tokens_reused"), ("kept", "baseline", "tokens_reused")
 
     def __init__(self, replay: ReplayBuffer) -> None:
         self.replay = replay
@@ -101,7 +103,7 @@ class PromptValueStage:
     filtered prompt leave the loss (``trainable``)."""
 
     name, key = "prompt_values", STATE_KEY
-    reads, writes = ("kept",), ("baseline", "trainable", "metrics")
+    reads, writes = ("kept",), ("baseline", "kept.trainable")
 
     def __init__(self, values: OptimalValues, params: SamplingParams) -> None:
         self.values, self.params = values, params
@@ -125,7 +127,7 @@ class StateValueStage:
     kept row, replayed ones included, from the current policy; nothing kept across steps."""
 
     name, key = "state_values", None
-    reads, writes = ("kept",), ("metadata.state_values", "metrics")
+    reads, writes = ("kept",), ("kept.metadata.state_values",)
 
     def __init__(self, states: StateValues, params: SamplingParams) -> None:
         self.states, self.params = states, params
