@@ -80,13 +80,12 @@ def run_eval(
 def build_eval_engine(path: str, seed: int, run_cfg: Any = None, engine: str | None = None) -> Any:
     """The rollout engine that evaluates the model at ``path``: ``engine`` (a registered name, ``auto``
     resolved for this model), else the recipe's ``rollout.engine``, else the torch engine."""
-    from reinforge.rollout.engines import engine_spec
+    from reinforge.rollout.engines import build_engine
 
     rollout = run_cfg.rollout.model_dump() if run_cfg is not None else {}
     rollout["engine"] = engine or rollout.get("engine", "torch")
     cfg = config_from_dict({"model": {"path": path}, "rollout": rollout}, source="--engine")
-    return engine_spec(cfg.rollout.engine).make(cfg.rollout, load_model(path), load_tokenizer(path), "cpu", seed,
-                                               path, copy_policy=False)
+    return build_engine(cfg.rollout, load_model(path), load_tokenizer(path), "cpu", seed, path, copy_policy=False)
 
 
 @contextlib.contextmanager
@@ -96,16 +95,13 @@ def _recipe_player(run_cfg, engine, verifier) -> Iterator[Any]:
     if run_cfg is None:
         yield None
         return
-    from reinforge.envs.registry import build_environment
-    from reinforge.orchestrate.collectors import build_collector, play
+    from reinforge.orchestrate.collectors import play
+    from reinforge.orchestrate.components import episode_side
     from reinforge.rewards.build import build_reward_pool, pool_kind
 
     kind = pool_kind(run_cfg.reward, run_cfg.task.verifier, run_cfg.env.multi_turn)
     with build_reward_pool(run_cfg.reward, verifier, kind) as pool:
-        make_env = build_environment(run_cfg.env.name, pool.as_verifier(), run_cfg.task.system_prompt,
-                                     run_cfg.env.params)
-        collector = build_collector(run_cfg.env, run_cfg.rollout, engine, make_env, pool,
-                                    context_limit(engine))
+        _, collector = episode_side(run_cfg, engine, pool, context_limit(engine))
         try:
             yield play(collector)
         finally:

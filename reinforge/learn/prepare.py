@@ -32,7 +32,6 @@ from reinforge.learn.batch_context import context_tensors
 from reinforge.learn.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch
 
-
 # What the two stages write into the batch record (docs/architecture.md's step table; a test records them).
 PREPARE_WRITES = ("old_logprobs", "ref_logprobs", "values", "teacher_logprobs", "token_rewards")
 ADVANTAGE_WRITES = ("advantages", "returns")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ from reinforge.plugins import load_plugins
 from reinforge.rewards.build import run_reward_pool
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
-from reinforge.rollout.engines import engine_spec
+from reinforge.rollout.engines import build_engine as build_rollout_engine
+from reinforge.rollout.engines import with_mixin
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
@@ -63,6 +63,20 @@ class Components:
                                self.model_context)
 
 
+def episode_side(cfg: RunConfig, engine, pool: VerifierPool, context: int | None
+                 ) -> tuple[Callable[[], Environment], Collector]:
+    """What plays the run's episodes over ``engine``: its environment factory (scoring through ``pool``)
+    and the collector its environment declares. The one assembly of them: training (``build_components``),
+    the rollout workers and ``reinforge eval`` with a recipe all build theirs here."""
+    make_env = environment_factory(cfg, pool)
+    return make_env, build_collector(cfg.env, cfg.rollout, engine, make_env, pool, context)
+
+
+def environment_factory(cfg: RunConfig, pool: VerifierPool) -> Callable[[], Environment]:
+    """The run's environment (``env.name``), scoring through ``pool`` (timeouts, ``reward.on_error``)."""
+    return build_environment(cfg.env.name, pool.as_verifier(), cfg.task.system_prompt, cfg.env.params)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -88,12 +102,6 @@ class _GathersShards:
                                else state, version)
 
 
-@functools.cache
-def with_mixin(mixin: type, engine_class: type) -> type:
-    """``engine_class`` with ``mixin``'s ``update_weights`` in front (one class per pair)."""
-    return type(f"{mixin.__name__.strip('_')}{engine_class.__name__}", (mixin, engine_class), {})
-
-
 LoraTorchRolloutEngine = with_mixin(_MergesLora, TorchRolloutEngine)
 
 
@@ -101,12 +109,13 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer):
     """The run's rollout engine (``rollout.engine``, a registered ``EngineSpec``) over ``policy``, the
     plain model (for LoRA: before its adapters are added, which start at zero). A LoRA run's engine
     takes merged weights; an FSDP2 rank's gathers the shards."""
-    engine_class = engine_spec(cfg.rollout.engine).engine_class
+    mixins: tuple[type, ...] = ()
     if cfg.model.lora.enabled:
-        engine_class = with_mixin(_MergesLora, engine_class)
+        mixins = (_MergesLora,)
     elif cfg.train.world_size > 1 and cfg.train.parallel == "fsdp":  # (LoRA with FSDP is refused)
-        engine_class = with_mixin(_GathersShards, engine_class)
-    return engine_class.from_config(cfg.rollout, policy, tokenizer, cfg.model.device, cfg.seed, cfg.model.path)
+        mixins = (_GathersShards,)
+    return build_rollout_engine(cfg.rollout, policy, tokenizer, cfg.model.device, cfg.seed, cfg.model.path,
+                                mixins=mixins)
 
 
 def build_components(cfg: RunConfig) -> Components:
@@ -143,5 +152,5 @@ def build_components(cfg: RunConfig) -> Components:
         sampler=build_task_sampler(cfg.task.sampler.name, splits.train, cfg.seed, cfg.task.sampler.settings()),
         verifier=pool.verifier,
         reward_pool=pool,  # environments score through the pool too (timeouts, reward.on_error)
-        make_env=build_environment(cfg.env.name, pool.as_verifier(), cfg.task.system_prompt, cfg.env.params),
+        make_env=environment_factory(cfg, pool),
     )

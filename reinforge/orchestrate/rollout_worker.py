@@ -78,14 +78,14 @@ class RolloutWorkerCore:
     (``batch_sources.sample_round``, as in the synchronous loop)."""
 
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
-        from reinforge.envs.registry import build_environment
         from reinforge.models.loading import load_model, load_tokenizer
         from reinforge.orchestrate.batch_sources import needs_baseline
-        from reinforge.orchestrate.collectors import build_collector, sampling_params
+        from reinforge.orchestrate.collectors import sampling_params
+        from reinforge.orchestrate.components import episode_side
         from reinforge.parts import all_kinds
         from reinforge.plugins import load_plugins
         from reinforge.rewards.build import run_reward_pool
-        from reinforge.rollout.engines import engine_spec
+        from reinforge.rollout.engines import build_engine
 
         all_kinds()  # this process starts with no part registered: its config arrives unpickled, not validated
         load_plugins(cfg.plugins)
@@ -94,13 +94,11 @@ class RolloutWorkerCore:
         self.worker_id, self.cfg = worker_id, cfg
         tokenizer = load_tokenizer(cfg.model.path)
         model = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
-        engine_class = engine_spec(cfg.rollout.engine).engine_class  # replicable: the config checks it
-        self.engine = engine_class.from_config(cfg.rollout, model, tokenizer, cfg.model.device,
-                                               cfg.seed + 1000 * (worker_id + 1), cfg.model.path, copy_policy=False)
+        self.engine = build_engine(cfg.rollout, model, tokenizer, cfg.model.device,  # replicable: the config checks it
+                                   cfg.seed + 1000 * (worker_id + 1), cfg.model.path, copy_policy=False)
         self.engine.version = -1  # until the learner's weights arrive
         self.pool = run_reward_pool(cfg)
-        make_env = build_environment(cfg.env.name, self.pool.as_verifier(), cfg.task.system_prompt, cfg.env.params)
-        self.collector = build_collector(cfg.env, cfg.rollout, self.engine, make_env, self.pool,
+        _, self.collector = episode_side(cfg, self.engine, self.pool,
                                          getattr(model.config, "max_position_embeddings", None))
         self.params = sampling_params(cfg.rollout)
         self.with_baseline = needs_baseline(cfg.algo)

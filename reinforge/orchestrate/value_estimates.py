@@ -152,8 +152,10 @@ def prompt_values(c: Components) -> OptimalValues | None:
         raise ConfigError("a value per prompt (optimal_value, reference_value) samples the reference policy: it needs "
                           "a reference model (not with model.lora)")
     from reinforge.orchestrate.collectors import build_collector
-    from reinforge.rollout.torch_engine import TorchRolloutEngine
+    from reinforge.rollout.engines import build_engine
 
-    engine = TorchRolloutEngine.from_config(cfg.rollout, ref, c.tokenizer, cfg.model.device, cfg.seed, cfg.model.path)
+    # the torch engine over the frozen reference, whatever engine the policy samples with
+    engine = build_engine(cfg.rollout.model_copy(update={"engine": "torch"}), ref, c.tokenizer, cfg.model.device,
+                          cfg.seed, cfg.model.path)
     collector = build_collector(cfg.env, cfg.rollout, engine, c.make_env, c.reward_pool, c.model_context)
     return OptimalValues(collector, value_settings(cfg.algo), engine.generator, cfg.seed)

@@ -22,6 +22,7 @@ then answers streaming and top-log-prob requests with a 400 instead of a failed 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,6 @@ from reinforge.registry import Registry, kind
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
-    make: Callable[..., Any]
     replicable: bool
     needs_server: bool
     description: str
@@ -51,7 +51,7 @@ def register_engine(name: str, *, description: str, replicable: bool, needs_serv
     process copies it unless ``copy_policy`` is false, as in a rollout worker that loaded its own)."""
 
     def deco(cls: type) -> type:
-        spec = EngineSpec(name, cls.from_config, replicable, needs_server, description, cls, resolve)
+        spec = EngineSpec(name, replicable, needs_server, description, cls, resolve)
         ROLLOUT_ENGINES.register(name, description=description, paper=paper)(spec)
         return cls
 
@@ -60,6 +60,24 @@ def register_engine(name: str, *, description: str, replicable: bool, needs_serv
 
 def engine_spec(name: str) -> EngineSpec:
     return ROLLOUT_ENGINES.get(name)
+
+
+def build_engine(rollout: Any, policy: Any, tokenizer: Any, device: str, seed: int, model_path: str,
+                 copy_policy: bool = True, mixins: tuple[type, ...] = ()) -> Any:
+    """The one way to build a rollout engine: the class ``rollout.engine`` names (``auto`` already
+    resolved), with ``mixins``' ``update_weights`` in front (e.g. a LoRA run's merge), from its
+    ``from_config``. The training run, the rollout workers, evaluation, serving and the reference
+    engine of prompt values all build theirs here."""
+    engine_class = engine_spec(rollout.engine).engine_class
+    for mixin in mixins:
+        engine_class = with_mixin(mixin, engine_class)
+    return engine_class.from_config(rollout, policy, tokenizer, device, seed, model_path, copy_policy=copy_policy)
+
+
+@functools.cache
+def with_mixin(mixin: type, engine_class: type) -> type:
+    """``engine_class`` with ``mixin``'s ``update_weights`` in front (one class per pair)."""
+    return type(f"{mixin.__name__.strip('_')}{engine_class.__name__}", (mixin, engine_class), {})
 
 
 def own_copy(policy: Any) -> Any:
