@@ -17,13 +17,14 @@ from pydantic import Field, ValidationError
 from reinforge.classic.envs import EnvConfig
 from reinforge.config.base import Part, PartRef, _Strict
 from reinforge.config.recipes import RECIPES_DIR, apply_overrides
+from reinforge.config.run import CheckpointConfig
 from reinforge.errors import ConfigError
 
 CLASSIC_RECIPES_DIR = RECIPES_DIR / "classic"
 SECTION = "classic"  # the top-level key that makes a recipe a classic one
 
 
-class TrainConfig(_Strict):
+class ClassicTrainConfig(_Strict):
     total_env_steps: int = Field(500_000, ge=1, description="environment steps of the run (over all environments)")
     log_every: int = Field(10, ge=1, description="a console line every N updates")
     time_limit_s: float = Field(0.0, ge=0, description="stop after this many seconds (0 = no limit)")
@@ -33,14 +34,9 @@ class TrainConfig(_Strict):
     threads: int = Field(1, ge=1, description="torch threads (small networks: 1 is fastest)")
 
 
-class EvalConfig(_Strict):
+class ClassicEvalConfig(_Strict):
     episodes: int = Field(10, ge=0, description="episodes of the final evaluation -> eval.json (0 = none)")
     deterministic: bool = Field(True, description="the policy's mode (argmax / the Gaussian's mean) instead of a sample")
-
-
-class CheckpointConfig(_Strict):
-    every: int = Field(0, ge=0, description="a checkpoint every N updates (0 = only at the end)")
-    keep: int = Field(2, ge=1, description="checkpoints kept")
 
 
 class ClassicSection(_Strict):
@@ -48,9 +44,10 @@ class ClassicSection(_Strict):
         "ppo", validate_default=True, description="the agent, a registered classic agent with its options inline: "
         "ppo, dqn (`{name: dqn, lr: 1e-3}`; docs/classic.md)")
     env: EnvConfig = Field(default_factory=EnvConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    train: ClassicTrainConfig = Field(default_factory=ClassicTrainConfig)
+    eval: ClassicEvalConfig = Field(default_factory=ClassicEvalConfig)
+    # the LLM run's section (one definition), a step being one update; by default only at the end
+    checkpoint: CheckpointConfig = Field(default_factory=lambda: CheckpointConfig(every=0))
 
 
 class ClassicConfig(_Strict):
