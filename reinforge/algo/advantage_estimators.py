@@ -106,6 +106,14 @@ def group_mean_std(values: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor,
     return mean, var.sqrt()[group_index], count[group_index]
 
 
+def group_relative(r: Tensor, index: Tensor, cfg: GroupNormSettings) -> Tensor:
+    """GRPO's group-relative advantage of ``r`` [N] (float64) in the groups ``index``: (r - mean_g r) /
+    (std_g r + eps), or r - mean_g r without ``cfg.scale_by_std``."""
+    mean, std, _ = group_mean_std(r, index)
+    adv = r - mean
+    return adv / (std + cfg.adv_eps) if cfg.scale_by_std else adv
+
+
 # ------------------------------------------- group-relative: GRPO, its turn form, Dr. GRPO, RLOO, OPO, TreePO
 @ADVANTAGES.register(
     "grpo",
@@ -123,11 +131,7 @@ def grpo_advantage(
     A group of one sample, or one whose rewards are all equal, gets advantage 0.
     With ``token_rewards``, every masked token t also gets ``returns_to_go(token_rewards)[t]``.
     """
-    mean, std, _ = group_mean_std(rewards, group_index)
-    adv = rewards.to(torch.float64) - mean
-    if cfg.scale_by_std:
-        adv = adv / (std + cfg.adv_eps)
-    return _per_token(adv, mask, token_rewards, cfg)
+    return _per_token(group_relative(rewards.to(torch.float64), group_index, cfg), mask, token_rewards, cfg)
 
 
 @ADVANTAGES.register(
@@ -145,7 +149,7 @@ def grpo_turn_advantage(
     mask: Tensor,
     cfg: GroupNormSettings,
     token_rewards: Tensor | None = None,
-    turn_returns: Tensor | None = None,  # noqa: F811  (the context field; the function of that name is returns.py's)
+    turn_returns: Tensor | None = None,  # the context field (the function of that name is returns.py's)
 ) -> Tensor:
     """Turn-level group-relative advantage for multi-turn episodes.
 
@@ -270,7 +274,7 @@ def treepo_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: Gr
     ``scale_by_std`` only the mean is subtracted). Without subtrees this is GRPO.
     """
     r = rewards.to(torch.float64)
-    total = _subgroup_advantage(r, group_index, cfg)
+    total = group_relative(r, group_index, cfg)
     count = torch.ones_like(r)
     if subgroups is not None and subgroups.numel():
         for column in subgroups.T:
@@ -279,18 +283,12 @@ def treepo_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: Gr
                 continue
             _, compact = torch.unique(column[member], return_inverse=True)
             _, _, size = group_mean_std(r[member], compact)
-            adv = _subgroup_advantage(r[member], compact, cfg)
+            adv = group_relative(r[member], compact, cfg)
             counted = size >= 2
             idx = member.nonzero().squeeze(-1)[counted]
             total[idx] += adv[counted]
             count[idx] += 1
     return _per_token(total / count, mask, token_rewards, cfg)
-
-
-def _subgroup_advantage(r: Tensor, index: Tensor, cfg: GroupNormSettings) -> Tensor:
-    mean, std, _ = group_mean_std(r, index)
-    adv = r - mean
-    return adv / (std + cfg.adv_eps) if cfg.scale_by_std else adv
 
 
 # ------------------------------------------------------ batch-normalised or a baseline from outside the group
