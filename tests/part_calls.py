@@ -12,9 +12,9 @@ from typing import Any
 
 from torch import Tensor
 
-from reinforge.algo.advantages import ADVANTAGES
+from reinforge.algo.advantage_estimators import ADVANTAGES
 from reinforge.algo.context import Context
-from reinforge.algo.losses import POLICY_LOSSES
+from reinforge.algo.policy_losses import POLICY_LOSSES
 from reinforge.registry import Registry
 
 

@@ -8,7 +8,7 @@ from part_calls import advantage
 from torch.testing import assert_close
 
 from reinforge.algo import ADVANTAGES
-from reinforge.algo.advantages import group_mean_std, grpo_advantage
+from reinforge.algo.advantage_estimators import group_mean_std, grpo_advantage
 
 # groups: [1, 0, 0, 1] | [1, 1, 1, 1] | [0, 1]
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0])

@@ -10,8 +10,13 @@ from torch import Tensor
 from torch.testing import assert_close
 
 from reinforge.algo import ADVANTAGES
-from reinforge.algo.advantages import dr_grpo_advantage, opo_advantage, rloo_advantage
-from reinforge.algo.advantages_batch import reinforce_pp_advantage, reinforce_pp_baseline_advantage
+from reinforge.algo.advantage_estimators import (
+    dr_grpo_advantage,
+    opo_advantage,
+    reinforce_pp_advantage,
+    reinforce_pp_baseline_advantage,
+    rloo_advantage,
+)
 
 NEW = {
     "dr_grpo": dr_grpo_advantage,

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 from reinforge.algo import KL_ESTIMATORS, POLICY_LOSSES
 from reinforge.algo.kl import kl_k2, kl_k3, kl_k3_st
-from reinforge.algo.losses import PPOClipSettings, ppo_clip_loss
+from reinforge.algo.policy_losses import PPOClipSettings, ppo_clip_loss
 
 DUAL = SimpleNamespace(clip_low=0.2, clip_high=0.28, dual_clip=3.0)  # clip range [0.8, 1.28], cap c = 3
 OFF = SimpleNamespace(clip_low=0.2, clip_high=0.28)

@@ -20,7 +20,6 @@ from reinforge.algo.entropy import (
     EPOController,
     EPOSettings,
     adaptive_entropy_term,
-    aepo_loss,
     clamped_entropy,
     clamped_entropy_term,
     epo_entropy_term,
@@ -34,8 +33,7 @@ from reinforge.algo.entropy_shaping import (
     grpo_s_advantage,
     gtpo_advantage,
 )
-from reinforge.algo.losses import ClipSettings
-from reinforge.algo.losses_clip import CEGPPOSettings, ce_gppo_loss
+from reinforge.algo.policy_losses import CEGPPOSettings, ClipSettings, aepo_loss, ce_gppo_loss
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
 
@@ -326,7 +324,7 @@ def test_the_epo_recipe_trains_on_the_guessing_game(tmp_path):
 def test_ace_through_the_learner_loads_a_reference_and_at_the_start_scales_errors_by_1_plus_ln2(tmp_path):
     """Before any update the policy is the reference: c_i = 0 for every row, softplus(0) = ln 2, so
     each error's GRPO advantage is multiplied by 1 + ln 2 and the correct rows keep theirs."""
-    from reinforge.algo.advantages import grpo_advantage
+    from reinforge.algo.advantage_estimators import grpo_advantage
 
     c = _components(tmp_path, "algo.advantage=ace_grpo")
     assert c.learner.ref_model is not None

@@ -8,8 +8,12 @@ from part_calls import advantage
 from torch.testing import assert_close
 
 from reinforge.algo import ADVANTAGES, gae_advantages_and_returns, outcome_token_rewards, returns_to_go
-from reinforge.algo.advantages import grpo_advantage
-from reinforge.algo.advantages_batch import gae_advantage, reinforce_pp_advantage, remax_advantage
+from reinforge.algo.advantage_estimators import (
+    gae_advantage,
+    grpo_advantage,
+    reinforce_pp_advantage,
+    remax_advantage,
+)
 from reinforge.parts import all_kinds
 
 all_kinds()  # every built-in estimator registered, whichever test modules ran before

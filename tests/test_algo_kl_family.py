@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from reinforge.algo.advantages import ADVANTAGES, grpo_advantage
+from reinforge.algo.advantage_estimators import ADVANTAGES, grpo_advantage
+from reinforge.algo.aggregation import LOSS_AGG, AggNorm
 from reinforge.algo.kl import KL_ESTIMATORS
 from reinforge.algo.kl_adaptive import (
     DadsSettings,
@@ -20,7 +21,6 @@ from reinforge.algo.kl_adaptive import (
     kl_dads_term,
     rapo_kl_term,
 )
-from reinforge.algo.losses import LOSS_AGG, AggNorm
 from reinforge.algo.objective import LOSS_TERMS, required_inputs
 from reinforge.config import config_from_dict, load_config
 from reinforge.errors import ConfigError

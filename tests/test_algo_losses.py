@@ -9,15 +9,15 @@ from part_calls import policy_loss
 from torch.testing import assert_close
 
 from reinforge.algo import LOSS_AGG, POLICY_LOSSES
-from reinforge.algo.losses import (
+from reinforge.algo.aggregation import (
     AggNorm,
-    entropy_from_logits,
-    ppo_clip_loss,
     seq_mean_token_mean,
     seq_mean_token_sum,
     seq_mean_token_sum_norm,
     token_mean,
 )
+from reinforge.algo.entropy import entropy_from_logits
+from reinforge.algo.policy_losses import ppo_clip_loss
 
 CFG = SimpleNamespace(clip_low=0.2, clip_high=0.28)  # clip range [0.8, 1.28]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from reinforge.algo.losses_clip import CEGPPOSettings, ce_gppo_loss
+from reinforge.algo.policy_losses import CEGPPOSettings, ce_gppo_loss
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
 
@@ -29,7 +29,7 @@ def test_ce_gppo_values_and_the_gradients_it_preserves():
 
 
 def test_ce_gppo_with_unit_betas_has_ppo_values_but_keeps_the_clipped_gradients():
-    from reinforge.algo.losses import PPOClipSettings, ppo_clip_loss
+    from reinforge.algo.policy_losses import PPOClipSettings, ppo_clip_loss
 
     logp = torch.log(RATIO).requires_grad_(True)
     ours, _ = ce_gppo_loss(logp, torch.zeros(1, 5), ADV, CEGPPOSettings(beta1=1.0, beta2=1.0))
@@ -68,7 +68,7 @@ DCPO_ADV = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0, 1.0, 1.0]])
 
 
 def test_dcpo_bounds_follow_the_prior_probability():
-    from reinforge.algo.losses_clip import DCPOSettings, dcpo_bounds
+    from reinforge.algo.policy_losses import DCPOSettings, dcpo_bounds
 
     low, high = dcpo_bounds(torch.log(DCPO_Q), DCPOSettings())
     assert_close(low[0, [0, 2]], torch.tensor([0.5, 0.8]))
@@ -76,7 +76,7 @@ def test_dcpo_bounds_follow_the_prior_probability():
 
 
 def test_dcpo_values_and_gradients():
-    from reinforge.algo.losses_clip import DCPOSettings, dcpo_loss
+    from reinforge.algo.policy_losses import DCPOSettings, dcpo_loss
 
     # 1: rho 1.8 inside [0.5, 2] (PPO's 1.2 would clip it): -1.8, gradient -rho A = -1.8
     # 2: rho 2.5 above 2: -2, no gradient; 3: A < 0, rho 0.7 below 0.8: 0.8, no gradient
@@ -93,7 +93,7 @@ def test_dcpo_values_and_gradients():
 
 
 def test_only_token_mean_sums_each_responses_token_mean():
-    from reinforge.algo.losses import LOSS_AGG, AggNorm
+    from reinforge.algo.aggregation import LOSS_AGG, AggNorm
 
     otm = LOSS_AGG.get("seq_sum_token_mean")
     values = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0], [5.0, 7.0, 9.0, 9.0]])
@@ -110,7 +110,7 @@ ASPO_ADV = torch.tensor([[1.0, 1.0, 1.0, -1.0, -1.0, -1.0, 1.0]])
 
 
 def test_aspo_flips_the_weight_of_positive_tokens():
-    from reinforge.algo.losses_clip import ASPOSettings, aspo_loss
+    from reinforge.algo.policy_losses import ASPOSettings, aspo_loss
 
     # A > 0: weight 1/rho (value -A/rho, gradient -(1/rho) A): rho 0.5 -> -2; rho 1.1 -> -1/1.1 (PPO: -1.1);
     # rho 1.25 > 1.2 is masked (value -1/1.2, no gradient); rho 0.25: weight 4 > c = 3, soft dual clip: -3, gradient -3.
@@ -127,8 +127,7 @@ def test_aspo_flips_the_weight_of_positive_tokens():
 def test_aspo_gradient_grows_as_a_positive_token_falls_behind():
     """PPO's gradient on a positive token is rho A (largest for the tokens already reinforced);
     ASPO's is A / rho (largest for the ones that fell behind pi_old)."""
-    from reinforge.algo.losses import PPOClipSettings, ppo_clip_loss
-    from reinforge.algo.losses_clip import ASPOSettings, aspo_loss
+    from reinforge.algo.policy_losses import ASPOSettings, PPOClipSettings, aspo_loss, ppo_clip_loss
 
     ratio = torch.tensor([[0.85, 1.0, 1.15]])
     adv = torch.ones(1, 3)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from reinforge.algo.losses_offpolicy import (
+from reinforge.algo.policy_losses import (
     BAPOSettings,
     M2POSettings,
     bapo_bounds,

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import torch
 from part_calls import policy_loss
 
-from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm
+from reinforge.algo.aggregation import LOSS_AGG, AggNorm
+from reinforge.algo.policy_losses import POLICY_LOSSES
 
 LOG = math.log
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from part_calls import advantage
 
-from reinforge.algo.pvpo import pvpo_advantage
+from reinforge.algo.advantage_estimators import pvpo_advantage
 
 
 def test_pvpo_hand_computed():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from reinforge.algo.losses import LOSS_AGG, AggNorm
+from reinforge.algo.aggregation import LOSS_AGG, AggNorm
 from reinforge.algo.regression import (
     AStarPOSettings,
     PACSSettings,

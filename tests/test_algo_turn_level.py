@@ -9,7 +9,8 @@ import torch
 from part_calls import advantage
 
 from reinforge.algo import ADVANTAGES
-from reinforge.algo.advantages import grpo_advantage, grpo_turn_advantage, turn_returns
+from reinforge.algo.advantage_estimators import grpo_advantage, grpo_turn_advantage
+from reinforge.algo.returns import turn_returns
 from reinforge.config import AlgoConfig
 from reinforge.orchestrate.batch_fields import turn_return_tensor
 from reinforge.orchestrate.episodes import build_batch

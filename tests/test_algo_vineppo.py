@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reinforge.algo.advantages import ADVANTAGES
+from reinforge.algo.advantage_estimators import ADVANTAGES
 from reinforge.algo.context import Context
 from reinforge.algo.vineppo import VineSettings, step_values, vineppo_advantage
 

@@ -44,7 +44,7 @@ def centered_sign(rewards, group_index, mask):
     """A user's advantage estimator: +1 on the tokens of a completion above its group's mean reward, -1 below."""
     import torch
 
-    from reinforge.algo.advantages import group_mean_std
+    from reinforge.algo.advantage_estimators import group_mean_std
 
     ESTIMATES.append(len(rewards))
     mean, _, _ = group_mean_std(rewards, group_index)
@@ -187,14 +187,14 @@ def test_rows_are_cached_once_by_content_as_a_table_task(tmp_path):
 
 
 def test_a_part_function_is_named_by_its_module(tmp_path):
-    from reinforge.algo.advantages import ADVANTAGES
+    from reinforge.algo.advantage_estimators import ADVANTAGES
 
     assert _overrides(**NONE, advantage=centered_sign, policy_loss={"name": "ppo_clip", "clip_high": 0.3}) == [
         f'algo.advantage="{__name__}:centered_sign"', 'algo.policy_loss={"name": "ppo_clip", "clip_high": 0.3}']
     grpo = ADVANTAGES.get("grpo")  # a registered part given as a function is its registered name
     assert _overrides(**NONE, algo={"advantage": grpo}) == ['algo.advantage="grpo"']
     plugin = tmp_path / "my_parts.py"  # a plug-in's part: its name, and the plug-in for every process
-    plugin.write_text("from reinforge.algo.advantages import ADVANTAGES\n\n\n"
+    plugin.write_text("from reinforge.algo.advantage_estimators import ADVANTAGES\n\n\n"
                       "@ADVANTAGES.register('api_sign', formula='A = sign(r)', paper='an example')\n"
                       "def api_sign(rewards, mask):\n    return rewards.sign()[:, None] * mask\n")
     module = import_user_module(str(plugin), "plugins.0")
@@ -225,7 +225,7 @@ def test_reward_functions_rows_and_a_part_function_train(tmp_path, random_llama)
     assert saved["task"]["kind"] == "table" and Path(saved["task"]["path"]).parent == tmp_path / ".datasets"
     assert Path(saved["task"]["path"]).read_bytes() == _jsonl(ROWS[4:])
     assert Path(saved["task"]["heldout_path"]).read_bytes() == _jsonl(ROWS[:4])
-    from reinforge.algo.advantages import ADVANTAGES
+    from reinforge.algo.advantage_estimators import ADVANTAGES
 
     del ADVANTAGES._entries[f"{__name__}:centered_sign"]  # as in a new process: the resumed run imports it again
     resumed = reinforge.train(resume=run.run_dir, train={"steps": 3})

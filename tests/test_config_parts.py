@@ -11,8 +11,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from reinforge.algo.advantages import GroupNormSettings
-from reinforge.algo.losses import POLICY_LOSSES, PPOClipSettings
+from reinforge.algo.advantage_estimators import GroupNormSettings
+from reinforge.algo.policy_losses import POLICY_LOSSES, PPOClipSettings
 from reinforge.cli import app
 from reinforge.config import (
     AlgoConfig,

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from reinforge.algo.advantages import ADVANTAGES, GroupNormSettings
+from reinforge.algo.advantage_estimators import ADVANTAGES, GroupNormSettings
 from reinforge.algo.context import Context
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.batch_fields import SUBGROUPS_PER_GROUP, subgroup_tensor

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from reinforge.algo.aggregation import AggNorm
 from reinforge.algo.context import Context
 from reinforge.algo.guidance import LuffySettings, luffy_loss
-from reinforge.algo.losses import AggNorm
 from reinforge.algo.mixing import MIXING, ChordSettings, chord_mu
 from reinforge.algo.objective import Objective, Rows, Term, row_sets
 from reinforge.config import load_config
@@ -51,7 +51,7 @@ def test_luffy_shapes_the_demonstration_tokens_and_clips_the_sampled_ones():
 def test_luffy_without_demonstrations_is_ppo_clip():
     logp, old, adv = torch.log(P), torch.log(P * 0.9), torch.ones(2, 2)
     a, _ = luffy_loss(logp, old, adv, None, LuffySettings())
-    from reinforge.algo.losses import PPOClipSettings, ppo_clip_loss
+    from reinforge.algo.policy_losses import PPOClipSettings, ppo_clip_loss
 
     assert_close(a, ppo_clip_loss(logp, old, adv, PPOClipSettings())[0])
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from numerics import assert_all_exact, float64_model
 
-from reinforge.algo.advantages import returns_to_go
 from reinforge.algo.kl import kl_k1
+from reinforge.algo.returns import returns_to_go
 from reinforge.config import load_config
 from reinforge.learn.critic import ValueModel
 from reinforge.learn.learner import Learner
@@ -62,7 +62,7 @@ def test_kl_in_reward_adds_token_returns_to_the_advantage(tmp_path):
     kl = kl_k1(batch.old_logprobs, batch.ref_logprobs) * mask
     assert kl.abs().sum() > 0
     plain = load_config(None, ["algo.advantage=rloo"]).algo
-    from reinforge.algo.advantages import rloo_advantage
+    from reinforge.algo.advantage_estimators import rloo_advantage
 
     outcome = rloo_advantage(batch.rewards, batch.group_index, mask, plain.advantage.settings)
     expected = outcome + returns_to_go(-0.5 * kl, mask, 1.0)

@@ -166,7 +166,7 @@ def test_a_plugin_that_does_not_import_is_named(tmp_path):
 
 TURN_WEIGHTED_LOSS = '''
 import torch
-from reinforge.algo.losses import POLICY_LOSSES
+from reinforge.algo.policy_losses import POLICY_LOSSES
 
 
 @POLICY_LOSSES.register("turn_weighted_pg", formula="L_t = -(A_t + r_t) ratio_t / (1 + turn_t)", paper="a test")
@@ -214,7 +214,7 @@ def test_a_policy_loss_reads_token_rewards_and_turn_index(tmp_path, mode, turn_l
 
 def test_a_misspelt_field_fails_at_config_load_naming_the_part(tmp_path):
     plugin = tmp_path / "misspelt.py"
-    plugin.write_text("from reinforge.algo.advantages import ADVANTAGES\n\n\n"
+    plugin.write_text("from reinforge.algo.advantage_estimators import ADVANTAGES\n\n\n"
                       "@ADVANTAGES.register('typo_adv', formula='A = r', paper='a test')\n"
                       "def typo_adv(rewardz, mask, cfg):\n    return rewardz[:, None] * mask\n")
     with pytest.raises(ConfigError, match=r"advantage estimator 'typo_adv': parameter 'rewardz' is not a field it can "
@@ -224,7 +224,7 @@ def test_a_misspelt_field_fails_at_config_load_naming_the_part(tmp_path):
 
 NEW_FIELD = '''
 import torch
-from reinforge.algo.advantages import ADVANTAGES, group_mean_std
+from reinforge.algo.advantage_estimators import ADVANTAGES, group_mean_std
 from reinforge.orchestrate.batch_fields import produces
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from reinforge.algo.losses import LOSS_AGG, AggNorm
+from reinforge.algo.aggregation import LOSS_AGG, AggNorm
 from reinforge.algo.preference import DPOSettings, IPOSettings, dpo_loss, ipo_loss, pair_rows
 from reinforge.config import load_config
 from reinforge.data.preferences import rows_to_pairs, wrong_answer

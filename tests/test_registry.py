@@ -3,7 +3,7 @@
 import pytest
 
 from reinforge.algo import ADVANTAGES, KL_ESTIMATORS, LOSS_AGG, MIXING, POLICY_LOSSES, REGISTRIES
-from reinforge.algo.advantages import grpo_advantage
+from reinforge.algo.advantage_estimators import grpo_advantage
 from reinforge.algo.registry import Registry
 from reinforge.errors import ConfigError
 

@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 
-from reinforge.algo.losses import ClipSettings, PPOClipSettings, ppo_clip_loss
-from reinforge.algo.losses_replay import repo_loss
+from reinforge.algo.policy_losses import ClipSettings, PPOClipSettings, ppo_clip_loss, repo_loss
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.replay import REPLAY_STRATEGIES, ReplayBuffer, ReplaySettings

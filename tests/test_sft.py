@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from reinforge.algo.aggregation import AggNorm
 from reinforge.algo.context import Context
-from reinforge.algo.losses import AggNorm
 from reinforge.algo.objective import LOSS_TERMS, Objective, Rows, Term, row_sets
 from reinforge.cli import SFT_OVERRIDES
 from reinforge.config import load_config
@@ -169,7 +169,7 @@ def test_demonstrations_mixed_into_rl_are_trained_by_nll_and_left_out_of_the_adv
     sampled = ~batch.demo
     from part_calls import advantage
 
-    from reinforge.algo.advantages_batch import reinforce_pp_advantage
+    from reinforge.algo.advantage_estimators import reinforce_pp_advantage
 
     alone = advantage(reinforce_pp_advantage, batch.rewards[sampled], batch.group_index[sampled],
                       batch.loss_mask[sampled], None, {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from part_calls import advantage
 
-from reinforge.algo.advantages import grpo_advantage
+from reinforge.algo.advantage_estimators import grpo_advantage
 from reinforge.config import load_config
 from reinforge.rewards.steps import ArithmeticStepSettings, StepRewards, arithmetic_steps, token_of_offsets
 from reinforge.types import Batch, Task, Trajectory

@@ -9,9 +9,7 @@ import json
 import pytest
 import torch
 
-from reinforge.algo.advantages import ADVANTAGES
-from reinforge.algo.advantages_batch import GAESettings
-from reinforge.algo.egae import egae_advantage
+from reinforge.algo.advantage_estimators import ADVANTAGES, GAESettings, egae_advantage
 from reinforge.errors import ConfigError
 from reinforge.learn.critic import value_mask
 from reinforge.rollout.group_samplers import build_group_sampler

@@ -115,7 +115,7 @@ def test_grpo_improves_heldout_accuracy(tmp_path):
 def test_nan_loss_stops_with_step_and_statistics(tmp_path, monkeypatch):
     import dataclasses
 
-    from reinforge.algo.losses import POLICY_LOSSES
+    from reinforge.algo.policy_losses import POLICY_LOSSES
 
     real = POLICY_LOSSES.get("ppo_clip")
 

@@ -10,17 +10,14 @@ exported here too.
 import importlib
 import pkgutil
 
-from reinforge.algo.advantages import (
-    ADVANTAGES,
-    gae_advantages_and_returns,
-    outcome_token_rewards,
-    returns_to_go,
-)
-from reinforge.algo.kl import KL_ESTIMATORS
-from reinforge.algo.kl_control import KLController
-from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm, entropy_from_logits
+from reinforge.algo.advantage_estimators import ADVANTAGES
+from reinforge.algo.aggregation import LOSS_AGG, AggNorm
+from reinforge.algo.entropy import entropy_from_logits
+from reinforge.algo.kl import KL_ESTIMATORS, KLController
 from reinforge.algo.mismatch import MISMATCH_MODES, mismatch_correction
 from reinforge.algo.mixing import MIXING
+from reinforge.algo.policy_losses import POLICY_LOSSES
+from reinforge.algo.returns import gae_advantages_and_returns, outcome_token_rewards, returns_to_go
 from reinforge.algo.shaping import REWARD_SHAPERS, soft_overlong_penalty
 from reinforge.algo.value import clipped_value_loss, explained_variance
 

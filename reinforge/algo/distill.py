@@ -35,7 +35,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.advantages import ADVANTAGES
+from reinforge.algo.advantage_estimators import ADVANTAGES
 from reinforge.algo.objective import LOSS_TERMS
 from reinforge.registry import Settings
 

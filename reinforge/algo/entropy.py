@@ -1,5 +1,5 @@
-"""Entropy-balanced policy loss and stateful entropy terms: AEPO's clip, EPO's smoothed entropy
-regularisation, AEnt's adaptively weighted entropy bonus.
+"""The policy's entropy and the stateful entropy terms: EPO's smoothed entropy regularisation, AEnt's
+adaptively weighted entropy bonus (AEPO's clipped loss is a policy loss: ``algo/policy_losses.py``).
 
 The two loss terms keep state across updates (a historical entropy average, a coefficient). Their
 settings declare a ``controller`` class (``algo.objective.term_controllers``): the learner builds one
@@ -18,37 +18,15 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from reinforge.algo.losses import POLICY_LOSSES, ClipSettings
 from reinforge.algo.objective import LOSS_TERMS
 from reinforge.registry import Settings
 
 
-@POLICY_LOSSES.register(
-    "aepo",
-    formula=("L_t = -(1+eps_high) rho_t/sg(rho_t) A_t if A_t > 0 and rho_t > 1+eps_high; "
-             "else -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t)"),
-    paper="Dong et al. 2025, Agentic Entropy-Balanced Policy Optimization (arXiv:2510.14545)",
-    settings=ClipSettings,
-)
-def aepo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: ClipSettings) -> tuple[Tensor, dict[str, Tensor]]:
-    """AEPO's entropy clipping-balanced surrogate: PPO's, except on the upper clip. A token with A > 0
-    and rho above 1 + eps_high (in the paper's agent runs, the high-entropy tokens of exploratory tool
-    calls, whose probability moves most) keeps PPO's clipped value (1 + eps_high) A but not its zero
-    gradient: rho / sg(rho) has value 1 and gradient grad log pi, so the token gets
-    -(1 + eps_high) A grad log pi, a bounded, rescaled gradient. The lower clip is PPO's. The rule acts
-    on the ratio (the paper motivates it by the entropy of the tokens the clip hits; it does not test
-    the entropy). The gradient equals ``ce_gppo`` with beta1 = 0, beta2 = 1 and no dual clip.
-    Metrics: ``clip_frac`` (tokens on either clip), ``clip_high_kept`` (tokens whose gradient the rule keeps)."""
-    ratio = torch.exp(logp - old_logp)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    loss = torch.maximum(unclipped, clipped)
-    high = (ratio > 1.0 + cfg.clip_high) & (advantages > 0)
-    loss = torch.where(high, -(1.0 + cfg.clip_high) * (ratio / ratio.detach()) * advantages, loss)
-    with torch.no_grad():
-        metrics = {"clip_frac": (clipped > unclipped).to(logp.dtype), "clip_high_kept": high.to(logp.dtype),
-                   "ratio": ratio.detach()}
-    return loss, metrics
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Per-position entropy H = logsumexp(z) - sum_v softmax(z)_v z_v of the distribution softmax(z)
+    (in float32 at least: half-precision logits are upcast, float64 stays float64)."""
+    logp = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 # --------------------------------------------------------------------------------------------- EPO

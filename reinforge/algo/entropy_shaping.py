@@ -16,7 +16,7 @@ from pydantic import Field
 from torch import Tensor
 from torch.nn.functional import softplus
 
-from reinforge.algo.advantages import (
+from reinforge.algo.advantage_estimators import (
     ADVANTAGES,
     GroupNormSettings,
     NormSettings,

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.advantages import ADVANTAGES, GroupNormSettings, group_mean_std
+from reinforge.algo.advantage_estimators import ADVANTAGES, GroupNormSettings, group_mean_std
 from reinforge.algo.returns import _gamma, returns_to_go
 
 

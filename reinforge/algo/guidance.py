@@ -13,8 +13,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.losses import POLICY_LOSSES, ClipSettings, ppo_clip_loss
 from reinforge.algo.objective import LOSS_TERMS
+from reinforge.algo.policy_losses import POLICY_LOSSES, ClipSettings, ppo_clip_loss
 
 
 class LuffySettings(ClipSettings):

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from reinforge.algo.advantages import ADVANTAGES, GroupNormSettings, group_mean_std, grpo_advantage
+from reinforge.algo.advantage_estimators import ADVANTAGES, GroupNormSettings, group_mean_std, grpo_advantage
 from reinforge.algo.kl import KL_ESTIMATORS, kl_k3_fwd
 from reinforge.algo.objective import LOSS_TERMS
 from reinforge.registry import Settings

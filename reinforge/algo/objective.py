@@ -24,10 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from reinforge.algo.aggregation import LOSS_AGG, AggNorm
 from reinforge.algo.context import PART_INPUTS, Context
 from reinforge.algo.kl import KL_ESTIMATORS
-from reinforge.algo.losses import LOSS_AGG, POLICY_LOSSES, AggNorm
 from reinforge.algo.mismatch import mismatch_correction
+from reinforge.algo.policy_losses import POLICY_LOSSES
 from reinforge.registry import Registry, kind
 
 LOSS_TERMS: Registry = kind("loss_term", Registry("loss term", inputs=PART_INPUTS))
@@ -203,7 +204,7 @@ def advantage_controller(cfg: Any) -> Any | None:
 def read_fields(cfg: Any) -> frozenset[str]:
     """The context fields the run reads: those its estimator, policy loss and loss terms name as
     parameters, and those they declare in ``needs`` (``required_inputs``)."""
-    from reinforge.algo.advantages import ADVANTAGES
+    from reinforge.algo.advantage_estimators import ADVANTAGES
 
     entries = [ADVANTAGES.entry(cfg.advantage), POLICY_LOSSES.entry(cfg.policy_loss),
                *(LOSS_TERMS.entry(term.name) for term in loss_terms(cfg))]
@@ -213,7 +214,7 @@ def read_fields(cfg: Any) -> frozenset[str]:
 def required_inputs(cfg: Any) -> frozenset[str]:
     """What the run's parts declare the loop must provide (``Entry.needs``): e.g. ``values`` (a
     critic), ``ref_logp`` (a reference model), ``baseline`` (a greedy rollout), ``turn_returns``."""
-    from reinforge.algo.advantages import ADVANTAGES
+    from reinforge.algo.advantage_estimators import ADVANTAGES
 
     needs = set(ADVANTAGES.needs(cfg.advantage)) | POLICY_LOSSES.needs(cfg.policy_loss)
     for term in loss_terms(cfg):

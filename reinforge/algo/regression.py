@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.losses import POLICY_LOSSES
+from reinforge.algo.policy_losses import POLICY_LOSSES
 from reinforge.errors import ConfigError
 from reinforge.registry import Settings
 

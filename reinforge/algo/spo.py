@@ -22,7 +22,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from reinforge.algo.advantages import ADVANTAGES, NormSettings
+from reinforge.algo.advantage_estimators import ADVANTAGES, NormSettings
 from reinforge.algo.returns import _batch_mean_std, _per_token
 
 

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.advantages import ADVANTAGES
+from reinforge.algo.advantage_estimators import ADVANTAGES
 from reinforge.algo.returns import _masked_whiten
 from reinforge.registry import Settings
 

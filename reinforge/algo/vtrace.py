@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.advantages import ADVANTAGES, DiscountSettings
+from reinforge.algo.advantage_estimators import ADVANTAGES, DiscountSettings
 from reinforge.algo.returns import outcome_token_rewards
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from reinforge.algo.losses import entropy_from_logits
+from reinforge.algo.entropy import entropy_from_logits
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.losses import ClipSettings, ppo_clip_loss
+from reinforge.algo.policy_losses import ClipSettings, ppo_clip_loss
 from reinforge.algo.returns import episode_rows, gae_advantages_and_returns
 from reinforge.algo.value import clipped_value_loss, explained_variance
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration

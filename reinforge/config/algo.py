@@ -163,7 +163,7 @@ class AlgoConfig(_Strict):
     def discount(self) -> Discount:
         """gamma and lam of the advantage estimator's settings (the defaults where it declares none): the
         discount its returns use, which the multi-turn turn returns and the critic's targets share."""
-        from reinforge.algo.advantages_batch import GAESettings
+        from reinforge.algo.advantage_estimators import GAESettings
 
         defaults = GAESettings.model_fields
         s = self.advantage.settings

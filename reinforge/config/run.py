@@ -316,8 +316,8 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _demonstrations_are_used(self) -> RunConfig:
         """A part that trains on demonstrations needs them, and demonstrations need such a part."""
-        from reinforge.algo.losses import POLICY_LOSSES
         from reinforge.algo.objective import required_inputs
+        from reinforge.algo.policy_losses import POLICY_LOSSES
 
         needs, d = required_inputs(self.algo), self.demonstrations
         if "demonstrations" in needs and d.path is None:
@@ -346,7 +346,7 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _preferences_are_used(self) -> RunConfig:
         """Preference pairs are trained on by a loss computed per group (dpo, ipo), offline only."""
-        from reinforge.algo.losses import POLICY_LOSSES
+        from reinforge.algo.policy_losses import POLICY_LOSSES
 
         if self.preferences.path is None:
             return self

@@ -29,7 +29,7 @@ def rollout_parts_run_in_one_rank(cfg: RunConfig) -> None:
 def carried_generations_fit(cfg: RunConfig) -> None:
     """A group sampler that carries generations over (``needs=("carry_over",)``, T-PPO) runs in the
     loop's process, with an estimator that reads ``continues``."""
-    from reinforge.algo.advantages import ADVANTAGES
+    from reinforge.algo.advantage_estimators import ADVANTAGES
     from reinforge.rollout.group_samplers import GROUP_SAMPLERS
 
     name = cfg.rollout.group_sampler.name

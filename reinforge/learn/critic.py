@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from reinforge.algo.losses import AggNorm, token_mean
+from reinforge.algo.aggregation import AggNorm, token_mean
 from reinforge.algo.value import clipped_value_loss
 from reinforge.config import CriticConfig
 from reinforge.errors import TrainingDiverged

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.algo import KL_ESTIMATORS, AggNorm
-from reinforge.algo.kl_control import KLController
+from reinforge.algo.kl import KLController
 from reinforge.algo.mixing import MIXING
 from reinforge.algo.objective import (
     Objective,

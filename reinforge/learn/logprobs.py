@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from reinforge.algo.losses import entropy_from_logits
+from reinforge.algo.entropy import entropy_from_logits
 from reinforge.learn.lm_head import chunked_token_logprobs, final_hidden
 from reinforge.models.precision import at_least_float32
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from reinforge.algo.losses import AggNorm
+from reinforge.algo.aggregation import AggNorm
 from reinforge.algo.value import explained_variance
 from reinforge.learn import distributed
 from reinforge.learn.critic import value_mask

@@ -24,9 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.algo import ADVANTAGES
-from reinforge.algo.advantages import gae_advantages_and_returns
+from reinforge.algo.advantage_estimators import egae_token_rewards
 from reinforge.algo.context import PART_INPUTS, Context
-from reinforge.algo.egae import egae_token_rewards
+from reinforge.algo.returns import gae_advantages_and_returns
 from reinforge.errors import ConfigError
 from reinforge.learn.batch_context import context_tensors
 from reinforge.learn.metric_sums import MetricSums, add_mismatch

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from reinforge.algo.losses import entropy_from_logits
+from reinforge.algo.entropy import entropy_from_logits
 from reinforge.learn.lm_head import chunked_token_logprobs
 from reinforge.models.lean_llama import apply_rotary, rotary_cos_sin, supports
 from reinforge.models.precision import at_least_float32

@@ -10,7 +10,7 @@ buffer (the authors' order); they enter the batch as trajectories of their own g
 the paper's separate advantage estimation: the next group ids after the step's own) or of the fresh
 group (``mixed``). They keep their stored ``logprobs`` and ``version``, so the
 off-policy machinery applies: RePO's own objective is the ``repo`` policy loss (the ratio
-pi_theta / mu clipped, algo/losses_replay.py); ``algo.mismatch`` corrections see them as stale samples.
+pi_theta / mu clipped, algo/policy_losses.py); ``algo.mismatch`` corrections see them as stale samples.
 
 Strategies (``fn(rewards, cfg, rng) -> indices``, over the buffer oldest first): ``recent`` (the
 newest k), ``highest`` (the k highest rewards, newest first among ties), ``random`` (k uniformly,

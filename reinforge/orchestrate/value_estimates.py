@@ -121,8 +121,8 @@ def needs_optimal_value(algo: Any) -> bool:
 
 def value_settings(algo: Any) -> ValueSettings:
     """The estimate's options, from the settings of the estimator or policy loss that declares the need."""
-    from reinforge.algo.advantages import ADVANTAGES
-    from reinforge.algo.losses import POLICY_LOSSES
+    from reinforge.algo.advantage_estimators import ADVANTAGES
+    from reinforge.algo.policy_losses import POLICY_LOSSES
 
     for field, registry in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES)):
         part = getattr(algo, field)

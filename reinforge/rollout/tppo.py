@@ -11,7 +11,7 @@ windows are context, like the prompt (``Generation.prompt_ids`` = prompt + earli
 the steps that sampled them; the window's tokens are on-policy (sampled by this step's weights), so the
 PPO ratio needs no correction for the older context. A window cut with budget left is marked
 ``extra['continues']``: it is not scored (no outcome yet), and the ``egae`` estimator bootstraps its
-advantage with V(s_l) = V(s_{l-1}) (algo/egae.py); the critic takes no target from it (learn/critic.py
+advantage with V(s_l) = V(s_{l-1}) (algo/advantage_estimators.py); the critic takes no target from it (learn/critic.py
 ``value_mask``). The window that ends a response is scored on the whole completion (``text``).
 
 Successive batching: ``held()`` names the prompts with generations in flight and how many; the batch

@@ -19,7 +19,7 @@ truncated response), which also changes the distribution.
 
 Each completion's ``extra['subgroups']`` lists the branch points above it (nodes with at least two
 children): the tree-structured subgroups of TreePO's segment-level advantage (``treepo`` in
-algo/advantages_tree.py).
+algo/advantage_estimators.py).
 """
 
 from __future__ import annotations
