@@ -1,9 +1,9 @@
 """RL on the shipped tiny-agent model raises success on each built-in environment, and on tiny-agent-tools
 the code interpreter's (docs/agent_model.md).
 
-The calculator (about 4 min), guessing (about 3 min) and retry (about 4 min in CI) runs are marked
-``learning``: not in the default run (the suite's 15-minute budget), run by ``make test-learning``;
-the shortened code_interpreter run (about 2 min) is the default suite's agent learning test.
+The calculator (about 4 min), guessing (about 3 min), retry (about 4 min in CI) and shortened
+code_interpreter (2-3 min) runs are marked ``learning``: not in the default run (the suite's
+15-minute budget), run by ``make test-learning``.
 
 One end-to-end run of each agent recipe as shipped (GRPO with a KL term through `train`, 60 steps of
 multi-turn episodes; 2-4 minutes each on 2 idle CPU cores: shorter runs did not learn measurably).
@@ -76,7 +76,7 @@ def test_rl_raises_guessing_success(tmp_path):
     assert after >= before + 0.015, (before, after)  # measured: +0.091, +0.028, +0.068 (seeds 0-2)
 
 
-@pytest.mark.slow
+@pytest.mark.learning  # 198 s; tests/test_example_recipes.py runs the agent_code recipe in make test
 def test_rl_raises_code_interpreter_success(tmp_path):
     """agent_code on tiny-agent-tools, shortened: sampled held-out success rises within 10 steps (the model
     already writes the right program; RL makes it copy the program's output more reliably)."""

@@ -30,7 +30,7 @@ def test_cartpole_ppo_reaches_475(tmp_path):
     assert evaluation["eval/episodes"] == 20 and evaluation["eval/return_mean"] >= 475
 
 
-@pytest.mark.slow
+@pytest.mark.learning  # 88 s: make test-learning (DQN's updates have unit tests in tests/test_classic_dqn.py)
 def test_cartpole_dqn_learns(tmp_path):
     """The shipped cartpole_dqn recipe (RL Zoo's DQN settings, 50k steps, about 35 s on one core). DQN on
     CartPole reaches 500 and then often forgets part of it (docs/classic.md: 6 runs, seeds 0-2 with and
@@ -51,7 +51,7 @@ def test_cartpole_dqn_learns(tmp_path):
     assert any("train/td_loss" in r for r in records) and records[-1]["env_steps"] == 49_920
 
 
-@pytest.mark.slow
+@pytest.mark.learning  # 109 s: make test-learning (SAC's updates have unit tests in tests/test_classic_sac.py)
 def test_pendulum_sac_beats_minus_300(tmp_path):
     """The issue's target: SAC on Pendulum-v1 above -300. The shipped pendulum_sac recipe (CleanRL's SAC
     settings, learning from step 1000) until a 10-episode training mean of -200: seeds 0, 1, 2 stopped
