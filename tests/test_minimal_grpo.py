@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 from numerics import float64_model
 
-from reinforge.algo.advantages import GroupNormSettings, grpo_advantage
-from reinforge.algo.losses import AggNorm, PPOClipSettings, ppo_clip_loss, token_mean
+from reinforge.algo.advantage_estimators import GroupNormSettings, grpo_advantage
+from reinforge.algo.aggregation import AggNorm, token_mean
+from reinforge.algo.policy_losses import PPOClipSettings, ppo_clip_loss
 from reinforge.config import load_config
 from reinforge.learn.learner import Learner
 from reinforge.orchestrate.episodes import build_batch
