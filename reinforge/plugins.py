@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from reinforge.errors import ConfigError
 
@@ -35,6 +36,27 @@ def import_user_module(target: str, label: str, error: type[Exception] = PluginE
     if target.endswith(".py"):
         return _load_file(Path(target), label, error)
     return _import_module(target, label, error)
+
+
+def import_callable(reference: str, label: str, error: type[Exception], module_label: str | None = None) -> Any:
+    """The callable ``module:qualname`` (or ``path/file.py:qualname``) names. ``error(message)``, naming
+    ``label`` and the reference (``module_label`` alone when the module is missing), when the module is
+    missing or fails to import, when it has no such attribute, or when that is not callable."""
+    target, _, qualname = reference.rpartition(":")
+    where = f"{label} {reference!r}"
+    try:
+        obj: Any = import_user_module(target, module_label or f"{where}:", error)
+    except error:
+        raise
+    except Exception as exc:  # the user's module failed while importing: show its error
+        raise error(f"{where}: importing {target!r} failed: {type(exc).__name__}: {exc}") from exc
+    for attr in qualname.split("."):
+        if not hasattr(obj, attr):
+            raise error(f"{where}: {target!r} has no attribute {qualname!r}")
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise error(f"{where}: {qualname!r} is not callable (a {type(obj).__name__})")
+    return obj
 
 
 def _load_file(path: Path, label: str, error: type[Exception]) -> ModuleType:

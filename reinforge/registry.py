@@ -149,24 +149,12 @@ class Registry(Generic[F]):
     def _register_reference(self, name: str) -> None:
         """Import the function ``module:qualname`` (or ``path/file.py:qualname``) names and register it
         under that name: its docstring's first line is its description; it declares no needs or settings."""
-        from reinforge.plugins import import_user_module
+        from reinforge.plugins import import_callable
 
         target, _, qualname = name.rpartition(":")
         if not target or not qualname:
             return
-        try:
-            obj: Any = import_user_module(target, f"{self.kind} {name!r}:", ConfigError)
-        except ConfigError:
-            raise
-        except Exception as exc:  # the user's module failed while importing: show its error
-            raise ConfigError(f"{self.kind} {name!r}: importing {target!r} failed: "
-                              f"{type(exc).__name__}: {exc}") from exc
-        for attr in qualname.split("."):
-            if not hasattr(obj, attr):
-                raise ConfigError(f"{self.kind} {name!r}: {target!r} has no attribute {qualname!r}")
-            obj = getattr(obj, attr)
-        if not callable(obj):
-            raise ConfigError(f"{self.kind} {name!r}: {qualname!r} is not callable (a {type(obj).__name__})")
+        obj = import_callable(name, self.kind, ConfigError)
         doc = (inspect.getdoc(obj) or "").strip().split("\n")[0]
         self.register(name, paper=f"your function {name}", description=doc or f"your function {name}")(obj)
 

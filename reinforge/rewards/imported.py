@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reinforge.plugins import import_user_module
+from reinforge.plugins import import_callable
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult, Verifier
 from reinforge.types import Task
 
@@ -54,20 +54,7 @@ def load_reference(reference: str) -> Any:
     """The callable a reference names (cached per process); ``VerifierReferenceError`` if it does not import."""
     if reference in _LOADED:
         return _LOADED[reference]
-    target, _, attr = reference.rpartition(":")
-    try:
-        module = import_user_module(target, "verifier", VerifierReferenceError)
-    except VerifierReferenceError:
-        raise
-    except Exception as exc:  # the user's module failed while importing: show its error
-        raise VerifierReferenceError(f"verifier {reference!r}: importing {target!r} failed: {type(exc).__name__}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise VerifierReferenceError(f"verifier {reference!r}: {target!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise VerifierReferenceError(f"verifier {reference!r}: {attr!r} is not callable (a {type(obj).__name__})")
+    obj = import_callable(reference, "verifier", VerifierReferenceError, module_label="verifier")
     _LOADED[reference] = obj
     return obj
 
