@@ -18,7 +18,7 @@ from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.learn.learner import Learner
 from reinforge.learn.logprobs import token_logprobs
 from reinforge.orchestrate import async_batches
-from reinforge.orchestrate.components import build_components
+from reinforge.orchestrate.components import build_components, resolve_config
 from reinforge.orchestrate.episodes import build_batch, generate_single_turn, score_single_turn
 from reinforge.orchestrate.run import train
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
@@ -114,10 +114,23 @@ def test_decoupled_loss_equals_the_synchronous_loss_when_on_policy(tmp_path):
     assert_all_exact(p2, p0)
 
 
+def test_loading_validates_only_and_the_run_records_what_it_resolved():
+    """The validators leave the config as given; ``resolve_config`` (orchestrate/run.py calls it before
+    building anything) fills the async default, and ``config.yaml`` is written from its result."""
+    from reinforge.config import dump_config
+
+    loaded = load_config(None, ["orchestrate.mode=async"])
+    assert loaded.algo.mismatch.mode == "none" and "mode" not in loaded.algo.mismatch.model_fields_set
+    resolved = resolve_config(loaded)
+    assert loaded.algo.mismatch.mode == "none"  # a copy: the loaded config is not changed
+    assert "mode: token_tis" in dump_config(resolved)
+
+
 def test_async_defaults_to_truncated_is_and_rejects_what_it_cannot_do(tmp_path):
-    assert load_config(None, ["orchestrate.mode=async"]).algo.mismatch.mode == "token_tis"
-    assert load_config(None, ["orchestrate.mode=async", "algo.mismatch.mode=none"]).algo.mismatch.mode == "none"
-    assert load_config(None, []).algo.mismatch.mode == "none"
+    assert resolve_config(load_config(None, ["orchestrate.mode=async"])).algo.mismatch.mode == "token_tis"
+    assert resolve_config(load_config(None, ["orchestrate.mode=async", "algo.mismatch.mode=none"])
+                          ).algo.mismatch.mode == "none"
+    assert resolve_config(load_config(None, [])).algo.mismatch.mode == "none"
     with pytest.raises(ConfigError, match="rollout.engine=openai"):  # one server, no copy per worker
         load_config(None, ["orchestrate.mode=async", "rollout.engine=openai", "rollout.server_url=http://x/v1"])
 

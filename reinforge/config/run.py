@@ -272,14 +272,6 @@ class RunConfig(_Strict):
         return [normalise_plugin(p) if isinstance(p, str) else p for p in v] if isinstance(v, list) else v
 
     @model_validator(mode="after")
-    def _async_corrects_off_policy(self) -> RunConfig:
-        """Async batches are off-policy by up to max_staleness updates: unless the recipe chose a
-        mismatch mode, use truncated IS behaviour -> proximal (the decoupled PPO objective)."""
-        if self.orchestrate.mode == "async" and "mode" not in self.algo.mismatch.model_fields_set:
-            self.algo.mismatch.mode = "token_tis"
-        return self
-
-    @model_validator(mode="after")
     def _resolve_engine(self) -> RunConfig:
         """An engine entry that stands for another (``EngineSpec.resolve``, e.g. ``auto``) is replaced
         by the engine it chooses for this run, so every later check and the saved config see that one."""

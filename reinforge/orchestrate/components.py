@@ -118,6 +118,18 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer):
                                 mixins=mixins)
 
 
+def resolve_config(cfg: RunConfig) -> RunConfig:
+    """The run's config with the defaults that depend on other sections filled in (a copy; the validators
+    only check): async batches are off-policy by up to max_staleness updates, so unless the recipe chose a
+    mismatch mode an async run uses truncated IS behaviour -> proximal (``token_tis``, the decoupled PPO
+    objective). ``orchestrate/run.py`` resolves before building anything and saves the result in
+    ``config.yaml``."""
+    if cfg.orchestrate.mode == "async" and "mode" not in cfg.algo.mismatch.model_fields_set:
+        cfg = cfg.model_copy(deep=True)
+        cfg.algo.mismatch.mode = "token_tis"
+    return cfg
+
+
 def build_components(cfg: RunConfig) -> Components:
     """Every component of a run. With several ranks (learn/distributed.py) each rank builds its own,
     all from the same seed: the learner shares or shards the policy, each engine samples its rank's

@@ -22,7 +22,7 @@ from reinforge.learn.checkpoint import (
     load_checkpoint,
 )
 from reinforge.orchestrate.collectors import Collector
-from reinforge.orchestrate.components import Components, build_components
+from reinforge.orchestrate.components import Components, build_components, resolve_config
 from reinforge.orchestrate.demo_batches import demonstration_batches, preference_batches
 from reinforge.orchestrate.loop import Loop, TrainResult, local_batches
 from reinforge.orchestrate.run_dir import create_run_dir
@@ -42,6 +42,7 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
     else:
         cfg = cfg or load_config(None, overrides)
         run_dir = None
+    cfg = resolve_config(cfg)  # what the run uses, and its config.yaml records
     if distributed.needs_spawn(cfg):
         return spawn_train(cfg, resume, overrides, progress_every)
     joined = distributed.init(cfg)  # joins torchrun's process group; a no-op with one process
