@@ -2,7 +2,8 @@
 
 A ``Task`` is one prompt with what its verifier needs (task sources make it, environments, rewards and
 rollout read it). A ``Trajectory`` flows from rollout to the learner; a ``Batch`` is trajectories as padded
-tensors. Rollout knows nothing of losses and the learner nothing of environments.
+tensors. Rollout knows nothing of losses and the learner nothing of environments. A ``StepStage`` is what
+the code of one stage of a training step declares about these records (``declares_stage``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,30 @@ if TYPE_CHECKING:  # torch is imported by the methods that use it: a task or a v
     from torch import Tensor
 
 Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class StepStage:
+    """One stage of a training step as its code declares it: its ``name``, ``where`` it runs (the
+    declared function or class), and the record fields it ``reads`` and ``writes`` (``kept.<attribute>``:
+    an attribute of the kept trajectories). docs/architecture.md's step table lists them
+    (orchestrate/step_table.py); tests/test_step_table.py records what each stage really touches."""
+
+    name: str
+    where: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+
+
+def declares_stage(name: str, reads: tuple[str, ...], writes: tuple[str, ...]) -> Callable[[Any], Any]:
+    """Mark a function or class as step stage ``name`` (its ``step_stage`` attribute, a ``StepStage``)."""
+
+    def mark(obj: Any) -> Any:
+        where = f"`{obj.__module__.removeprefix('reinforge.')}.{obj.__qualname__}`"
+        obj.step_stage = StepStage(name, where, tuple(reads), tuple(writes))
+        return obj
+
+    return mark
 
 
 @dataclass(frozen=True)

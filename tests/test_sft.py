@@ -151,13 +151,12 @@ def test_demonstrations_mixed_into_rl_are_trained_by_nll_and_left_out_of_the_adv
                "algo.loss_terms=[{name: nll, coef: 0.1}]", "algo.advantage=reinforce_pp", "algo.skip_equal_reward_groups=false",
                "rollout.prompts_per_step=4", "rollout.group_size=4", "train.steps=2")
     from reinforge.orchestrate.components import build_components
-    from reinforge.orchestrate.demo_batches import demonstration_batches
     from reinforge.orchestrate.episodes import build_batch
     from reinforge.orchestrate.loop import local_batches
 
     c = build_components(cfg)
     collector = c.make_collector()
-    source = demonstration_batches(c, collector, local_batches)
+    source = local_batches(c, collector)  # the demonstrations join through their stage
     rollout = source.collect(1)
     batch, _ = build_batch(rollout.kept, cfg.algo, c.engine.pad_id, rollout.baseline)
     assert int(batch.demo.sum()) == 4 and len(batch) == 16 + 4

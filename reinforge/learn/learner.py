@@ -49,7 +49,7 @@ from reinforge.learn.parallel import DataParallel
 from reinforge.learn.prepare import PreparesBatches
 from reinforge.learn.shared_prefix import SharedPrefixForward
 from reinforge.models.precision import compute_dtype
-from reinforge.types import Batch
+from reinforge.types import Batch, declares_stage
 
 
 class Learner(PreparesBatches):
@@ -211,6 +211,7 @@ class Learner(PreparesBatches):
         return self.model
 
     # ------------------------------------------------------------------ update
+    @declares_stage("update", reads=("the fields its loss and terms name",), writes=("policy", "optimizer", "critic"))
     def update(self, batch: Batch | None) -> dict[str, float]:
         """All optimizer steps for one rollout batch; returns metrics averaged over them. The batch is
         prepared and its advantages estimated here unless the loop has done so.

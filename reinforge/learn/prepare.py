@@ -30,7 +30,7 @@ from reinforge.algo.returns import gae_advantages_and_returns
 from reinforge.errors import ConfigError
 from reinforge.learn.batch_context import context_tensors
 from reinforge.learn.metric_sums import MetricSums, add_mismatch
-from reinforge.types import Batch
+from reinforge.types import Batch, declares_stage
 
 # What the two stages write into the batch record (docs/architecture.md's step table; a test records them).
 PREPARE_WRITES = ("old_logprobs", "ref_logprobs", "values", "teacher_logprobs", "token_rewards")
@@ -41,6 +41,8 @@ class PreparesBatches:
     """The ``Learner``'s no-grad passes and advantage estimation (a mixin over its model, reference,
     critic, KL controller and data-parallel strategy)."""
 
+    @declares_stage("prepare", reads=("input_ids", "attention_mask", "loss_mask", "token_rewards"),
+                    writes=PREPARE_WRITES)
     def prepare(self, batch: Batch | None) -> None:
         """The no-grad passes at the start of an update (pi_old when several optimizer steps or the KL
         in the reward need it, pi_ref, critic values) and the per-token rewards; with several ranks
@@ -53,6 +55,7 @@ class PreparesBatches:
         self._prepared = (batch, MetricSums(), offset)
         self._passes(batch, self._prepared[1], recompute_old, offset)
 
+    @declares_stage("advantages", reads=("the fields its estimator names",), writes=ADVANTAGE_WRITES)
     def estimate_advantages(self, batch: Batch | None) -> None:
         """``batch.advantages`` (and, with a critic, ``batch.returns``) from the prepared batch."""
         if self._prepared is None or self._prepared[0] is not batch:

@@ -38,8 +38,9 @@ from typing import Any
 import torch
 
 from reinforge.config import RunConfig
-from reinforge.orchestrate.batch_sources import Rollout, Round, Rounds
+from reinforge.orchestrate.batch_sources import Rounds
 from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, RolloutWorkers
+from reinforge.orchestrate.rollouts import Rollout, Round
 from reinforge.orchestrate.stages import Stages
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
 from reinforge.types import Task, Trajectory

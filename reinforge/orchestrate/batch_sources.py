@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -24,40 +23,10 @@ from reinforge.config import AlgoConfig, RolloutConfig
 from reinforge.learn import distributed
 from reinforge.orchestrate.collectors import Collected, Collector, greedy_baseline
 from reinforge.orchestrate.episodes import groups_with_spread, shape_rewards
+from reinforge.orchestrate.rollouts import Rollout, Round
 from reinforge.orchestrate.stages import Stages
 from reinforge.rollout.types import SamplingParams
-from reinforge.types import Task, Trajectory
-
-
-@dataclass
-class Rollout:
-    """What one step sampled (``sampled``, for metrics) and what it trains on (``kept``), with the
-    greedy baseline of each kept trajectory when the estimator needs one, and the source's metrics.
-    ``tokens_reused``: generated tokens in ``kept`` that this step did not decode (e.g. replayed samples;
-    a group sampler reports its own per sample in ``Trajectory.metadata['tokens_reused']``)."""
-
-    sampled: list[Trajectory] = field(default_factory=list)
-    kept: list[Trajectory] = field(default_factory=list)
-    baseline: list[float] | None = None
-    rounds: int = 0
-    reward_s: float = 0.0
-    env_s: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
-    tokens_reused: int = 0
-
-
-@dataclass
-class Round:
-    """One collection of groups (a request's worth): trajectories, per-task greedy baselines (or
-    None), the seconds spent generating, scoring and waiting on environments, and the environment
-    calls' counters."""
-
-    trajectories: list[Trajectory]
-    baseline: list[float] | None = None
-    generate_s: float = 0.0
-    reward_s: float = 0.0
-    env_s: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
+from reinforge.types import Task, declares_stage
 
 
 def collect_sized(collector: Collector, tasks: Sequence[Task], params: SamplingParams, step: int, group_offset: int,
@@ -84,6 +53,8 @@ def collect_sized(collector: Collector, tasks: Sequence[Task], params: SamplingP
     return out
 
 
+@declares_stage("collect", reads=("tasks", "sizes"),
+                writes=("trajectories", "trajectories.group_id", "baseline", "generate_s", "reward_s", "env_s", "metrics"))
 def sample_round(collector: Collector, tasks: Sequence[Task], params: SamplingParams, step: int, group_offset: int,
                  with_baseline: bool, sizes: Sequence[int] | None = None) -> Round:
     """``params.n`` (or ``sizes[i]``) scored samples per task (group id = ``group_offset`` + task index)
@@ -107,6 +78,9 @@ class Rounds:
         self.algo, self.max_new_tokens, self.want, self.out = algo, max_new_tokens, want, Rollout()
         self.groups_kept: set[int] = set()
 
+    @declares_stage("shape", reads=("trajectories", "baseline", "reward_s", "env_s", "metrics"),
+                    writes=("sampled", "kept", "baseline", "rounds", "reward_s", "env_s", "metrics",
+                            "sampled.reward", "sampled.trainable", "sampled.metadata.<shaper>"))
     def add(self, round_: Round, group_offset: int) -> None:
         algo, out = self.algo, self.out
         trajs = round_.trajectories

@@ -1,14 +1,15 @@
-"""``DemonstrationBatches``: the batch source when a run trains on demonstrations (docs/sft.md).
+"""Demonstrations in a step (docs/sft.md): ``DemonstrationBatches``, the batch source of a run that
+trains on demonstrations alone, and the stages that add them to a rollout batch.
 
 Each step takes the next ``demonstrations.per_step`` rows of a seeded shuffle of the demonstrations
-(a new shuffle every epoch). With ``demonstrations.mix: false`` they are the whole batch (SFT);
-with ``mix: true`` they join the batch of the run's rollout source (synchronous or asynchronous).
-Each demonstration row is a group of its own (group id < 0): advantage estimators leave it out,
+(a new shuffle every epoch). With ``demonstrations.mix: false`` they are the whole batch (SFT,
+``DemonstrationBatches``); with ``mix: true`` the ``DemonstrationStage`` adds them to the batch of the
+run's rollout source (synchronous or asynchronous), after the other stages. Each demonstration row is a group of its own (group id < 0): advantage estimators leave it out,
 only the terms that need demonstrations (``nll``) train on it. The order depends only on the seed
 and the step, so a resumed run draws exactly what the interrupted one would have.
 
-With ``demonstrations.placement: in_group`` (LUFFY's off-policy guidance) the demonstrations are not
-drawn by ``per_step``: every rollout group whose prompt has a demonstration (the same prompt tokens)
+With ``demonstrations.placement: in_group`` (LUFFY's off-policy guidance; the ``GuidanceStage``) the
+demonstrations are not drawn by ``per_step``: every rollout group whose prompt has a demonstration (the same prompt tokens)
 gains it as one more member, with that group's id and the reward the run's verifier gives its
 completion, so the group's advantages are computed over the sampled completions and the expert's.
 """
@@ -16,7 +17,7 @@ completion, so the group's advantages are computed over the sampled completions 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -28,8 +29,8 @@ from reinforge.data.preferences import rows_to_pairs, task_pairs
 from reinforge.data.prompt_stats import is_correct
 from reinforge.data.tabular import table_rows
 from reinforge.errors import ConfigError, DataError
-from reinforge.orchestrate.batch_sources import BatchSource, Rollout
 from reinforge.orchestrate.guidance_rules import GUIDANCE_RULES
+from reinforge.orchestrate.rollouts import Rollout
 from reinforge.types import Task, Trajectory
 
 SEED_OFFSET = 4_243  # the demonstrations' shuffle is apart from the run's other random streams
@@ -106,12 +107,11 @@ class GroupGuidance:
 
 
 class DemonstrationBatches:
-    """Demonstrations alone, or added to ``inner``'s rollout batches (see the module docstring).
-    ``of_groups``: items of several rows that form a group (preference pairs), drawn alike."""
+    """The batch source of a run on demonstrations alone: each step's ``rows`` (see the module
+    docstring). ``of_groups``: items of several rows that form a group (preference pairs), drawn alike."""
 
-    def __init__(self, demos: list[Trajectory], per_step: int, seed: int, inner: BatchSource | None = None,
-                 guidance: GroupGuidance | None = None) -> None:
-        self.items, self.per_step, self.seed, self.inner, self.guidance = [[d] for d in demos], per_step, seed, inner, guidance
+    def __init__(self, demos: list[Trajectory], per_step: int, seed: int) -> None:
+        self.items, self.per_step, self.seed = [[d] for d in demos], per_step, seed
         self.grouped = False
 
     @classmethod
@@ -134,28 +134,62 @@ class DemonstrationBatches:
         return out
 
     def collect(self, step: int) -> Rollout:
-        rollout = self.inner.collect(step) if self.inner is not None else Rollout()
-        if self.guidance is not None:
-            rollout.kept, rollout.baseline, metrics = self.guidance.apply(rollout.kept, rollout.baseline)
-            rollout.metrics = {**rollout.metrics, **metrics}
-            return rollout
-        demos = self.rows(step)
+        rows = self.rows(step)
+        return Rollout(kept=rows, metrics={"demonstrations/rows": float(len(rows))})
+
+    def published(self, model: torch.nn.Module, version: int) -> None:
+        pass  # nothing samples from the policy
+
+    def state(self) -> dict[str, Any]:
+        return {}  # the draw depends on the seed and the step only
+
+    def close(self) -> None:
+        pass
+
+
+class DemonstrationStage:
+    """``demonstrations.mix: true``: each step's ``per_step`` demonstrations (``draws.rows(step)``) join
+    the kept rows, with baseline 0; nothing kept across steps (the draw depends on the step only)."""
+
+    name, key = "demonstrations", None
+    reads, writes = ("kept", "baseline"), ("kept", "baseline")
+
+    def __init__(self, draws: DemonstrationBatches) -> None:
+        self.draws = draws
+
+    def run(self, rollout: Rollout, tasks: Mapping[str, Task], step: int) -> dict[str, float]:
+        demos = self.draws.rows(step)
         rollout.kept = [*rollout.kept, *demos]
         if rollout.baseline is not None:
             rollout.baseline = [*rollout.baseline, *([0.0] * len(demos))]
-        rollout.metrics = {**rollout.metrics, "demonstrations/rows": float(len(demos))}
-        return rollout
+        return {"demonstrations/rows": float(len(demos))}
 
-    def published(self, model: torch.nn.Module, version: int) -> None:
-        if self.inner is not None:
-            self.inner.published(model, version)
+    def state_dict(self) -> dict[str, Any]:
+        return {}
 
-    def state(self) -> dict[str, Any]:
-        return self.inner.state() if self.inner is not None else {}
+    def load_state_dict(self, state: Any) -> None:
+        pass
 
-    def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
+
+class GuidanceStage:
+    """``demonstrations.placement: in_group``: the rollout groups gain their prompts' demonstrations
+    (``GroupGuidance.apply``); nothing kept across steps."""
+
+    name, key = "guidance", None
+    reads, writes = ("kept", "baseline"), ("kept", "baseline")
+
+    def __init__(self, guidance: GroupGuidance) -> None:
+        self.guidance = guidance
+
+    def run(self, rollout: Rollout, tasks: Mapping[str, Task], step: int) -> dict[str, float]:
+        rollout.kept, rollout.baseline, metrics = self.guidance.apply(rollout.kept, rollout.baseline)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        pass
 
 
 def preference_batches(c: Any, collector: Any) -> DemonstrationBatches:
@@ -178,24 +212,31 @@ def load_demonstrations(cfg: RunConfig, tokenizer: Any, train_tasks: list, promp
     return rows_to_demonstrations(table_rows(d.path, d.split), tokenizer, d.columns)
 
 
-def demonstration_batches(c: Any, collector: Any, inner: Callable[[Any, Any], BatchSource] | None = None
-                          ) -> DemonstrationBatches:
-    """The loop's source factory for a run with ``demonstrations.path``: ``inner`` is the rollout source
-    factory when ``demonstrations.mix`` (else None: demonstrations only)."""
+def demonstration_batches(c: Any, collector: Any) -> DemonstrationBatches:
+    """The loop's source factory for a run on demonstrations alone (``demonstrations.mix: false``)."""
+    return DemonstrationBatches(_run_demonstrations(c), c.cfg.demonstrations.per_step, c.cfg.seed)
+
+
+def demonstration_stage(c: Any, collector: Any) -> DemonstrationStage | GuidanceStage | None:
+    """The stage that adds demonstrations to every rollout batch (``demonstrations.mix: true``), or None;
+    ``collector`` is this process's (its reward pool scores in-group demonstrations)."""
     cfg = c.cfg
+    if cfg.demonstrations.path is None or not cfg.demonstrations.mix:
+        return None
+    demos = _run_demonstrations(c)
+    if cfg.demonstrations.placement != "in_group":
+        return DemonstrationStage(DemonstrationBatches(demos, cfg.demonstrations.per_step, cfg.seed))
+    pool = getattr(collector, "pool", None)
+    if pool is None:
+        raise ConfigError("demonstrations.placement=in_group: the demonstrations are scored by the run's "
+                          "verifier, which needs a single-turn environment")
+    rule = cfg.demonstrations.guidance
+    return GuidanceStage(GroupGuidance(
+        demos, list(c.splits.train), lambda tasks, texts: [o.reward for o in pool.score(tasks, texts)],
+        lambda rewards, correct, reference: GUIDANCE_RULES.entry(rule).fn(rewards, correct, reference, rule.settings),
+        with_reference="reference_value" in required_inputs(cfg.algo)))
+
+
+def _run_demonstrations(c: Any) -> list[Trajectory]:
     env = c.make_env()
-    train = list(c.splits.train)
-    demos = load_demonstrations(cfg, c.tokenizer, train, lambda task: env.reset(task, cfg.seed))
-    guidance = None
-    if cfg.demonstrations.placement == "in_group":
-        pool = getattr(collector, "pool", None)
-        if pool is None:
-            raise ConfigError("demonstrations.placement=in_group: the demonstrations are scored by the run's "
-                              "verifier, which needs a single-turn environment")
-        rule = cfg.demonstrations.guidance
-        guidance = GroupGuidance(demos, train, lambda tasks, texts: [o.reward for o in pool.score(tasks, texts)],
-                                 lambda rewards, correct, reference: GUIDANCE_RULES.entry(rule).fn(
-                                     rewards, correct, reference, rule.settings),
-                                 with_reference="reference_value" in required_inputs(cfg.algo))
-    return DemonstrationBatches(demos, cfg.demonstrations.per_step, cfg.seed,
-                                inner(c, collector) if inner is not None else None, guidance)
+    return load_demonstrations(c.cfg, c.tokenizer, list(c.splits.train), lambda task: env.reset(task, c.cfg.seed))

@@ -17,7 +17,7 @@ from reinforge.rewards.pool import VerifierOutcome, VerifierPool
 from reinforge.rollout.group_samplers import GroupSampler
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.types import Batch, Task, Trajectory
+from reinforge.types import Batch, Task, Trajectory, declares_stage
 
 
 def generate_single_turn(
@@ -102,6 +102,12 @@ def shape_rewards(trajs: list[Trajectory], shapers: Sequence[RewardShaperConfig]
                 t.trainable = t.trainable and bool(ok)
 
 
+# The batch record's fields every batch has (``Batch.from_trajectories``); the producers of
+# orchestrate/batch_fields.py add the optional ones a part of the run reads.
+BUILD_WRITES = ("input_ids", "attention_mask", "loss_mask", "sampling_logprobs", "prefix_len", "group_index",
+                "rewards", "baseline", "token_rewards", "demo", "continues")
+
+
 @dataclass
 class BatchStats:
     groups: int
@@ -117,6 +123,7 @@ def groups_with_spread(trajs: list[Trajectory]) -> set[int]:
     return {g for g, rewards in seen.items() if len(rewards) > 1}
 
 
+@declares_stage("build", reads=("kept", "baseline"), writes=BUILD_WRITES)
 def build_batch(
     trajs: list[Trajectory], algo: AlgoConfig, pad_id: int, baseline: list[float] | None = None
 ) -> tuple[Batch | None, BatchStats]:

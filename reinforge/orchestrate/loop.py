@@ -42,7 +42,7 @@ from reinforge.track.jsonl import JsonlSink
 from reinforge.track.plots import plot_run
 from reinforge.track.report import write_report
 from reinforge.track.sinks import build_sinks, close_sinks
-from reinforge.types import Trajectory
+from reinforge.types import Trajectory, declares_stage
 
 SourceFactory = Callable[[Components, Collector], BatchSource]
 
@@ -206,6 +206,7 @@ class Loop:
             trajs = [t for part in distributed.all_gather_object(trajs) for t in part]
         self.c.sampler.observe([t for t in trajs if not t.continues])  # a continuing one has no outcome yet
 
+    @declares_stage("publish", reads=("policy",), writes=("engine weights", "version"))
     def publish_weights(self, version: int) -> None:
         """The new policy to the loop's rollout engine, then to the source's (rollout workers)."""
         self.c.engine.update_weights(self.c.learner.model, version)

@@ -53,8 +53,8 @@ def train(cfg: RunConfig | None = None, resume: Path | None = None, overrides: l
         (run_dir / "config.yaml").write_text(dump_config(cfg))
         provenance.record(run_dir, cfg.seed, resumed_from=start if resume is not None else None)
     source = partial(worker_batches if cfg.orchestrate.mode == "async" else local_batches, resumed=resumed)
-    if cfg.demonstrations.path is not None:  # SFT, or demonstrations mixed into every rollout batch
-        source = partial(demonstration_batches, inner=source if cfg.demonstrations.mix else None)
+    if cfg.demonstrations.path is not None and not cfg.demonstrations.mix:  # SFT (mixed in: a stage)
+        source = demonstration_batches
     if cfg.preferences.path is not None:  # offline preference pairs (DPO)
         source = preference_batches
     result = Loop(c, run_dir, start, progress_every or cfg.log.console_every, source, resumed).run()

@@ -1,7 +1,8 @@
 """The stages a step runs on its rollout after collection, in the learner's process, the same for
 every batch source (``LocalBatches`` in this process, ``WorkerBatches`` over rollout workers):
 
-    collect -> budget -> replay -> prompt values -> state values -> (build, prepare, advantages, update, publish)
+    collect -> shape -> budget -> replay -> prompt values -> state values -> demonstrations or guidance
+    -> (build, prepare, advantages, update, publish)
 
 Each stage declares the rollout fields it reads and writes and owns its state (``state_dict`` /
 ``load_state_dict``, under its ``key`` in a checkpoint's ``state.json``); the run builds the stages its
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reinforge.data.budgets import BudgetPart, build_budget
+from reinforge.orchestrate.demo_batches import demonstration_stage
 from reinforge.orchestrate.replay import ReplayBuffer
+from reinforge.orchestrate.rollouts import Rollout
 from reinforge.orchestrate.state_values import StateValues, state_value_stage
 from reinforge.orchestrate.value_estimates import STATE_KEY, OptimalValues, prompt_values
 from reinforge.rollout.types import SamplingParams
@@ -26,9 +29,6 @@ from reinforge.types import Task, Trajectory
 if TYPE_CHECKING:
     from reinforge.orchestrate.collectors import Collector
     from reinforge.orchestrate.components import Components
-
-
-Rollout = Any  # a ``batch_sources.Rollout`` (not imported: batch_sources imports this module)
 
 
 class RolloutStage(Protocol):
@@ -182,6 +182,9 @@ def build_stages(c: Components, collector: Collector, resumed: Mapping[str, Any]
     states = state_value_stage(cfg.algo, collector)
     if states is not None:
         stages.append(StateValueStage(states, params))
+    demonstrations = demonstration_stage(c, collector)  # last: in-group guidance reads the prompt values
+    if demonstrations is not None:
+        stages.append(demonstrations)
     out = Stages(stages)
     out.load_state_dict(resumed or {})
     return out

@@ -1,48 +1,34 @@
 """The step as a table of declared stages: each stage, where it runs, the record fields it reads and
-writes. The stages after collection declare theirs on their classes (orchestrate/stages.py), the batch's
-on-demand fields on their producers (orchestrate/batch_fields.py), the learner's passes in
-learn/prepare.py; the rest are declared here. docs/architecture.md shows ``markdown_table()``
-(tests/test_step_table.py keeps the two equal and records the stages' reads and writes)."""
+writes, all declared on the code that runs them (``types.declares_stage`` on functions and methods;
+the stages after collection as class attributes, orchestrate/stages.py and demo_batches.py; the
+batch's on-demand fields on their producers, orchestrate/batch_fields.py). docs/architecture.md
+shows ``markdown_table()``; tests/test_step_table.py keeps the two equal and records what each stage
+reads and writes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
-from reinforge.learn.prepare import ADVANTAGE_WRITES, PREPARE_WRITES
+from reinforge.learn.learner import Learner
 from reinforge.orchestrate.batch_fields import PRODUCERS
+from reinforge.orchestrate.batch_sources import Rounds, sample_round
+from reinforge.orchestrate.demo_batches import DemonstrationStage, GuidanceStage
+from reinforge.orchestrate.episodes import build_batch
+from reinforge.orchestrate.loop import Loop
 from reinforge.orchestrate.stages import BudgetStage, PromptValueStage, ReplayStage, StateValueStage
+from reinforge.types import StepStage
 
-
-@dataclass(frozen=True)
-class StepStage:
-    name: str
-    where: str
-    reads: tuple[str, ...]
-    writes: tuple[str, ...]
-
-
-def _after_collection() -> list[StepStage]:
-    return [StepStage(c.name, f"`stages.{c.__name__}` (learner process)", c.reads, c.writes)
-            for c in (BudgetStage, ReplayStage, PromptValueStage, StateValueStage)]
+AFTER_COLLECTION = (BudgetStage, ReplayStage, PromptValueStage, StateValueStage, DemonstrationStage, GuidanceStage)
 
 
 def step_stages() -> list[StepStage]:
     """Every stage of one step, in order."""
-    on_demand = tuple(w for p in PRODUCERS for w in p.writes)
-    return [
-        StepStage("collect", "`batch_sources.sample_round` (this process or a worker)", ("tasks",),
-                  ("sampled", "kept", "baseline")),
-        StepStage("shape", "`batch_sources.Rounds.add` (shapers, dynamic sampling)", ("sampled",),
-                  ("sampled.reward", "sampled.trainable", "kept", "baseline")),
-        *_after_collection(),
-        StepStage("guidance", "`demo_batches.DemonstrationBatches`", ("kept",), ("kept",)),
-        StepStage("build", "`episodes.build_batch` + `batch_fields` producers", ("kept", "baseline"),
-                  ("the batch tensors", *on_demand)),
-        StepStage("prepare", "`learn/prepare.py` `Learner.prepare`", ("input_ids", "loss_mask"), PREPARE_WRITES),
-        StepStage("advantages", "`Learner.estimate_advantages`", ("what the estimator names",), ADVANTAGE_WRITES),
-        StepStage("update", "`Learner.update`", ("what the loss and terms name",), ("policy", "optimizer")),
-        StepStage("publish", "`Loop.publish_weights`", ("policy",), ("engine weights", "version")),
-    ]
+    after = [StepStage(c.name, f"`{c.__module__.removeprefix('reinforge.')}.{c.__name__}`", c.reads, c.writes)
+             for c in AFTER_COLLECTION]
+    build = build_batch.step_stage
+    build = replace(build, writes=(*build.writes, *(w for p in PRODUCERS for w in p.writes)))
+    return [sample_round.step_stage, Rounds.add.step_stage, *after, build, Learner.prepare.step_stage,
+            Learner.estimate_advantages.step_stage, Learner.update.step_stage, Loop.publish_weights.step_stage]
 
 
 def markdown_table() -> str:
