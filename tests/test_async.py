@@ -328,11 +328,13 @@ def test_ray_backend_on_one_machine(tmp_path):
     ["algo.advantage={name: vineppo, rollouts: 2, step_split: tokens, step_tokens: 2, max_cuts: 2}",
      "algo.skip_equal_reward_groups=false", "task.digits=1", "task.heldout_size=96", "rollout.prompts_per_step=4",
      "rollout.replay={name: recent, params: {capacity: 8, replays: 2, min_to_replay: 2}}"],
-], ids=["prompt-values+budget", "state-values+replay"])
+    ["demonstrations.path=task", "demonstrations.mix=true", "demonstrations.per_step=3",
+     "algo.loss_terms=[{name: nll, coef: 0.1}]"],
+], ids=["prompt-values+budget", "state-values+replay", "demonstrations"])
 def test_async_runs_the_same_stages_after_collection(tmp_path, parts):
     """The stages after collection (orchestrate/stages.py) run in the learner's process in async mode as in
     sync: budget sizes travel with each request, the replay buffer, A*-PO's prompt values and VinePPO's
-    state values act on every step's batch."""
+    state values act on every step's batch, and mixed-in demonstrations join it."""
     result = train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=2", "rollout.max_new_tokens=6",
                                       *parts]))
     rows = _metrics(result)
@@ -340,6 +342,8 @@ def test_async_runs_the_same_stages_after_collection(tmp_path, parts):
     if "preset=astar_po" in parts:
         assert all(m["value_estimates/prompts"] >= 4 and m["value_estimates/reference_samples"] > 0 for m in rows)
         assert all(1 <= m["rollout/budget_min"] <= m["rollout/budget_max"] <= 2 for m in rows)
+    elif "demonstrations.mix=true" in parts:
+        assert all(m["demonstrations/rows"] == 3 and m["train/nll"] > 0 for m in rows)
     else:
         assert all(m["rollout/state_values/states"] > 0 for m in rows)
         assert rows[0]["replay/samples"] == 0 and rows[1]["replay/samples"] > 0
