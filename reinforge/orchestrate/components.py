@@ -105,17 +105,48 @@ class _GathersShards:
 LoraTorchRolloutEngine = with_mixin(_MergesLora, TorchRolloutEngine)
 
 
-def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer):
+def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer, seed: int | None = None,
+                 copy_policy: bool = True):
     """The run's rollout engine (``rollout.engine``, a registered ``EngineSpec``) over ``policy``, the
-    plain model (for LoRA: before its adapters are added, which start at zero). A LoRA run's engine
-    takes merged weights; an FSDP2 rank's gathers the shards."""
+    plain model (for LoRA: before its adapters are added, which start at zero), sampling from ``seed``
+    (default: the run's). A LoRA run's engine takes merged weights; an FSDP2 rank's gathers the shards.
+    ``copy_policy=False``: ``policy`` is the engine's own (a rollout worker's or evaluation's copy)."""
     mixins: tuple[type, ...] = ()
     if cfg.model.lora.enabled:
         mixins = (_MergesLora,)
     elif cfg.train.world_size > 1 and cfg.train.parallel == "fsdp":  # (LoRA with FSDP is refused)
         mixins = (_GathersShards,)
-    return build_rollout_engine(cfg.rollout, policy, tokenizer, cfg.model.device, cfg.seed, cfg.model.path,
-                                mixins=mixins)
+    return build_rollout_engine(cfg.rollout, policy, tokenizer, cfg.model.device, cfg.seed if seed is None else seed,
+                                cfg.model.path, copy_policy=copy_policy, mixins=mixins)
+
+
+@dataclass
+class RolloutSide:
+    """What samples and scores a run's episodes on its own copy of the policy (a rollout worker):
+    the engine, the reward pool and the collector, with the run's sampling parameters."""
+
+    engine: TorchRolloutEngine | OpenAIRolloutEngine
+    pool: VerifierPool
+    collector: Collector
+    params: SamplingParams
+
+    def close(self) -> None:
+        self.collector.close()
+        self.pool.close()
+
+
+def build_rollout_side(cfg: RunConfig, seed: int) -> RolloutSide:
+    """A rollout worker's components: its own model copy from ``model.path`` under the run's engine
+    (``build_engine``, sampling from ``seed``), the run's reward pool and the collector its environment
+    declares (``episode_side``), as ``build_components`` builds the learner process's."""
+    all_kinds()  # the process starts with no part registered: its config arrives unpickled, not validated
+    load_plugins(cfg.plugins)
+    tokenizer = load_tokenizer(cfg.model.path)
+    model = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
+    engine = build_engine(cfg, model, tokenizer, seed, copy_policy=False)
+    pool = run_reward_pool(cfg)
+    _, collector = episode_side(cfg, engine, pool, getattr(model.config, "max_position_embeddings", None))
+    return RolloutSide(engine, pool, collector, sampling_params(cfg.rollout))
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:

@@ -73,41 +73,28 @@ def request_seed(run_seed: int, update: int, round_: int) -> int:
 
 
 class RolloutWorkerCore:
-    """What a rollout worker runs, whatever hosts it (a process here, a Ray actor): the engine (its
-    own model copy), the environment, the reward pool and the run's collector, one round per ``run``
-    (``batch_sources.sample_round``, as in the synchronous loop)."""
+    """What a rollout worker runs, whatever hosts it (a process here, a Ray actor): its
+    ``components.RolloutSide`` (the engine on its own model copy, the reward pool, the run's collector),
+    one round per ``run`` (``batch_sources.sample_round``, as in the synchronous loop)."""
 
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
-        from reinforge.models.loading import load_model, load_tokenizer
         from reinforge.orchestrate.batch_sources import needs_baseline
-        from reinforge.orchestrate.collectors import sampling_params
-        from reinforge.orchestrate.components import episode_side
-        from reinforge.parts import all_kinds
-        from reinforge.plugins import load_plugins
-        from reinforge.rewards.build import run_reward_pool
-        from reinforge.rollout.engines import build_engine
+        from reinforge.orchestrate.components import build_rollout_side
 
-        all_kinds()  # this process starts with no part registered: its config arrives unpickled, not validated
-        load_plugins(cfg.plugins)
         torch.set_num_threads(cfg.orchestrate.rollout_threads)
-        torch.manual_seed(cfg.seed + 1000 * (worker_id + 1))
+        seed = cfg.seed + 1000 * (worker_id + 1)
+        torch.manual_seed(seed)
         self.worker_id, self.cfg = worker_id, cfg
-        tokenizer = load_tokenizer(cfg.model.path)
-        model = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
-        self.engine = build_engine(cfg.rollout, model, tokenizer, cfg.model.device,  # replicable: the config checks it
-                                   cfg.seed + 1000 * (worker_id + 1), cfg.model.path, copy_policy=False)
+        self.side = build_rollout_side(cfg, seed)  # replicable engine: the config checks it
+        self.engine, self.collector, self.params = self.side.engine, self.side.collector, self.side.params
         self.engine.version = -1  # until the learner's weights arrive
-        self.pool = run_reward_pool(cfg)
-        _, self.collector = episode_side(cfg, self.engine, self.pool,
-                                         getattr(model.config, "max_position_embeddings", None))
-        self.params = sampling_params(cfg.rollout)
         self.with_baseline = needs_baseline(cfg.algo)
 
     def run(self, request: RolloutRequest) -> RolloutResult:
         from reinforge.orchestrate.batch_sources import sample_round
 
         try:
-            self.pool.on_error = request.on_error  # type: ignore[assignment]
+            self.side.pool.on_error = request.on_error  # type: ignore[assignment]
             # Each request samples from its own stream, whichever worker runs it and whatever it ran
             # before: a resumed run (fresh workers) samples exactly what the interrupted one would have.
             self.engine.generator.manual_seed(request_seed(self.cfg.seed, request.update, request.round))
@@ -119,8 +106,7 @@ class RolloutWorkerCore:
             return RolloutResult(request.update, self.worker_id, error=traceback.format_exc(), round=request.round)
 
     def close(self) -> None:
-        self.collector.close()
-        self.pool.close()
+        self.side.close()
 
 
 def _die_with_parent() -> None:
