@@ -80,7 +80,8 @@ NEEDS: dict[str, str] = {
     "old_logp": "pi_old's log-probs are recomputed even with a single update per batch",
     "sampling_logp": "the rollout engine's log-probs (the behaviour policy) reach the estimator",
     "entropy": "pi_old's per-token entropy, from its no-grad pass, reaches the estimator",
-    "baseline": "a greedy rollout per prompt gives each sequence a baseline reward (ReMax)",
+    # the three producers of the per-sequence ``baseline`` field (a run may need one of them)
+    "greedy_baseline": "a greedy rollout per prompt: each sequence's baseline is its prompt's greedy reward (ReMax)",
     "optimal_value": "V*(x) per prompt from reference samples, in baseline (A*-PO)",
     "reference_value": "a reference policy's mean reward per prompt, in baseline (PVPO)",
     "turn_returns": "multi-turn: the discounted return from each token's turn on",

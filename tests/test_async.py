@@ -151,7 +151,7 @@ def test_async_dynamic_sampling_tops_up_each_batch(tmp_path):
 
 @pytest.mark.slow
 def test_async_rollout_workers_give_remax_its_greedy_baseline(tmp_path, monkeypatch):
-    """ReMax declares that it needs a baseline (``needs=("baseline",)``): the rollout worker samples the
+    """ReMax declares that it needs a baseline (``needs=("greedy_baseline",)``): the rollout worker samples the
     greedy completion of every task too, and the learner gets one baseline per kept trajectory."""
     seen = []
     collect = async_batches.WorkerBatches.collect

@@ -115,3 +115,16 @@ def test_pvpo_reference_value_is_the_mean_and_trivial_prompts_get_no_loss():
     assert values(TASKS, online, SamplingParams(n=1), 1) == [0.75, 1.0]
     assert [t.trainable for t in online] == [True, False]  # b: every reference sample solved it
     assert values.state()["optimal_values"]["a"] == [0.75, 1.0, 0.0]
+
+
+def test_a_run_has_one_producer_of_the_per_sequence_baseline():
+    """ReMax's greedy baseline, A*-PO's V*(x) and PVPO's V_ref(x) all fill ``baseline``: two are refused,
+    naming both needs; each alone loads."""
+    from reinforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="greedy_baseline and optimal_value"):
+        load_config(None, ["algo.advantage=remax", "algo.policy_loss=astar_po"])
+    with pytest.raises(ConfigError, match="optimal_value and reference_value"):
+        load_config(None, ["algo.advantage=pvpo", "algo.policy_loss=astar_po", "algo.skip_equal_reward_groups=false"])
+    assert load_config(None, ["algo.advantage=remax"]).algo.advantage == "remax"
+    assert load_config(None, ["preset=astar_po"]).algo.policy_loss == "astar_po"

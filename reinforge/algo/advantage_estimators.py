@@ -373,7 +373,7 @@ def reinforce_pp_baseline_advantage(
     "remax",
     formula="A_i = r_i - r(greedy completion of prompt(i)), broadcast to every token (+ token-reward returns-to-go)",
     paper="Li et al. 2023, ReMax: A Simple, Effective, and Efficient RL Method for Aligning LLMs (arXiv:2310.10505)",
-    needs=("baseline",),
+    needs=("greedy_baseline",),
     settings=DiscountSettings,
 )
 def remax_advantage(

@@ -213,7 +213,7 @@ def read_fields(cfg: Any) -> frozenset[str]:
 
 def required_inputs(cfg: Any) -> frozenset[str]:
     """What the run's parts declare the loop must provide (``Entry.needs``): e.g. ``values`` (a
-    critic), ``ref_logp`` (a reference model), ``baseline`` (a greedy rollout), ``turn_returns``."""
+    critic), ``ref_logp`` (a reference model), ``greedy_baseline`` (a greedy rollout), ``turn_returns``."""
     from reinforge.algo.advantage_estimators import ADVANTAGES
 
     needs = set(ADVANTAGES.needs(cfg.advantage)) | POLICY_LOSSES.needs(cfg.policy_loss)

@@ -13,8 +13,24 @@ RunConfig = Any
 
 def check_strategies(cfg: RunConfig) -> None:
     """Every check below, in order."""
-    for check in (rollout_parts_run_in_one_rank, carried_generations_fit, state_values_are_estimated):
+    for check in (one_baseline_producer, rollout_parts_run_in_one_rank, carried_generations_fit,
+                  state_values_are_estimated):
         check(cfg)
+
+
+BASELINE_PRODUCERS = ("greedy_baseline", "optimal_value", "reference_value")
+
+
+def one_baseline_producer(cfg: RunConfig) -> None:
+    """The per-sequence ``baseline`` field has one producer per run: the greedy rollout (ReMax), A*-PO's
+    V*(x) or PVPO's V_ref(x), whichever the run's parts declare (``needs``); two would overwrite each other."""
+    from reinforge.algo.objective import required_inputs
+
+    asked = [n for n in BASELINE_PRODUCERS if n in required_inputs(cfg.algo)]
+    if len(asked) > 1:
+        raise ValueError(f"algo: the parts need {' and '.join(asked)}, each a different per-sequence baseline "
+                         f"(algo.advantage={cfg.algo.advantage}, algo.policy_loss={cfg.algo.policy_loss}); "
+                         "a run has one: choose parts that agree")
 
 
 def rollout_parts_run_in_one_rank(cfg: RunConfig) -> None:

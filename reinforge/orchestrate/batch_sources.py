@@ -107,9 +107,9 @@ class Rounds:
         return not algo.dynamic_sampling or self.room() <= 0 or self.out.rounds >= algo.dynamic_sampling_max_rounds
 
 
-def needs_baseline(algo: AlgoConfig) -> bool:
+def needs_greedy_baseline(algo: AlgoConfig) -> bool:
     """Does the run's advantage estimator declare a greedy baseline (``Entry.needs``)?"""
-    return "baseline" in required_inputs(algo)
+    return "greedy_baseline" in required_inputs(algo)
 
 
 class BatchSource(Protocol):
@@ -138,7 +138,7 @@ class LocalBatches:
                  params: SamplingParams, generator, stages: Stages | None = None) -> None:
         self.algo, self.rollout, self.seed = algo, rollout, seed
         self.sampler, self.collector, self.params, self.generator = sampler, collector, params, generator
-        self.with_baseline = needs_baseline(algo)
+        self.with_baseline = needs_greedy_baseline(algo)
         self.stages = stages or Stages()
 
     def collect(self, step: int) -> Rollout:

@@ -78,7 +78,7 @@ class RolloutWorkerCore:
     one round per ``run`` (``batch_sources.sample_round``, as in the synchronous loop)."""
 
     def __init__(self, worker_id: int, cfg: RunConfig) -> None:
-        from reinforge.orchestrate.batch_sources import needs_baseline
+        from reinforge.orchestrate.batch_sources import needs_greedy_baseline
         from reinforge.orchestrate.components import build_rollout_side
 
         torch.set_num_threads(cfg.orchestrate.rollout_threads)
@@ -88,7 +88,7 @@ class RolloutWorkerCore:
         self.side = build_rollout_side(cfg, seed)  # replicable engine: the config checks it
         self.engine, self.collector, self.params = self.side.engine, self.side.collector, self.side.params
         self.engine.version = -1  # until the learner's weights arrive
-        self.with_baseline = needs_baseline(cfg.algo)
+        self.with_baseline = needs_greedy_baseline(cfg.algo)
 
     def run(self, request: RolloutRequest) -> RolloutResult:
         from reinforge.orchestrate.batch_sources import sample_round
