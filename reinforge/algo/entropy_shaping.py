@@ -23,6 +23,7 @@ from reinforge.algo.advantage_estimators import (
     group_mean_std,
     grpo_advantage,
 )
+from reinforge.algo.aggregation import masked_seq_mean
 
 _TINY = 1e-12
 
@@ -114,8 +115,7 @@ def grpo_s_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, entropy
     O+ (above the group's mean) r^_i = beta1 r_i + beta2 n_+ H^_i / sum_{k in O+} H^_k, in O-
     r^_i = beta1 r_i - beta2 n_- H^_i^-1 / sum_{k in O-} H^_k^-1 (n_s: rows on that side), then the
     group normalisation of GRPO, one advantage per row. ``alpha1``/``alpha2`` are beta1/beta2."""
-    m = (mask != 0).to(torch.float64)
-    h = ((entropy.detach().to(torch.float64) * m).sum(-1) / m.sum(-1).clamp(min=1)).clamp(min=_TINY)
+    h = masked_seq_mean(entropy.detach().to(torch.float64), (mask != 0).to(torch.float64)).clamp(min=_TINY)
     side = _sides(rewards, group_index)
     zero = torch.zeros_like(group_index)
     bonus = (_positional(h[:, None], (side > 0)[:, None], group_index, zero[:, None])

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from reinforge.algo.advantage_estimators import ADVANTAGES, GroupNormSettings, group_mean_std
+from reinforge.algo.advantage_estimators import ADVANTAGES, GroupNormSettings, group_mean_std, group_relative
 from reinforge.algo.returns import _gamma, returns_to_go
 
 
@@ -104,10 +104,7 @@ def gigpo_advantage(
     """
     s = getattr(cfg, "settings", cfg)
     live = mask != 0
-    mean, std, _ = group_mean_std(rewards, group_index)
-    episode = rewards.to(torch.float64) - mean
-    if s.scale_by_std:
-        episode = episode / (std + s.adv_eps)
+    episode = group_relative(rewards.to(torch.float64), group_index, s)
     adv = episode[:, None].expand(mask.shape).clone()
     if turn_states is not None and turn_index is not None and turn_returns is not None:
         step, stats = step_advantages(turn_returns, turn_states, turn_index, group_index, live, s.scale_by_std,

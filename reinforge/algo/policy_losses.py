@@ -88,6 +88,16 @@ class TISSettings(Settings):
 
 
 # ----------------------------------------- the PPO surrogate and its ratio: PPO, GSPO, CISPO, REINFORCE, RePO
+def dual_clip_cap(loss: Tensor, advantages: Tensor, c: float) -> tuple[Tensor, Tensor]:
+    """PPO's dual clip (Ye et al. 2020): for A_t < 0, L_t <- min(L_t, -c A_t) (a token on the cap gets no
+    gradient); c = 0: off. Returns the capped loss and the tokens on the cap."""
+    if c <= 0:
+        return loss, torch.zeros_like(loss, dtype=torch.bool)
+    cap = -c * advantages
+    on_cap = (advantages < 0) & (cap < loss)
+    return torch.where(on_cap, cap.to(loss.dtype), loss), on_cap
+
+
 @POLICY_LOSSES.register(
     "ppo_clip",
     formula=(
@@ -122,13 +132,7 @@ def ppo_clip_loss(
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    loss = torch.maximum(unclipped, clipped)
-    if dual > 0.0:
-        cap = -advantages * dual
-        dual_active = (advantages < 0) & (cap < loss)
-        loss = torch.where(dual_active, cap.to(loss.dtype), loss)
-    else:
-        dual_active = torch.zeros_like(loss, dtype=torch.bool)
+    loss, dual_active = dual_clip_cap(torch.maximum(unclipped, clipped), advantages, dual)
     with torch.no_grad():
         metrics = {
             "clip_frac": (clipped > unclipped).to(logp.dtype),
@@ -271,11 +275,7 @@ def ce_gppo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: CEGPPO
     loss = -ratio * advantages
     loss = torch.where(low, -cfg.beta1 * (1.0 - cfg.clip_low) * unit * advantages, loss)
     loss = torch.where(high, -cfg.beta2 * (1.0 + cfg.clip_high) * unit * advantages, loss)
-    dual = torch.zeros_like(low)
-    if cfg.dual_clip > 0:
-        cap = -cfg.dual_clip * advantages
-        dual = (advantages < 0) & (cap < loss)
-        loss = torch.where(dual, cap.to(loss.dtype), loss)
+    loss, dual = dual_clip_cap(loss, advantages, cfg.dual_clip)
     with torch.no_grad():
         metrics = {"clip_frac": (low | high).to(logp.dtype), "dual_clip_frac": dual.to(logp.dtype),
                    "ratio": ratio.detach()}
@@ -348,9 +348,7 @@ def dcpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: DCPOSetti
     unclipped = -advantages * ratio
     clipped = -advantages * torch.minimum(torch.maximum(ratio, low), high)
     loss = torch.maximum(unclipped, clipped)
-    cap = -cfg.max_ratio * advantages
-    dual = (advantages < 0) & (cap < loss)
-    loss = torch.where(dual, cap.to(loss.dtype), loss)
+    loss, dual = dual_clip_cap(loss, advantages, cfg.max_ratio)
     with torch.no_grad():
         metrics = {"clip_frac": (clipped > unclipped).to(logp.dtype), "dual_clip_frac": dual.to(logp.dtype),
                    "ratio": ratio.detach(), "clip_upper": high}
