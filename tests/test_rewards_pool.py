@@ -139,3 +139,29 @@ def test_process_pool_applies_the_raise_policy_and_composite_policy(process_pool
             process_pool.score([_task(0)], ["raise"])
     finally:
         process_pool.on_error = "zero"
+
+
+def test_thread_pool_reuses_its_threads_and_replaces_one_left_on_a_stuck_call():
+    """Calls go to ``workers`` long-lived threads (not a thread each); a call past its timeout leaves its
+    thread behind and a fresh one takes the next calls at once, so the pool keeps its width."""
+    seen = threading.local()
+    threads: list[int] = []
+
+    def counted(task: Task, completion: str) -> RewardResult:
+        if not getattr(seen, "counted", False):
+            seen.counted = True
+            threads.append(1)
+        return _slow_or_broken(task, completion)
+
+    tasks = [_task(i) for i in range(40)]
+    with VerifierPool(counted, workers=2, timeout_s=0.3, on_error="zero") as pool:
+        for _ in range(3):
+            assert all(o.status == "ok" for o in pool.score(tasks, ["4"] * 40))
+        assert 1 <= len(threads) <= 2
+    threads.clear()
+    with VerifierPool(counted, workers=1, timeout_s=0.3, on_error="zero") as pool:
+        start = time.monotonic()
+        outcomes = pool.score(tasks[:4], ["hang", "4", "4", "4"])
+        assert [o.status for o in outcomes] == ["timeout", "ok", "ok", "ok"]
+        assert time.monotonic() - start < 0.9  # the stuck call's thread still sleeps: another ran the rest
+        assert len(threads) == 2

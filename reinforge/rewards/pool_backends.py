@@ -34,61 +34,121 @@ _Raw = tuple[Literal["ok", "error", "timeout"], Any, float, BaseException | None
 
 
 class _ThreadBackend:
-    """Each call runs in a daemon thread of its own, at most ``workers`` at once: the slots are shared
-    by every batch, also by batches from several threads at once (environments scoring inside
-    concurrent steps). A call past its timeout frees its slot; its thread is left behind (Python
-    cannot kill it) and its late result is dropped."""
+    """``workers`` long-lived daemon threads take calls from one queue, shared by every batch, also by
+    batches from several threads at once (environments scoring inside concurrent steps). A call past its
+    timeout frees its slot: its thread is abandoned (Python cannot kill it; its late result is dropped
+    and it exits after the call) and a fresh thread takes its place. A call costs a queue round trip,
+    not a thread start (benchmarks/bench_reward_pool.py)."""
 
     def __init__(self, verifier: Verifier, workers: int, name: str) -> None:
         self.verifier, self.workers, self.name = verifier, workers, name
-        self._slots = threading.Semaphore(workers)
+        self._jobs: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._live: set[int] = set()  # ids of the threads that take calls (not abandoned, not closed)
+        self._running: dict[int, dict[int, tuple[float, int]]] = {}  # batch -> item -> (start, thread id)
+        self._next_thread = 0
+        self._closed = False
 
     def run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
         """The timeout counts from when a call starts running, not from submission."""
+        self._closed = False
+        self._fill()
         results: queue.Queue = queue.Queue()
+        batch = id(results)
+        with self._lock:
+            self._running[batch] = {}
+        for i, (task, completion) in enumerate(items):
+            self._jobs.put((batch, i, task, completion, results))
         raw: list[_Raw | None] = [None] * len(items)
-        running: dict[int, float] = {}
-        next_item = 0
-        while next_item < len(items) or running:
-            while next_item < len(items) and self._slots.acquire(blocking=False):
-                running[next_item] = time.monotonic()
-                threading.Thread(target=self._call, args=(next_item, *items[next_item], results), daemon=True,
-                                 name=f"verifier-{self.name}").start()
-                next_item += 1
-            now = time.monotonic()
-            wait_s = min((start + timeout_s - now for start in running.values()), default=0.01)
-            if next_item < len(items):
-                wait_s = min(wait_s, 0.01)  # waiting for a free slot
+        left = set(range(len(items)))
+        while left:
             try:
-                i, reply = results.get(timeout=max(wait_s, 0.0))
-                if running.pop(i, None) is not None:
+                i, reply = results.get(timeout=self._wait_s(batch, timeout_s))
+                if i in left:
                     raw[i] = reply
-                    self._slots.release()
+                    left.discard(i)
             except queue.Empty:
-                pass
-            now = time.monotonic()
-            for i, start in list(running.items()):
-                if now - start > timeout_s:
-                    del running[i]
-                    raw[i] = ("timeout", f"no result after {timeout_s:g}s", now - start, None)
-                    self._slots.release()
+                if self._closed:
+                    for i in left:
+                        raw[i] = ("error", "the reward pool was closed before this call ran", 0.0, None)
+                    left.clear()
+            for i in self._timed_out(batch, timeout_s):
+                raw[i] = ("timeout", f"no result after {timeout_s:g}s", timeout_s, None)
+                left.discard(i)
+        with self._lock:
+            del self._running[batch]
         return raw  # type: ignore[return-value]
+
+    def _wait_s(self, batch: int, timeout_s: float) -> float:
+        """Until the earliest deadline of this batch's running calls (or a short poll while none runs)."""
+        now = time.monotonic()
+        with self._lock:
+            starts = [start for start, _ in self._running[batch].values()]
+        return max(0.0, min((s + timeout_s - now for s in starts), default=0.05))
+
+    def _timed_out(self, batch: int, timeout_s: float) -> list[int]:
+        """This batch's calls past their timeout; each one's thread is abandoned and replaced."""
+        now = time.monotonic()
+        with self._lock:
+            running = self._running[batch]
+            out = [i for i, (start, _) in running.items() if now - start > timeout_s]
+            for i in out:
+                self._live.discard(running.pop(i)[1])
+        if out:
+            self._fill()
+        return out
+
+    def _fill(self) -> None:
+        """Start threads until ``workers`` take calls."""
+        with self._lock:
+            while len(self._live) < self.workers:
+                self._next_thread += 1
+                self._live.add(self._next_thread)
+                threading.Thread(target=self._serve, args=(self._next_thread,), daemon=True,
+                                 name=f"verifier-{self.name}").start()
+
+    def _serve(self, me: int) -> None:
+        """A worker thread: calls until it is abandoned (its call timed out) or the pool closes (it then
+        leaves within a second)."""
+        while True:
+            try:
+                job = self._jobs.get(timeout=1.0)
+            except queue.Empty:
+                with self._lock:
+                    if me not in self._live:
+                        return
+                continue
+            batch, i, task, completion, results = job
+            with self._lock:
+                if me not in self._live:  # closed or abandoned meanwhile: hand the call back
+                    self._jobs.put(job)
+                    return
+                if batch not in self._running:  # its batch has ended (the pool was closed under it)
+                    continue
+                self._running[batch][i] = (time.monotonic(), me)
+            reply = self._call(task, completion)
+            with self._lock:
+                if me not in self._live:
+                    return  # past its timeout: the batch has moved on, another thread took this one's place
+                self._running[batch].pop(i, None)
+            results.put((i, reply))
 
     def wait_ready(self) -> None:
         pass
 
-    def _call(self, i: int, task: Task, completion: str, results: queue.Queue) -> None:
+    def _call(self, task: Task, completion: str) -> _Raw:
         start = time.monotonic()
         try:
             result = self.verifier(task, completion)
             if not isinstance(result, RewardResult):
                 raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
-            results.put((i, ("ok", result, time.monotonic() - start, None)))
+            return ("ok", result, time.monotonic() - start, None)
         except Exception as exc:
-            results.put((i, ("error", f"{type(exc).__name__}: {exc}", 0.0, exc)))
+            return ("error", f"{type(exc).__name__}: {exc}", 0.0, exc)
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            self._live, self._closed = set(), True
 
 
 # ----------------------------------------------------------------------------------------------
