@@ -269,9 +269,79 @@ def doctor() -> None:
     typer.echo(report())
 
 
+NameArg = Annotated[str | None, typer.Argument(help="one entry to show in full")]
+KindOpt = Annotated[str | None, typer.Option("--kind", help="only this kind (e.g. advantage, policy_loss, preset)")]
+SearchOpt = Annotated[str | None, typer.Option("--search", help="only entries whose text contains this word")]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="a Markdown table instead of the terminal list")]
+
+
 @app.command()
-def algos() -> None:
-    """List the algorithm presets and every registered part (of every kind) with its formula and paper."""
+def algos(name: NameArg = None, kind: KindOpt = None, search: SearchOpt = None, markdown: MarkdownOpt = False,
+          full: Annotated[bool, typer.Option("--full", help="every part's formula, paper and settings in wide "
+                                                            "tables (the reference)")] = False) -> None:
+    """The algorithm presets and parts: one line each (name, paper id, summary); NAME shows one in full."""
+    if full:
+        _algos_full()
+        return
+    from reinforge.catalogue import ALGO_KINDS, part_items, preset_items
+
+    _run_guarded(_listing, lambda: preset_items() + part_items(ALGO_KINDS[1:]), name, kind, search, markdown)
+
+
+@app.command()
+def envs(name: NameArg = None, search: SearchOpt = None, markdown: MarkdownOpt = False) -> None:
+    """The environments (``env.name``) and rollout engines (``rollout.engine``); NAME shows one in full."""
+    from reinforge.catalogue import part_items
+
+    _run_guarded(_listing, lambda: part_items(("env", "engine")), name, None, search, markdown)
+
+
+@app.command()
+def verifiers(name: NameArg = None, search: SearchOpt = None, markdown: MarkdownOpt = False) -> None:
+    """The verifiers (``task.verifier``, reward terms) and step verifiers; NAME shows one in full."""
+    from reinforge.catalogue import part_items
+
+    _run_guarded(_listing, lambda: part_items(("verifier", "step_verifier")), name, None, search, markdown)
+
+
+@app.command()
+def recipes(name: NameArg = None, search: SearchOpt = None, markdown: MarkdownOpt = False) -> None:
+    """The shipped recipes (``reinforge train NAME``); NAME shows one in full."""
+    from reinforge.catalogue import recipe_items
+
+    _run_guarded(_listing, recipe_items, name, None, search, markdown)
+
+
+def _listing(make_items, name: str | None, kind: str | None, word: str | None, markdown: bool) -> None:  # type: ignore[no-untyped-def]
+    """Print ``make_items()``, filtered by ``kind`` and ``word``: one entry in full, a Markdown table or a list."""
+    import difflib
+    import shutil
+
+    from reinforge.catalogue import compact, detail, search
+    from reinforge.catalogue import markdown as markdown_table
+    from reinforge.errors import ConfigError
+
+    items, width = make_items(), shutil.get_terminal_size((80, 24)).columns
+    if kind is not None:
+        kinds = list(dict.fromkeys(i.kind for i in items))
+        if kind not in kinds:
+            raise ConfigError(f"--kind {kind}: allowed: {', '.join(kinds)}")
+        items = [i for i in items if i.kind == kind]
+    items = search(items, word) if word else items
+    if name is not None:
+        found = [i for i in items if i.name == name]
+        if not found:
+            close = difflib.get_close_matches(name, [i.name for i in items], n=3)
+            raise ConfigError(f"no entry named {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        typer.echo("\n\n".join("\n".join(detail(i, width)) for i in found))
+    elif markdown:
+        typer.echo(markdown_table(items))
+    else:
+        typer.echo("\n".join(compact(items, width)) if items else "nothing matches")
+
+
+def _algos_full() -> None:
+    """Every preset and registered part in wide tables: formula, paper and settings with their defaults."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table

@@ -187,7 +187,7 @@ def test_a_part_choice_pickles_with_its_settings():
 
 def test_algos_lists_each_parts_options_with_defaults(monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
-    out = CliRunner().invoke(app, ["algos"]).output
+    out = CliRunner().invoke(app, ["algos", "--full"]).output
     for shown in ("clip_low=0.2, clip_high=0.2, dual_clip=0", "gamma=1, adv_eps=1e-06, scale_by_std=True, lam=0.95",
                   "tis_cap=0", "max_len_norm=0", "ppo_clip (clip_high=0.28)"):
         assert shown in out, shown
@@ -200,7 +200,7 @@ def test_algos_prints_formulas_that_look_like_rich_markup(monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
     monkeypatch.setitem(KL_ESTIMATORS._entries, "bracketed", dataclasses.replace(
         KL_ESTIMATORS.entry("k1"), name="bracketed", formula="E[ratio] [/i] [bold]x[/bold]", paper="[/paper]"))
-    result = CliRunner().invoke(app, ["algos"])
+    result = CliRunner().invoke(app, ["algos", "--full"])
     assert result.exit_code == 0, result.output
     assert "E[ratio] [/i] [bold]x[/bold]" in result.output and "[/paper]" in result.output
 
