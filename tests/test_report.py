@@ -70,11 +70,13 @@ def test_report_of_a_real_run_has_every_section_and_embeds_its_pngs(real_run):
     # one figure for each family that has a metric in metrics.jsonl; the others are named as skipped
     records = _metrics(real_run)
     logged = {k for r in records for k in r}
+    moving = {k for r in records for k, v in r.items() if isinstance(v, int | float) and v != 0}
     for family in FAMILIES:
-        has_data = any(k in logged for k, _ in family.keys)
+        has_data = any(k in moving for k, _ in family.keys)  # a metric at 0 every step is not drawn (below)
         assert (f"{family.slug}.png" in pngs) == has_data, family.slug
-        if not has_data:
-            assert html.escape(family.title) in page.split("Not plotted")[1]
+        if not has_data:  # named as absent ("Not plotted") or as 0 at every step ("Not drawn")
+            notes = page.split('<section id="plots">')[1].split("</section>")[0].split('<p class="note">', 1)[1]
+            assert html.escape(family.title) in notes
         if has_data:
             missing = [k for k, _ in family.keys if k not in logged]
             caption = page.split(f"({family.slug}.png)")[1].split("</figcaption>")[0]
@@ -127,6 +129,25 @@ def test_absent_metrics_are_skipped_and_said_so(tmp_path):
     for family in FAMILIES:
         assert (html.escape(family.title) in skipped) == (family.slug not in ("reward", "entropy"))
     assert "No eval.json" in page
+
+
+def test_a_metric_at_zero_every_step_is_not_drawn_and_the_report_says_why(tmp_path):
+    """No KL term and one update per batch: kl_ref, approx_kl_old and clip_frac stay 0. They are not drawn as
+    flat lines; the page names each with the reason read from the run's config."""
+    run = tmp_path / "run"
+    _synthetic_run(run, ["reward/mean", "train/entropy"])
+    rows = [{**r, "train/kl_ref": 0.0, "train/approx_kl_old": 0.0, "train/clip_frac": 0.0} for r in _metrics(run)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.yaml").write_text("algo:\n  kl: {coef: 0.0}\ntrain:\n  epochs: 1\n  minibatches: 1\n")
+    page = write_report(run).read_text()
+    assert sorted(p.name for p in (run / "report").glob("*.png")) == ["entropy.png", "reward.png"]
+    zero = page.split('<ul class="note zero">')[1].split("</ul>")[0]
+    assert "train/kl_ref (KL divergence): no KL term (algo.kl.coef is 0)" in zero
+    assert "train/clip_frac (clip fraction): one optimizer step per batch" in zero
+    rows[2]["train/clip_frac"] = 0.25  # it moved once: drawn, and no longer listed
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_report(run).read_text()
+    assert (run / "report" / "clip.png").is_file() and "train/clip_frac (clip" not in page
 
 
 def test_every_family_plotted_when_every_metric_is_logged(tmp_path):

@@ -65,6 +65,17 @@ class Figure:
     family: Family
     png: Path | None = None
     missing: list[str] = field(default_factory=list)
+    zero: list[str] = field(default_factory=list)  # logged, but 0 at every step: the run's parts never moved it
+
+
+# Why a metric stays 0 for a whole run, from its resolved config (``_why_zero``): the part that would move it is off.
+ZERO_BECAUSE = {
+    "train/kl_ref": ("no KL term (algo.kl.coef is 0)", lambda c: _get(c, "algo.kl.coef", 0) == 0),
+    "train/approx_kl_old": ("one optimizer step per batch: the policy is still pi_old", lambda c: _one_update(c)),
+    "train/clip_frac": ("one optimizer step per batch: the ratio is 1, nothing is clipped", lambda c: _one_update(c)),
+    "train/dual_clip_frac": ("no dual clip, or nothing reached it", lambda c: True),
+    "train/value_clip_frac": ("no critic, or no value clipping", lambda c: True),
+}
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
@@ -151,8 +162,10 @@ def _family_keys(family: Family, records: list[dict[str, Any]]) -> list[tuple[st
 def plot_family(family: Family, records: list[dict[str, Any]], img_dir: Path) -> Figure:
     """Draw one family's figure to ``img_dir/<slug>.png``; no figure if none of its metrics is present."""
     keys = _family_keys(family, records)
-    present = [(k, label) for k, label in keys if series(records, k)[0]]
-    fig_info = Figure(family, missing=[k for k, _ in keys if (k, _) not in present])
+    logged = [(k, label) for k, label in keys if series(records, k)[0]]
+    zero = [k for k, _ in logged if not any(series(records, k)[1])]
+    present = [(k, label) for k, label in logged if k not in zero]
+    fig_info = Figure(family, missing=[k for k, _ in keys if (k, _) not in logged], zero=zero)
     if not present:
         return fig_info
     import matplotlib
@@ -245,7 +258,7 @@ def render_page(run_dir: Path, records: list[dict[str, Any]], figures: list[Figu
         '<nav><a href="#summary">summary</a><a href="#plots">plots</a><a href="#eval">evaluation</a>'
         '<a href="#samples">samples</a><a href="#config">config</a></nav>',
         _summary_section(run_dir, records, config_text),
-        _plots_section(figures),
+        _plots_section(figures, _parse_yaml(config_text)),
         _eval_section(eval_data, passk),
         _samples_section(samples),
         _config_section(config_text),
@@ -328,16 +341,36 @@ def _parse_yaml(text: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _plots_section(figures: list[Figure]) -> str:
+def _plots_section(figures: list[Figure], config: dict[str, Any]) -> str:
     drawn = [_img(f.png, f.family.title, f"; not logged: {', '.join(f.missing)}" if f.missing else "")
              for f in figures if f.png is not None]
-    skipped = [f for f in figures if f.png is None]
+    skipped = [f for f in figures if f.png is None and f.missing and not f.zero]
     parts = ['<section id="plots"><h2>Training curves</h2>', f'<div class="grid">{"".join(drawn)}</div>']
     if skipped:
         items = "".join(f"<li>{_e(f.family.title)}: none of {_e(', '.join(f.missing))} in metrics.jsonl</li>"
                         for f in skipped)
         parts.append(f'<p class="note">Not plotted (metrics absent):</p><ul class="note skipped">{items}</ul>')
+    zero = [(k, f.family.title) for f in figures for k in f.zero]
+    if zero:
+        items = "".join(f"<li>{_e(k)} ({_e(title)}): {_e(_why_zero(k, config))}</li>" for k, title in zero)
+        parts.append(f'<p class="note">Not drawn: 0 at every step, the run did not use what moves them:</p>'
+                     f'<ul class="note zero">{items}</ul>')
     parts.append("</section>")
     return "".join(parts)
+
+
+def _why_zero(key: str, config: dict[str, Any]) -> str:
+    reason, applies = ZERO_BECAUSE.get(key, ("", lambda c: False))
+    return reason if applies(config) else "0 at every step"
+
+
+def _get(config: dict[str, Any], dotted: str, default: Any) -> Any:
+    for part in dotted.split("."):
+        config = config.get(part, {}) if isinstance(config, dict) else {}
+    return config if config != {} else default
+
+
+def _one_update(config: dict[str, Any]) -> bool:
+    return int(_get(config, "train.epochs", 1)) * int(_get(config, "train.minibatches", 1)) == 1
 
 
