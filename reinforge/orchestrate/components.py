@@ -29,7 +29,7 @@ from reinforge.rewards.build import run_reward_pool
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.engines import build_engine as build_rollout_engine
-from reinforge.rollout.engines import with_mixin
+from reinforge.rollout.engines import effective_engine, with_mixin
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
@@ -119,21 +119,31 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer):
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
-    """The run's config with the defaults that depend on other sections filled in (a copy; the validators
-    only check): async batches are off-policy by up to max_staleness updates, so unless the recipe chose a
-    mismatch mode an async run uses truncated IS behaviour -> proximal (``token_tis``, the decoupled PPO
-    objective). ``orchestrate/run.py`` resolves before building anything and saves the result in
-    ``config.yaml``."""
+    """The run's config with what depends on other sections or on the environment filled in (a copy;
+    the validators only check, and ``cfg`` is not changed):
+
+    - ``rollout.engine``: an entry that stands for another (``auto``) becomes the engine it chooses
+      (``effective_engine``, the value the config checks read);
+    - ``train.world_size``: under torchrun, the processes it started (``distributed.resolved_world_size``);
+    - ``algo.mismatch.mode``: async batches are off-policy by up to max_staleness updates, so unless
+      the recipe chose a mode an async run uses truncated IS behaviour -> proximal (``token_tis``,
+      the decoupled PPO objective).
+
+    ``orchestrate/run.py`` resolves before building anything and saves the result in ``config.yaml``;
+    everything that builds an engine from a config builds it from a resolved one."""
+    resolved = cfg.model_copy(deep=True)
+    resolved.rollout.engine = effective_engine(cfg)
+    resolved.train.world_size = distributed.resolved_world_size(cfg)
     if cfg.orchestrate.mode == "async" and "mode" not in cfg.algo.mismatch.model_fields_set:
-        cfg = cfg.model_copy(deep=True)
-        cfg.algo.mismatch.mode = "token_tis"
-    return cfg
+        resolved.algo.mismatch.mode = "token_tis"
+    return resolved
 
 
 def build_components(cfg: RunConfig) -> Components:
-    """Every component of a run. With several ranks (learn/distributed.py) each rank builds its own,
-    all from the same seed: the learner shares or shards the policy, each engine samples its rank's
-    share of the prompts (``distributed.seed_rollout`` gives each rank its own random stream)."""
+    """Every component of a run, from its resolved config (``resolve_config``). With several ranks
+    (learn/distributed.py) each rank builds its own, all from the same seed: the learner shares or
+    shards the policy, each engine samples its rank's share of the prompts (``distributed.seed_rollout``
+    gives each rank its own random stream)."""
     all_kinds()  # a spawned process (a rank) starts with no part registered (its config is unpickled)
     load_plugins(cfg.plugins)
     distributed.check(cfg)
