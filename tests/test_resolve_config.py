@@ -59,3 +59,19 @@ def test_torchrun_world_size_is_resolved_and_init_only_checks_it(monkeypatch, tm
     with pytest.raises(ConfigError, match="train.world_size=3, but torchrun started 2 processes"):
         resolve_config(load_config(None, ["train.world_size=3", "rollout.prompts_per_step=4"]))
     assert "world_size: 2" in _recorded_config(monkeypatch, tmp_path, ["rollout.prompts_per_step=4"])
+
+
+def test_a_fresh_process_resolves_an_unpickled_config(tmp_path):
+    """A spawned rank resolves its (unpickled, unvalidated) config before building anything: the
+    engine's entry is found though nothing registered it in that process yet."""
+    import pickle
+    import subprocess
+    import sys
+
+    (tmp_path / "cfg.pkl").write_bytes(pickle.dumps(load_config(None, ["rollout.engine=vllm"])))
+    code = ("import pickle, sys; from reinforge.orchestrate.run import resolve_config; "
+            "print(resolve_config(pickle.loads(open(sys.argv[1], 'rb').read())).rollout.engine)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cfg.pkl")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["vllm"]

@@ -118,6 +118,13 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer):
                                 mixins=mixins)
 
 
+def register_parts(cfg: RunConfig) -> None:
+    """Every built-in part and the recipe's plug-ins registered in this process: a spawned one (a rank,
+    a rollout worker) starts with none, its config arriving unpickled, not validated."""
+    all_kinds()
+    load_plugins(cfg.plugins)
+
+
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """The run's config with what depends on other sections or on the environment filled in (a copy;
     the validators only check, and ``cfg`` is not changed):
@@ -131,6 +138,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 
     ``orchestrate/run.py`` resolves before building anything and saves the result in ``config.yaml``;
     everything that builds an engine from a config builds it from a resolved one."""
+    register_parts(cfg)  # a spawned rank resolves again: the engine's entry is looked up
     resolved = cfg.model_copy(deep=True)
     resolved.rollout.engine = effective_engine(cfg)
     resolved.train.world_size = distributed.resolved_world_size(cfg)
@@ -144,8 +152,7 @@ def build_components(cfg: RunConfig) -> Components:
     (learn/distributed.py) each rank builds its own, all from the same seed: the learner shares or
     shards the policy, each engine samples its rank's share of the prompts (``distributed.seed_rollout``
     gives each rank its own random stream)."""
-    all_kinds()  # a spawned process (a rank) starts with no part registered (its config is unpickled)
-    load_plugins(cfg.plugins)
+    register_parts(cfg)
     distributed.check(cfg)
     seed_everything(cfg.seed)
     splits = build_task_splits(cfg.task)  # fail on bad data before loading any model

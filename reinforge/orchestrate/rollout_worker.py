@@ -81,14 +81,11 @@ class RolloutWorkerCore:
         from reinforge.models.loading import load_model, load_tokenizer
         from reinforge.orchestrate.batch_sources import needs_baseline
         from reinforge.orchestrate.collectors import sampling_params
-        from reinforge.orchestrate.components import episode_side
-        from reinforge.parts import all_kinds
-        from reinforge.plugins import load_plugins
+        from reinforge.orchestrate.components import episode_side, register_parts
         from reinforge.rewards.build import run_reward_pool
         from reinforge.rollout.engines import build_engine
 
-        all_kinds()  # this process starts with no part registered: its config arrives unpickled, not validated
-        load_plugins(cfg.plugins)
+        register_parts(cfg)
         torch.set_num_threads(cfg.orchestrate.rollout_threads)
         torch.manual_seed(cfg.seed + 1000 * (worker_id + 1))
         self.worker_id, self.cfg = worker_id, cfg
