@@ -2,7 +2,8 @@
 
 Chosen from the run's config (``EngineSpec.resolve``): the config checks read the choice
 (``effective_engine``) and the run's resolved config (``resolve_config``), which its ``config.yaml``
-records, names the engine that ran; the loaded config keeps ``auto``. The rule, from ``benchmarks/bench_engines.py`` on a 2-core CPU (docs/rollout.md):
+records, names the engine that ran; the loaded config keeps ``auto``. The rule, from
+``benchmarks/bench_engines.py`` on a 2-core CPU (docs/rollout.md):
 
 - vLLM when it is installed and the model runs on CUDA, or when the model has at least
   ``VLLM_CROSSOVER_PARAMS`` parameters (on a CPU the torch engine was measured faster at every size

@@ -74,8 +74,8 @@ def effective_engine(cfg: Any) -> str:
 def build_engine(rollout: Any, policy: Any, tokenizer: Any, device: str, seed: int, model_path: str,
                  copy_policy: bool = True, mixins: tuple[type, ...] = ()) -> Any:
     """The one way to build a rollout engine: the class ``rollout.engine`` names (from a resolved
-    config: ``auto`` already replaced, ``effective_engine``), with ``mixins``' ``update_weights`` in front (e.g. a LoRA run's merge), from its
-    ``from_config``. The training run, the rollout workers, evaluation, serving and the reference
+    config: ``auto`` already replaced by its ``effective_engine``), with ``mixins``' ``update_weights``
+    in front (e.g. a LoRA run's merge), from its ``from_config``. The training run, the rollout workers, evaluation, serving and the reference
     engine of prompt values all build theirs here."""
     engine_class = engine_spec(rollout.engine).engine_class
     for mixin in mixins:
