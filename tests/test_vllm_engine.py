@@ -19,6 +19,7 @@ from reinforge.config import load_config
 from reinforge.data.arithmetic import arithmetic_splits
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.learn.logprobs import token_logprobs
+from reinforge.orchestrate.components import resolve_config
 from reinforge.rollout import auto_engine
 from reinforge.rollout.auto_engine import VLLM_CROSSOVER_PARAMS, choose_engine, parameter_count
 from reinforge.rollout.engines import context_limit, engine_spec
@@ -102,11 +103,11 @@ def test_parameter_count_reads_the_config_without_weights(tiny_model):
 
 def test_auto_resolves_in_the_config(monkeypatch):
     monkeypatch.setattr(auto_engine, "vllm_installed", lambda: False)
-    assert load_config(None, ["rollout.engine=auto"]).rollout.engine == "torch"
+    assert resolve_config(load_config(None, ["rollout.engine=auto"])).rollout.engine == "torch"
     monkeypatch.setattr(auto_engine, "vllm_installed", lambda: True)
-    assert load_config(None, ["rollout.engine=auto"]).rollout.engine == "torch"  # tiny-base is below the crossover
+    assert resolve_config(load_config(None, ["rollout.engine=auto"])).rollout.engine == "torch"  # tiny-base is below the crossover
     assert 134_500_000 < VLLM_CROSSOVER_PARAMS  # the torch engine was measured faster at 134.5M on a CPU
-    assert load_config(None, ["rollout.engine=auto", "model.device=cuda"]).rollout.engine == "vllm"
+    assert resolve_config(load_config(None, ["rollout.engine=auto", "model.device=cuda"])).rollout.engine == "vllm"
     with pytest.raises(ConfigError, match=r"rollout.engine=auto: cannot read the size of model.path='/nonexistent'"):
         load_config(None, ["rollout.engine=auto", "model.path=/nonexistent"])
 

@@ -83,14 +83,6 @@ class RolloutConfig(_Strict):
     def _registered_engine(cls, v: str) -> str:
         return _check_registered("engine", v)
 
-    @model_validator(mode="after")
-    def _server_needs_url(self) -> RolloutConfig:
-        from reinforge.rollout.engines import engine_spec
-
-        if engine_spec(self.engine).needs_server and not self.server_url:
-            raise ValueError(f"rollout.engine={self.engine} needs rollout.server_url (e.g. http://127.0.0.1:8000/v1)")
-        return self
-
 
 class TrainConfig(_Strict):
     steps: int = Field(200, ge=1, description="RL steps (rollout batch + updates)")
@@ -272,23 +264,18 @@ class RunConfig(_Strict):
         return [normalise_plugin(p) if isinstance(p, str) else p for p in v] if isinstance(v, list) else v
 
     @model_validator(mode="after")
-    def _resolve_engine(self) -> RunConfig:
-        """An engine entry that stands for another (``EngineSpec.resolve``, e.g. ``auto``) is replaced
-        by the engine it chooses for this run, so every later check and the saved config see that one."""
-        from reinforge.rollout.engines import engine_spec
+    def _engine_fits(self) -> RunConfig:
+        """The declarations of the engine the run samples with (``effective_engine``: for ``auto`` the one
+        it chooses, which is computed here, not written into the config; ``resolve_config`` does that)."""
+        from reinforge.rollout.engines import effective_engine, engine_spec
 
-        resolve = engine_spec(self.rollout.engine).resolve
-        if resolve is not None:
-            self.rollout.engine = resolve(self)
-        return self
-
-    @model_validator(mode="after")
-    def _async_engine_has_copies(self) -> RunConfig:
-        from reinforge.rollout.engines import engine_spec
-
-        if engine_spec(self.rollout.engine).replicable:
+        engine = effective_engine(self)
+        spec = engine_spec(engine)
+        if spec.needs_server and not self.rollout.server_url:
+            raise ValueError(f"rollout.engine={engine} needs rollout.server_url (e.g. http://127.0.0.1:8000/v1)")
+        if spec.replicable:
             return self
-        why = (f"rollout.engine={self.rollout.engine} is not replicable (its declaration: e.g. one server whose "
+        why = (f"rollout.engine={engine} is not replicable (its declaration: e.g. one server whose "
                "weights the learner sets)")
         if self.orchestrate.mode == "async":
             raise ValueError(f"orchestrate.mode=async samples in rollout workers, each with its own copy of the "

@@ -80,11 +80,11 @@ def run_eval(
 def build_eval_engine(path: str, seed: int, run_cfg: Any = None, engine: str | None = None) -> Any:
     """The rollout engine that evaluates the model at ``path``: ``engine`` (a registered name, ``auto``
     resolved for this model), else the recipe's ``rollout.engine``, else the torch engine."""
-    from reinforge.orchestrate.components import build_engine
+    from reinforge.orchestrate.components import build_engine, resolve_config
 
     rollout = run_cfg.rollout.model_dump() if run_cfg is not None else {}
     rollout["engine"] = engine or rollout.get("engine", "torch")
-    cfg = config_from_dict({"model": {"path": path}, "rollout": rollout}, source="--engine")
+    cfg = resolve_config(config_from_dict({"model": {"path": path}, "rollout": rollout}, source="--engine"))
     return build_engine(cfg, load_model(path), load_tokenizer(path), seed, copy_policy=False)
 
 

@@ -121,16 +121,29 @@ def needs_spawn(cfg: RunConfig) -> bool:
     return cfg.train.world_size > 1 and not initialized() and not under_torchrun()
 
 
+def resolved_world_size(cfg: RunConfig) -> int:
+    """The run's number of ranks: under torchrun the processes it started (``train.world_size`` may be
+    left at 1 or name the same number), else ``train.world_size``. ``resolve_config`` records it in
+    the run's resolved config, so the saved config says how the run was trained."""
+    if not under_torchrun():
+        return cfg.train.world_size
+    env_world = int(os.environ["WORLD_SIZE"])
+    if cfg.train.world_size not in (1, env_world):
+        raise ConfigError(f"train.world_size={cfg.train.world_size}, but torchrun started {env_world} processes")
+    return env_world
+
+
 def init(cfg: RunConfig) -> bool:
     """Join the process group: torchrun's (from its environment variables), or the one a spawned
     worker set up. A no-op with one process. Sets this rank's device and torch threads. True when
-    this call joined torchrun's group: the caller then ends it with ``finish()``."""
+    this call joined torchrun's group: the caller then ends it with ``finish()``. ``cfg`` is the
+    resolved config (``orchestrate.components.resolve_config``): its world size is torchrun's."""
     joined = False
     if not initialized() and under_torchrun():
-        env_world = int(os.environ["WORLD_SIZE"])
-        if cfg.train.world_size not in (1, env_world):
-            raise ConfigError(f"train.world_size={cfg.train.world_size}, but torchrun started {env_world} processes")
-        cfg.train.world_size = env_world  # the saved config says how the run was trained
+        if resolved_world_size(cfg) != cfg.train.world_size:
+            raise ConfigError(f"train.world_size={cfg.train.world_size}, but torchrun started "
+                              f"{os.environ['WORLD_SIZE']} processes: pass the resolved config "
+                              "(orchestrate.components.resolve_config)")
         check(cfg)
         _init_group(cfg)
         atexit.register(shutdown)  # after an error; a finished run leaves through finish()

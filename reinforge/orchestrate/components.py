@@ -29,7 +29,7 @@ from reinforge.rewards.build import run_reward_pool
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.engines import build_engine as build_rollout_engine
-from reinforge.rollout.engines import with_mixin
+from reinforge.rollout.engines import effective_engine, with_mixin
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
@@ -139,8 +139,7 @@ def build_rollout_side(cfg: RunConfig, seed: int) -> RolloutSide:
     """A rollout worker's components: its own model copy from ``model.path`` under the run's engine
     (``build_engine``, sampling from ``seed``), the run's reward pool and the collector its environment
     declares (``episode_side``), as ``build_components`` builds the learner process's."""
-    all_kinds()  # the process starts with no part registered: its config arrives unpickled, not validated
-    load_plugins(cfg.plugins)
+    register_parts(cfg)
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     engine = build_engine(cfg, model, tokenizer, seed, copy_policy=False)
@@ -149,24 +148,41 @@ def build_rollout_side(cfg: RunConfig, seed: int) -> RolloutSide:
     return RolloutSide(engine, pool, collector, sampling_params(cfg.rollout))
 
 
+def register_parts(cfg: RunConfig) -> None:
+    """Every built-in part and the recipe's plug-ins registered in this process: a spawned one (a rank,
+    a rollout worker) starts with none, its config arriving unpickled, not validated."""
+    all_kinds()
+    load_plugins(cfg.plugins)
+
+
 def resolve_config(cfg: RunConfig) -> RunConfig:
-    """The run's config with the defaults that depend on other sections filled in (a copy; the validators
-    only check): async batches are off-policy by up to max_staleness updates, so unless the recipe chose a
-    mismatch mode an async run uses truncated IS behaviour -> proximal (``token_tis``, the decoupled PPO
-    objective). ``orchestrate/run.py`` resolves before building anything and saves the result in
-    ``config.yaml``."""
+    """The run's config with what depends on other sections or on the environment filled in (a copy;
+    the validators only check, and ``cfg`` is not changed):
+
+    - ``rollout.engine``: an entry that stands for another (``auto``) becomes the engine it chooses
+      (``effective_engine``, the value the config checks read);
+    - ``train.world_size``: under torchrun, the processes it started (``distributed.resolved_world_size``);
+    - ``algo.mismatch.mode``: async batches are off-policy by up to max_staleness updates, so unless
+      the recipe chose a mode an async run uses truncated IS behaviour -> proximal (``token_tis``,
+      the decoupled PPO objective).
+
+    ``orchestrate/run.py`` resolves before building anything and saves the result in ``config.yaml``;
+    everything that builds an engine from a config builds it from a resolved one."""
+    register_parts(cfg)  # a spawned rank resolves again: the engine's entry is looked up
+    resolved = cfg.model_copy(deep=True)
+    resolved.rollout.engine = effective_engine(cfg)
+    resolved.train.world_size = distributed.resolved_world_size(cfg)
     if cfg.orchestrate.mode == "async" and "mode" not in cfg.algo.mismatch.model_fields_set:
-        cfg = cfg.model_copy(deep=True)
-        cfg.algo.mismatch.mode = "token_tis"
-    return cfg
+        resolved.algo.mismatch.mode = "token_tis"
+    return resolved
 
 
 def build_components(cfg: RunConfig) -> Components:
-    """Every component of a run. With several ranks (learn/distributed.py) each rank builds its own,
-    all from the same seed: the learner shares or shards the policy, each engine samples its rank's
-    share of the prompts (``distributed.seed_rollout`` gives each rank its own random stream)."""
-    all_kinds()  # a spawned process (a rank) starts with no part registered (its config is unpickled)
-    load_plugins(cfg.plugins)
+    """Every component of a run, from its resolved config (``resolve_config``). With several ranks
+    (learn/distributed.py) each rank builds its own, all from the same seed: the learner shares or
+    shards the policy, each engine samples its rank's share of the prompts (``distributed.seed_rollout``
+    gives each rank its own random stream)."""
+    register_parts(cfg)
     distributed.check(cfg)
     seed_everything(cfg.seed)
     splits = build_task_splits(cfg.task)  # fail on bad data before loading any model

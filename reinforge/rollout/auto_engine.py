@@ -1,7 +1,9 @@
 """``rollout.engine: auto``: the faster engine for the model and the hardware at hand.
 
-Resolved when the config is validated (``EngineSpec.resolve``), so the run's ``config.yaml`` names
-the engine that ran. The rule, from ``benchmarks/bench_engines.py`` on a 2-core CPU (docs/rollout.md):
+Chosen from the run's config (``EngineSpec.resolve``): the config checks read the choice
+(``effective_engine``) and the run's resolved config (``resolve_config``), which its ``config.yaml``
+records, names the engine that ran; the loaded config keeps ``auto``. The rule, from
+``benchmarks/bench_engines.py`` on a 2-core CPU (docs/rollout.md):
 
 - vLLM when it is installed and the model runs on CUDA, or when the model has at least
   ``VLLM_CROSSOVER_PARAMS`` parameters (on a CPU the torch engine was measured faster at every size
@@ -70,11 +72,11 @@ def resolve_auto(cfg: Any) -> str:
 
 
 @register_engine("auto", description="the faster of torch and vllm for the model and hardware, chosen when the "
-                 "config is validated", replicable=True, resolve=resolve_auto)
+                 "run's config is resolved", replicable=True, resolve=resolve_auto)
 class AutoEngine:
-    """Never built: the config replaces ``auto`` by the engine it resolves to."""
+    """Never built: the resolved config (``resolve_config``) names the engine ``auto`` chooses."""
 
     @classmethod
     def from_config(cls, *args: Any, **kwargs: Any) -> Any:
-        raise ConfigError("rollout.engine=auto is resolved when the config is validated; build the run's engine "
-                          "from a validated config")
+        raise ConfigError("rollout.engine=auto stands for another engine; build the run's engine from its "
+                          "resolved config (orchestrate.components.resolve_config)")

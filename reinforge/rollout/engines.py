@@ -9,8 +9,9 @@ instead of the engine's name:
   asynchronous rollout workers and data-parallel ranks can each run one;
 * ``needs_server``: the engine drives a server at ``rollout.server_url``;
 * ``resolve`` (optional): the entry stands for another engine, chosen from the whole run config
-  when it is validated (``auto``: the faster engine for the model and hardware); the config then
-  names the chosen engine.
+  (``auto``: the faster engine for the model and hardware). ``effective_engine`` computes the choice
+  (the config checks read it, assigning nothing); ``orchestrate.components.resolve_config`` writes it
+  into the run's resolved config, which names the chosen engine.
 
 An engine object has ``generate(requests, params)``, ``update_weights(model_or_state, version)``,
 ``tokenizer``, ``pad_id``, ``generator`` (a ``torch.Generator``, saved in checkpoints) and
@@ -62,11 +63,19 @@ def engine_spec(name: str) -> EngineSpec:
     return ROLLOUT_ENGINES.get(name)
 
 
+def effective_engine(cfg: Any) -> str:
+    """The engine a run config (``RunConfig``) samples with: ``rollout.engine``, or the one an entry
+    that stands for another (``EngineSpec.resolve``, e.g. ``auto``) chooses for the run. Computed,
+    never assigned: the config checks read it; ``resolve_config`` records it in the resolved copy."""
+    resolve = engine_spec(cfg.rollout.engine).resolve
+    return cfg.rollout.engine if resolve is None else resolve(cfg)
+
+
 def build_engine(rollout: Any, policy: Any, tokenizer: Any, device: str, seed: int, model_path: str,
                  copy_policy: bool = True, mixins: tuple[type, ...] = ()) -> Any:
-    """The one way to build a rollout engine: the class ``rollout.engine`` names (``auto`` already
-    resolved), with ``mixins``' ``update_weights`` in front (e.g. a LoRA run's merge), from its
-    ``from_config``. The training run, the rollout workers, evaluation, serving and the reference
+    """The one way to build a rollout engine: the class ``rollout.engine`` names (from a resolved
+    config: ``auto`` already replaced by its ``effective_engine``), with ``mixins``' ``update_weights``
+    in front (e.g. a LoRA run's merge), from its ``from_config``. The training run, the rollout workers, evaluation, serving and the reference
     engine of prompt values all build theirs here."""
     engine_class = engine_spec(rollout.engine).engine_class
     for mixin in mixins:

@@ -18,11 +18,12 @@ def build_server_app(model: str, served_name: str | None = None, device: str = "
     from reinforge.config import config_from_dict
     from reinforge.eval.cli_eval import resolve_eval_model
     from reinforge.models.loading import load_model, load_tokenizer
+    from reinforge.orchestrate.components import resolve_config
     from reinforge.rollout.engines import build_engine
 
     path = resolve_eval_model(model)
-    cfg = config_from_dict({"model": {"path": path, "dtype": dtype, "device": device}, "rollout": {"engine": engine}},
-                           source="--engine")
+    cfg = resolve_config(config_from_dict({"model": {"path": path, "dtype": dtype, "device": device},
+                                           "rollout": {"engine": engine}}, source="--engine"))
     policy = load_model(path, dtype, device)
     names = [name for name, _ in policy.named_parameters()]
     rollout_engine = build_engine(cfg.rollout, policy, load_tokenizer(path), device, seed, path, copy_policy=False)
