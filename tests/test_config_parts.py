@@ -219,3 +219,70 @@ def test_the_python_api_passes_a_part_with_its_options_as_one_value():
     assert overrides == ["preset=dapo", 'algo.policy_loss={"name": "gspo", "clip_high": 0.3}', "algo.kl.coef=0.1"]
     algo = load_config(None, overrides).algo
     assert algo.policy_loss.recipe_form() == {"name": "gspo", "clip_low": 0.2, "clip_high": 0.3} and algo.kl.coef == 0.1
+
+
+# --- sections naming a part (loss terms, shapers, samplers, replay, budget): the same inline form ---------------
+
+
+def test_a_part_section_takes_its_options_inline_beside_its_own_fields():
+    algo = load_config(None, ["algo.loss_terms=[{name: kl_dads, coef: 0.1, estimator: k1}]"]).algo
+    term = algo.loss_terms[0]
+    assert (term.name, term.coef, term.settings().estimator) == ("kl_dads", 0.1, "k1")
+    replay = load_config(None, ["rollout.replay=recent"]).rollout.replay
+    assert replay.name == "recent" and replay.settings().capacity > 0  # a bare name: the options' defaults
+    sampler = load_config(None, ["rollout.group_sampler={name: micro_groups, micro_group: 2}"]).rollout.group_sampler
+    assert sampler.settings().micro_group == 2
+
+
+def test_a_part_section_dumps_inline_and_loads_back_equal(tmp_path):
+    cfg = load_config(None, ["preset=dapo", "algo.loss_terms=[{name: kl_dads, coef: 0.1, estimator: k1}]",
+                             "rollout.replay={name: highest, capacity: 8, replays: 4, min_to_replay: 4}",
+                             "rollout.budget={name: knapsack, min_per_prompt: 2}",
+                             "reward.step_verifier={name: arithmetic_steps, coef: 0.2, wrong: -2.0}",
+                             "task.sampler={name: spo, rho: 0.9}"])
+    data = yaml.safe_load(dump_config(cfg))
+    assert data["algo"]["loss_terms"][0] == {"name": "kl_dads", "estimator": "k1", "correct_threshold": 1.0,
+                                             "sharpness": cfg.algo.loss_terms[0].settings().sharpness, "coef": 0.1}
+    assert data["algo"]["reward_shapers"][0] == {"name": "overlong_penalty", "buffer": 0.2, "penalty": 1.0}
+    assert data["rollout"]["replay"]["capacity"] == 8 and "params" not in data["rollout"]["replay"]
+    assert data["reward"]["step_verifier"]["wrong"] == -2.0 and data["task"]["sampler"]["rho"] == 0.9
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    again = load_config(path)
+    assert again == cfg and again.rollout.replay.settings().capacity == 8
+    assert load_config(path, ["rollout.replay.capacity=9"]) != cfg
+
+
+def test_a_part_sections_option_errors_name_the_field_and_the_allowed_keys():
+    msg = _error("algo.reward_shapers=[{name: overlong_penalty, buffr: 64}]")
+    assert ("algo.reward_shapers.0.buffr: unknown key, not an option of overlong_penalty; allowed keys here: "
+            "name, buffer, penalty") in msg
+    assert "algo.loss_terms.0.phi_min: Input should be less than or equal to 1" in _error(
+        "algo.loss_terms=[{name: rapo_kl, coef: 0.1, phi_min: 1.5}]")
+    assert "allowed keys here: name, coef, phi_min" in _error("algo.loss_terms=[{name: rapo_kl, phi: 1}]")
+
+
+def test_the_old_params_form_is_refused_with_the_inline_rewrite():
+    msg = _error("algo.reward_shapers=[{name: overlong_penalty, params: {buffer: 64}}]")
+    assert "algo.reward_shapers.0: params:" in msg and "write the options inline: {name: overlong_penalty, buffer: 64}" in msg
+    assert "write the options inline: {name: ppo_clip, clip_high: 0.3}" in _error(
+        "algo.policy_loss={name: ppo_clip, params: {clip_high: 0.3}}")
+
+
+def test_an_option_named_like_a_section_field_is_an_error_naming_both(monkeypatch):
+    from reinforge.algo.objective import LOSS_TERMS
+    from reinforge.registry import Settings
+
+    class CoefSettings(Settings):
+        coef: float = 1.0
+
+    assert all("coef" not in LOSS_TERMS.entry(n).options() for n in LOSS_TERMS.in_order())  # none shipped
+    clash = dataclasses.replace(LOSS_TERMS.entry("rapo_kl"), name="clash", settings=CoefSettings)
+    monkeypatch.setitem(LOSS_TERMS._entries, "clash", clash)
+    msg = _error("algo.loss_terms=[{name: clash, coef: 0.5}]")
+    assert "loss_term clash's option coef has the name of a field of the section (LossTermConfig.coef)" in msg
+
+
+def test_a_part_section_named_by_a_string_takes_an_option_override():
+    replay = load_config(None, ["rollout.replay=recent", "rollout.replay.capacity=32"]).rollout.replay
+    assert replay.name == "recent" and replay.settings().capacity == 32

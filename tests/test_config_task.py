@@ -82,7 +82,7 @@ def test_the_old_column_keys_say_to_use_columns():
 
 def test_the_default_task_is_unchanged():
     defaults = {"kind": "arithmetic", "verifier": "exact_match", "heldout_size": 500, "seed": 1234,
-                "sampler": {"name": "uniform", "params": {}}, "system_prompt": None, "digits": 2, "ops": "+"}
+                "sampler": {"name": "uniform"}, "system_prompt": None, "digits": 2, "ops": "+"}
     for cfg in (config_from_dict({}), config_from_dict({"task": {}})):
         assert cfg.task.model_dump() == defaults
     assert config_from_dict({"task": {"digits": 1}}).task.kind == "arithmetic"

@@ -1,5 +1,8 @@
-"""The config models' base: strict models, registered-name checks, and parts named with their settings:
-``PartConfig`` (``{name, params}``) and ``Part`` fields (a name, or ``{name, <option>: value}``)."""
+"""The config models' base: strict models, registered-name checks, and parts named with their settings.
+
+A part is written in one form everywhere: its name, or ``{name: NAME, <option>: value, ...}`` with its
+options inline: ``Part`` fields (the value is a ``PartRef``) and ``PartConfig`` sections (which also
+have fields of their own, such as a loss term's ``coef``)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from reinforge.errors import ConfigError
@@ -93,6 +108,7 @@ class Part:
 
         entry = all_kinds()[self.kind].entry(name)
         allowed = list(entry.options())
+        refuse_params_key(value, name, allowed)
         unknown = [k for k in options if k not in allowed]
         if unknown:
             msg = (f"unknown key, not an option of {name}; allowed keys here: name, {', '.join(allowed)}" if allowed
@@ -103,24 +119,86 @@ class Part:
         return PartRef(name, entry.settings.model_validate(options) if entry.settings is not None else None)
 
 
+def _unknown_options(options: Mapping[str, Any], allowed: list[str], part: str) -> ValidationError:
+    """The error for keys that are not options of ``part``, each at its own location."""
+    msg = f"unknown key, not an option of {part}; allowed keys here: {', '.join(allowed)}"
+    return ValidationError.from_exception_data("options", [
+        {"type": PydanticCustomError("unknown_option", "{msg}", {"msg": msg}), "loc": (k,), "input": v}
+        for k, v in options.items()])
+
+
+def inline_form(name: str, options: Mapping[str, Any]) -> str:
+    """``{name: NAME, <option>: value, ...}`` as a recipe writes it (for error messages)."""
+    return "{" + ", ".join([f"name: {name}", *(f"{k}: {_flow(v)}" for k, v in options.items())]) + "}"
+
+
+def _flow(value: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
+
+def refuse_params_key(data: Mapping[str, Any], name: str, options: Mapping[str, Any]) -> None:
+    """The old ``{name, params: {...}}`` form, refused with its inline rewrite."""
+    if "params" in data and "params" not in options:
+        given = data["params"] if isinstance(data["params"], Mapping) else {}
+        raise ValueError(f"params: {{name, params: {{...}}}} is not a part's form; write the options inline: "
+                         f"{inline_form(name, given)}")
+
+
 class PartConfig(_Strict):
-    """A registered part named in a recipe with its own settings: ``{name: ..., params: {...}}``; the
-    params are validated by the part's declared settings model (``Registry.register(settings=...)``)."""
+    """A registered part named in a recipe with its own section fields (``coef``, ...): a bare name, or
+    ``{name: ..., <option>: value, ..., <section field>: value}``. Keys that are the section's own fields
+    go to them; every other key is an option of the part, validated by its settings model
+    (``Registry.register(settings=...)``); errors name ``<field>.<option>``. ``settings()`` is the
+    validated settings object; the section dumps to the same inline form."""
 
     KIND: ClassVar[str] = ""
     name: str
-    params: dict[str, Any] = Field(default_factory=dict, description="the part's own settings")
+    _settings: Any = PrivateAttr(None)
 
-    @model_validator(mode="after")
-    def _registered_with_valid_settings(self) -> PartConfig:
-        _check_registered(self.KIND, self.name)
-        self.settings()  # fail now, naming the field
-        return self
-
-    def settings(self) -> Any:
+    @model_validator(mode="wrap")
+    @classmethod
+    def _inline_options(cls, data: Any, handler: ModelWrapValidatorHandler[PartConfig]) -> PartConfig:
+        if isinstance(data, str):
+            data = {"name": data}
+        if not isinstance(data, Mapping):
+            return handler(data)
+        default = cls.model_fields["name"].default
+        name = data.get("name", default if isinstance(default, str) else None)
+        if not isinstance(name, str):
+            return handler(data)  # pydantic reports the missing or bad name
+        _check_registered(cls.KIND, name)
         from reinforge.parts import all_kinds
 
-        return all_kinds()[self.KIND].entry(self.name).make_settings(self.params, f"{self.KIND} {self.name} params")
+        entry = all_kinds()[cls.KIND].entry(name)
+        allowed = list(entry.options())
+        refuse_params_key(data, name, allowed)
+        clash = [k for k in allowed if k in cls.model_fields]
+        if clash:
+            raise ValueError(f"{cls.KIND} {name}'s option {', '.join(clash)} has the name of a field of the section "
+                             f"({cls.__name__}.{clash[0]}): rename the option")
+        options = {k: v for k, v in data.items() if k not in cls.model_fields}
+        unknown = {k: v for k, v in options.items() if k not in allowed}
+        if unknown:
+            raise _unknown_options(unknown, [*cls.model_fields, *allowed], name)
+        model = handler({k: v for k, v in data.items() if k in cls.model_fields})
+        model._settings = entry.settings.model_validate(options) if entry.settings is not None else None
+        return model
+
+    @model_serializer(mode="wrap")
+    def _dump_inline(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        own = handler(self)
+        options = self._settings.model_dump(mode=info.mode) if self._settings is not None else {}
+        return {"name": own.pop("name"), **options, **own}
+
+    def __repr_args__(self) -> Any:
+        yield from super().__repr_args__()
+        yield from (self._settings.model_dump() if self._settings is not None else {}).items()
+
+    def settings(self) -> Any:
+        """The part's validated settings (None for a part that declares none)."""
+        return self._settings
 
 
 class StepVerifierConfig(PartConfig):

@@ -5,8 +5,8 @@
 Unknown keys and bad values are rejected before any work starts, with the dotted name of the
 field and the allowed values. The fully resolved config is saved in the run directory.
 
-A part field (``algo.advantage``, ``algo.policy_loss``, ``algo.loss_agg``) is a name or ``{name, <option>:
-value}``; a bare name stands for ``{name: NAME}``, so an option can be set over either form
+A part field (``algo.advantage``, ``algo.policy_loss``, ``rollout.replay``, ...) is a name or ``{name,
+<option>: value}``; a bare name stands for ``{name: NAME}``, so an option can be set over either form
 (``algo.policy_loss.clip_high=0.28``). Naming a *different* part (in an override, or a recipe over its
 preset) replaces the old part with its options; naming the same part again (or none) keeps the options
 not given.
@@ -22,7 +22,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from reinforge.config.base import Part
+from reinforge.config.base import Part, PartConfig
 from reinforge.config.run import RunConfig
 from reinforge.config.task import DEFAULT_TASK_KIND, REPLACED_KEYS, task_kind_model
 from reinforge.errors import ConfigError
@@ -116,20 +116,24 @@ def _list_index(item: str, key: str, part: str, items: list[Any]) -> int:
 
 def part_kind(path: Sequence[str]) -> str | None:
     """The registry key (``registry.KINDS``) of the part field the dotted ``path`` names (``advantage`` for
-    algo.advantage), or None when it names no ``config.base.Part`` field."""
+    algo.advantage, ``replay`` for rollout.replay), or None when it names no ``config.base.Part`` field
+    or ``PartConfig`` section."""
     model: Any = RunConfig
     for depth, key in enumerate(path):
         field = model.model_fields.get(key) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
             return None
         if depth == len(path) - 1:
-            return next((m.kind for m in field.metadata if isinstance(m, Part)), None)
+            section = next((t for t in (field.annotation, *get_args(field.annotation))
+                            if isinstance(t, type) and issubclass(t, PartConfig)), None)
+            return section.KIND if section else next((m.kind for m in field.metadata if isinstance(m, Part)), None)
         model = field.annotation
     return None
 
 
 def is_part_field(path: Sequence[str]) -> bool:
-    """Whether the dotted ``path`` names a part field (a ``config.base.Part`` one, e.g. algo.policy_loss)."""
+    """Whether the dotted ``path`` names a part field (a ``config.base.Part`` one, e.g. algo.policy_loss, or a
+    ``PartConfig`` section, e.g. rollout.replay)."""
     return part_kind(path) is not None
 
 

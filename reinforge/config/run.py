@@ -60,9 +60,9 @@ class RolloutConfig(_Strict):
     group_sampler: GroupSamplerConfig = Field(default_factory=GroupSamplerConfig,
                                               description="how a group's completions are produced")
     replay: ReplayConfig | None = Field(None, description="mix each prompt's past samples into its group "
-                                        "(RePO): {name: recent|highest|random|max_variance|all, params: {...}}")
+                                        "(RePO): {name: recent|highest|random|max_variance|all, <option>: value, ...}")
     budget: BudgetConfig | None = Field(None, description="per-prompt group sizes under a total (Knapsack RL): "
-                                        "{name: knapsack, params: {...}}; none: group_size for every prompt")
+                                        "{name: knapsack, <option>: value, ...}; none: group_size for every prompt")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
