@@ -178,7 +178,7 @@ def test_eval_with_a_multi_turn_recipe_plays_its_episodes(tmp_path):
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: {path: tiny-agent}\ntask: {kind: arithmetic, heldout_size: 24, verifier: exact_match}\n"
-                      "env: {name: retry, params: {max_attempts: 3}, max_turns: 3, max_turn_tokens: 5}\n"
+                      "env: {name: retry, max_attempts: 3, max_turns: 3, max_turn_tokens: 5}\n"
                       "rollout: {max_new_tokens: 5}\n")
     episodes = run_eval(["tiny-agent"], "arithmetic", None, 0, 1.0, 5, 24, 0, recipe=str(recipe))
     single = run_eval(["tiny-agent"], "arithmetic", None, 0, 1.0, 5, 24, 0)

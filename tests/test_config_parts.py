@@ -280,9 +280,51 @@ def test_an_option_named_like_a_section_field_is_an_error_naming_both(monkeypatc
     clash = dataclasses.replace(LOSS_TERMS.entry("rapo_kl"), name="clash", settings=CoefSettings)
     monkeypatch.setitem(LOSS_TERMS._entries, "clash", clash)
     msg = _error("algo.loss_terms=[{name: clash, coef: 0.5}]")
-    assert "loss_term clash's option coef has the name of a field of the section (LossTermConfig.coef)" in msg
+    assert "clash's option coef has the name of a field of the section (LossTermConfig.coef)" in msg
 
 
 def test_a_part_section_named_by_a_string_takes_an_option_override():
     replay = load_config(None, ["rollout.replay=recent", "rollout.replay.capacity=32"]).rollout.replay
     assert replay.name == "recent" and replay.settings().capacity == 32
+
+
+# --- environments and agent task sources: their keyword arguments inline too -----------------------------------
+
+
+def test_an_environment_and_a_task_source_take_their_keyword_arguments_inline(tmp_path):
+    cfg = load_config("agent_search", ["env.k=4", "task.hops=2"])
+    assert cfg.env.params == {"k": 4, "max_tool_calls": 2} and cfg.task.params["hops"] == 2
+    data = yaml.safe_load(dump_config(cfg))
+    assert data["env"]["k"] == 4 and data["task"]["hops"] == 2 and "params" not in data["env"]
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    assert load_config(path) == cfg
+    assert "env.max_guess: unknown key, not an option of guessing" in _error("env={name: guessing, max_guess: 3}",
+                                                                           recipe="agent_guessing")
+    assert "task.hi: not a field of task kind guessing; allowed keys here: kind, " in _error(
+        "task.hi=3", recipe="agent_guessing")
+
+
+def test_the_old_params_form_of_an_environment_or_task_source_is_refused():
+    assert "write the options inline: {name: guessing, max_guesses: 6}" in _error(
+        "env={name: guessing, params: {max_guesses: 6}}", recipe="agent_guessing")
+    assert "write the options inline: {kind: guessing, high: 8}" in _error(
+        "task={kind: guessing, params: {high: 8}}", recipe="agent_guessing")
+
+
+def test_no_environment_or_task_source_takes_an_argument_named_like_a_section_field():
+    from reinforge.config.run import EnvConfig
+    from reinforge.config.task import AgentTaskConfig
+    from reinforge.data.agent_tasks import AGENT_TASK_SOURCES
+    from reinforge.envs.registry import ENVIRONMENTS
+
+    for name in ENVIRONMENTS.in_order():
+        assert not set(ENVIRONMENTS.get(name).params) & set(EnvConfig.model_fields), name
+    for kind in AGENT_TASK_SOURCES:
+        assert AgentTaskConfig.inline_options({"kind": kind}).allowed, kind
+        assert not set(AgentTaskConfig.inline_options({"kind": kind}).allowed) & set(AgentTaskConfig.model_fields)
+
+
+def test_naming_another_environment_drops_the_old_ones_arguments_and_keeps_the_limits():
+    env = load_config("agent_calculator", ["env.name=agent", "env.agent=mod:fn"]).env
+    assert env.name == "agent" and env.params == {} and env.max_turn_tokens == 64

@@ -35,20 +35,20 @@ def _error(data: dict) -> str:
     ({"kind": "jsonl", "path": "d.jsonl", "columns": {"prompt": "q"}}, JsonlTaskConfig),
     ({"kind": "table", "path": "d.csv", "format": "csv", "json_columns": ["q"], "as_chat": True}, TableTaskConfig),
     ({"kind": "reasoning_gym", "rg_tasks": "leg_counting", "rg_size": 10}, ReasoningGymTaskConfig),
-    ({"kind": "calculator", "params": {"digits": [2, 2]}}, AgentTaskConfig),
-    ({"kind": "guessing", "params": {"high": 8}}, AgentTaskConfig),
+    ({"kind": "calculator", "digits": [2, 2]}, AgentTaskConfig),
+    ({"kind": "guessing", "high": 8}, AgentTaskConfig),
 ])
 def test_each_kind_parses_into_its_own_model_and_round_trips(section, model, tmp_path):
     env = {"name": section["kind"]} if model is AgentTaskConfig else {}
     cfg = config_from_dict({"task": section, "env": env})
     assert type(cfg.task) is model and cfg.task.kind == section["kind"]
-    assert {k: getattr(cfg.task, k) for k in section if k != "columns"} == {k: v for k, v in section.items()
-                                                                           if k != "columns"}
+    values = {**vars(cfg.task), **getattr(cfg.task, "params", {})}  # a task source's arguments are inline
+    assert {k: values[k] for k in section if k != "columns"} == {k: v for k, v in section.items() if k != "columns"}
     saved = tmp_path / "config.yaml"
     saved.write_text(dump_config(cfg))
     assert load_config(saved) == cfg
     dumped = yaml.safe_load(saved.read_text())["task"]
-    assert set(dumped) == set(model.model_fields)  # only the kind's own fields are written
+    assert set(dumped) == set(model.model_fields) | set(getattr(cfg.task, "params", {}))  # the kind's own fields
     assert type(task_config(section)) is model
 
 

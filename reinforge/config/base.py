@@ -6,7 +6,7 @@ have fields of their own, such as a loss term's ``coef``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -119,17 +119,18 @@ class Part:
         return PartRef(name, entry.settings.model_validate(options) if entry.settings is not None else None)
 
 
-def _unknown_options(options: Mapping[str, Any], allowed: list[str], part: str) -> ValidationError:
-    """The error for keys that are not options of ``part``, each at its own location."""
-    msg = f"unknown key, not an option of {part}; allowed keys here: {', '.join(allowed)}"
+def _unknown_options(options: Mapping[str, Any], allowed: list[str], what: str) -> ValidationError:
+    """The error for keys that are not ``what`` (``unknown key, not an option of NAME``), each at its own
+    location."""
+    msg = f"{what}; allowed keys here: {', '.join(allowed)}"
     return ValidationError.from_exception_data("options", [
         {"type": PydanticCustomError("unknown_option", "{msg}", {"msg": msg}), "loc": (k,), "input": v}
         for k, v in options.items()])
 
 
-def inline_form(name: str, options: Mapping[str, Any]) -> str:
+def inline_form(name: str, options: Mapping[str, Any], key: str = "name") -> str:
     """``{name: NAME, <option>: value, ...}`` as a recipe writes it (for error messages)."""
-    return "{" + ", ".join([f"name: {name}", *(f"{k}: {_flow(v)}" for k, v in options.items())]) + "}"
+    return "{" + ", ".join([f"{key}: {name}", *(f"{k}: {_flow(v)}" for k, v in options.items())]) + "}"
 
 
 def _flow(value: Any) -> str:
@@ -138,67 +139,106 @@ def _flow(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
 
 
-def refuse_params_key(data: Mapping[str, Any], name: str, options: Mapping[str, Any]) -> None:
+def refuse_params_key(data: Mapping[str, Any], name: str, options: Collection[str], key: str = "name") -> None:
     """The old ``{name, params: {...}}`` form, refused with its inline rewrite."""
     if "params" in data and "params" not in options:
         given = data["params"] if isinstance(data["params"], Mapping) else {}
-        raise ValueError(f"params: {{name, params: {{...}}}} is not a part's form; write the options inline: "
-                         f"{inline_form(name, given)}")
+        raise ValueError(f"params: {{{key}, params: {{...}}}} is no longer a form; write the options inline: "
+                         f"{inline_form(name, given, key)}")
 
 
-class PartConfig(_Strict):
-    """A registered part named in a recipe with its own section fields (``coef``, ...): a bare name, or
-    ``{name: ..., <option>: value, ..., <section field>: value}``. Keys that are the section's own fields
-    go to them; every other key is an option of the part, validated by its settings model
-    (``Registry.register(settings=...)``); errors name ``<field>.<option>``. ``settings()`` is the
-    validated settings object; the section dumps to the same inline form."""
+@dataclass(frozen=True)
+class InlineOptions:
+    """What a section names (``key: name``, e.g. ``name: kl_dads``), the options it takes (``allowed``),
+    ``make``, which validates them into the value the section keeps, and what an unknown key is told."""
 
-    KIND: ClassVar[str] = ""
+    key: str
     name: str
-    _settings: Any = PrivateAttr(None)
+    allowed: list[str]
+    make: Callable[[dict[str, Any]], Any] = dict
+    unknown: str = ""
+
+    def unknown_key(self) -> str:
+        return self.unknown or f"unknown key, not an option of {self.name}"
+
+
+class InlineSection(_Strict):
+    """A section naming a part (or a factory) whose options are written inline beside the section's own
+    fields: keys that are the section's fields go to them, every other key is an option, checked
+    against ``inline_options``; an option named like a section field is an error, and so is the old
+    ``params:`` key. The section dumps to the same form, and a dumped section loads back equal."""
+
+    _options: Any = PrivateAttr(None)
+
+    @classmethod
+    def inline_options(cls, data: Mapping[str, Any]) -> InlineOptions | None:
+        """The options ``data`` may carry (None when what it names is missing: pydantic reports that)."""
+        raise NotImplementedError
 
     @model_validator(mode="wrap")
     @classmethod
-    def _inline_options(cls, data: Any, handler: ModelWrapValidatorHandler[PartConfig]) -> PartConfig:
-        if isinstance(data, str):
+    def _inline(cls, data: Any, handler: ModelWrapValidatorHandler[InlineSection]) -> InlineSection:
+        if isinstance(data, str) and "name" in cls.model_fields:
             data = {"name": data}
-        if not isinstance(data, Mapping):
+        spec = cls.inline_options(data) if isinstance(data, Mapping) else None
+        if spec is None:
             return handler(data)
-        default = cls.model_fields["name"].default
-        name = data.get("name", default if isinstance(default, str) else None)
-        if not isinstance(name, str):
-            return handler(data)  # pydantic reports the missing or bad name
-        _check_registered(cls.KIND, name)
-        from reinforge.parts import all_kinds
-
-        entry = all_kinds()[cls.KIND].entry(name)
-        allowed = list(entry.options())
-        refuse_params_key(data, name, allowed)
-        clash = [k for k in allowed if k in cls.model_fields]
+        refuse_params_key(data, spec.name, spec.allowed, spec.key)
+        clash = [k for k in spec.allowed if k in cls.model_fields]
         if clash:
-            raise ValueError(f"{cls.KIND} {name}'s option {', '.join(clash)} has the name of a field of the section "
+            raise ValueError(f"{spec.name}'s option {', '.join(clash)} has the name of a field of the section "
                              f"({cls.__name__}.{clash[0]}): rename the option")
         options = {k: v for k, v in data.items() if k not in cls.model_fields}
-        unknown = {k: v for k, v in options.items() if k not in allowed}
+        unknown = {k: v for k, v in options.items() if k not in spec.allowed}
         if unknown:
-            raise _unknown_options(unknown, [*cls.model_fields, *allowed], name)
+            raise _unknown_options(unknown, [*cls.model_fields, *spec.allowed], spec.unknown_key())
         model = handler({k: v for k, v in data.items() if k in cls.model_fields})
-        model._settings = entry.settings.model_validate(options) if entry.settings is not None else None
+        model._options = spec.make(options)
         return model
+
+    def _options_dump(self, mode: str = "python") -> dict[str, Any]:
+        if isinstance(self._options, BaseModel):
+            return self._options.model_dump(mode=mode)
+        return dict(self._options or {})
 
     @model_serializer(mode="wrap")
     def _dump_inline(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
         own = handler(self)
-        options = self._settings.model_dump(mode=info.mode) if self._settings is not None else {}
-        return {"name": own.pop("name"), **options, **own}
+        first = next(iter(own), None)  # the key naming the part (name, kind) stays first
+        head = {first: own.pop(first)} if first is not None else {}
+        return {**head, **self._options_dump(info.mode), **own}
 
     def __repr_args__(self) -> Any:
         yield from super().__repr_args__()
-        yield from (self._settings.model_dump() if self._settings is not None else {}).items()
+        yield from self._options_dump().items()
+
+
+class PartConfig(InlineSection):
+    """A registered part named in a recipe with its own section fields (``coef``, ...): a bare name, or
+    ``{name: ..., <option>: value, ..., <section field>: value}``. Every key not a section field is an
+    option of the part, validated by its settings model (``Registry.register(settings=...)``); errors
+    name ``<field>.<option>``. ``settings()`` is the validated settings object."""
+
+    KIND: ClassVar[str] = ""
+    name: str
+
+    @classmethod
+    def inline_options(cls, data: Mapping[str, Any]) -> InlineOptions | None:
+        default = cls.model_fields["name"].default
+        name = data.get("name", default if isinstance(default, str) else None)
+        if not isinstance(name, str):
+            return None
+        _check_registered(cls.KIND, name)
+        from reinforge.parts import all_kinds
+
+        entry = all_kinds()[cls.KIND].entry(name)
+        settings = entry.settings
+        return InlineOptions("name", name, list(entry.options()),
+                             lambda options: settings.model_validate(options) if settings is not None else None)
 
     def settings(self) -> Any:
         """The part's validated settings (None for a part that declares none)."""
-        return self._settings
+        return self._options
 
 
 class StepVerifierConfig(PartConfig):
