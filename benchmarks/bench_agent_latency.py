@@ -2,7 +2,7 @@
 (synchronous RL), and concurrent under asynchronous RL, at several latencies per environment step.
 
     python benchmarks/bench_agent_latency.py [--latencies 0.05,0.2,1.0] [--steps 4] [--repeats 3]
-    python benchmarks/bench_agent_latency.py --recipe agent_calculator --set env.params={} ...
+    python benchmarks/bench_agent_latency.py --recipe agent_calculator --set env.max_tool_calls=2 ...
 
 Every run trains ``--recipe`` (default: ``agent_calculator``, the shipped tiny-agent calling the
 ``calc`` tool) for ``--steps`` updates of ``--prompts`` x ``--group`` episodes (equal samples in

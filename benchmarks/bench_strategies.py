@@ -44,7 +44,7 @@ print("RESULT " + json.dumps(read_jsonl(result.run_dir / "metrics.jsonl")))
 STRATEGIES = {
     "grpo": [],
     "spec_rl": ["rollout.group_sampler={name: spec_rl}"],
-    "treepo": ["rollout.group_sampler={name: treepo, params: {segment_len: 2}}", "algo.advantage=treepo"],
+    "treepo": ["rollout.group_sampler={name: treepo, segment_len: 2}", "algo.advantage=treepo"],
 }
 
 

@@ -83,6 +83,6 @@ def test_rl_raises_code_interpreter_success(tmp_path):
     # a generous sandbox timeout: on a loaded machine a 3 s limit can turn a program into `error: timeout`,
     # and the run's result must not depend on the machine's speed
     result = _train(tmp_path, "agent_code", "train.steps=10", "eval.every=0", "eval.final_samples=4",
-                    "task.heldout_size=40", "env.params.timeout_s=60")
+                    "task.heldout_size=40", "env.timeout_s=60")
     before, after = _sampled_success(result)
     assert after >= before + 0.04, (before, after)  # measured: +0.169, +0.087 (seeds 0, 1)

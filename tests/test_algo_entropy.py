@@ -239,10 +239,10 @@ def test_clamped_entropy_term_follows_its_own_metric():
     ("algo.advantage={name: ace_grpo, ace_alpha: -0.5}", "ace_alpha"),
     ("algo.advantage={name: aepo, alpha: -0.1}", "alpha"),
     ("algo.policy_loss={name: aepo, clip_high: -0.1}", "clip_high"),
-    ("algo.loss_terms=[{name: epo_entropy, params: {kappa_low: 2.0, kappa_high: 1.0}}]", "kappa_low"),
-    ("algo.loss_terms=[{name: epo_entropy, params: {horizon: 0}}]", "horizon"),
-    ("algo.loss_terms=[{name: adaptive_entropy, params: {init_coef: 1.0}}]", "init_coef"),
-    ("algo.loss_terms=[{name: clamped_entropy, params: {clamp_p: 1.0}}]", "clamp_p"),
+    ("algo.loss_terms=[{name: epo_entropy, kappa_low: 2.0, kappa_high: 1.0}]", "kappa_low"),
+    ("algo.loss_terms=[{name: epo_entropy, horizon: 0}]", "horizon"),
+    ("algo.loss_terms=[{name: adaptive_entropy, init_coef: 1.0}]", "init_coef"),
+    ("algo.loss_terms=[{name: clamped_entropy, clamp_p: 1.0}]", "clamp_p"),
 ])
 def test_bad_options_are_config_errors_naming_the_field(override, field):
     with pytest.raises(ConfigError, match=field):
@@ -290,7 +290,7 @@ def test_the_learner_gives_the_estimator_pi_old_entropy(tmp_path):
 
 def test_term_controllers_update_and_round_trip_through_the_learner_checkpoint(tmp_path):
     terms = ("algo.loss_terms=[{name: epo_entropy, coef: 0.01}, "
-             "{name: adaptive_entropy, coef: 1.0, params: {low: 5.0, high: 9.0}}]")
+             "{name: adaptive_entropy, coef: 1.0, low: 5.0, high: 9.0}]")
     c = _components(tmp_path, terms)
     metrics = c.learner.update(_batch(c))
     epo, aent = c.learner.term_controllers[0], c.learner.term_controllers[1]
@@ -339,7 +339,7 @@ def test_ace_through_the_learner_loads_a_reference_and_at_the_start_scales_error
 
 
 def test_the_clamped_entropy_term_gets_the_vocabulary_rows_and_moves_alpha(tmp_path):
-    terms = "algo.loss_terms=[{name: clamped_entropy, coef: 1.0, params: {low: 5.0, high: 9.0, clamp_p: 0.3}}]"
+    terms = "algo.loss_terms=[{name: clamped_entropy, coef: 1.0, low: 5.0, high: 9.0, clamp_p: 0.3}]"
     c = _components(tmp_path, terms)
     metrics = c.learner.update(_batch(c))
     assert 0 < metrics["aent/clamped_entropy"] < metrics["entropy"] + 1e-6  # fewer tokens, less entropy

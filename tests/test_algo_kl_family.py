@@ -151,10 +151,10 @@ def test_kl_dads_declares_the_reference_and_whole_groups_and_validates_its_optio
     a = config_from_dict({"preset": "apo"}).algo
     assert {"ref_logp", "whole_groups"} <= required_inputs(a)
     assert a.loss_terms[0].settings().estimator == "k3"
-    with pytest.raises(ConfigError, match="kl_dads params: estimator: .*unknown KL estimator 'k9'"):
-        load_config(None, ["algo.loss_terms=[{name: kl_dads, coef: 0.1, params: {estimator: k9}}]"])
-    with pytest.raises(ConfigError, match="kl_dads params: sharpness: Input should be greater than 0"):
-        load_config(None, ["algo.loss_terms=[{name: kl_dads, params: {sharpness: 0}}]"])
+    with pytest.raises(ConfigError, match="algo.loss_terms.0.estimator: unknown KL estimator 'k9'"):
+        load_config(None, ["algo.loss_terms=[{name: kl_dads, coef: 0.1, estimator: k9}]"])
+    with pytest.raises(ConfigError, match="algo.loss_terms.0.sharpness: Input should be greater than 0"):
+        load_config(None, ["algo.loss_terms=[{name: kl_dads, sharpness: 0}]"])
 
 
 # --- APO: STCR ------------------------------------------------------------------------------------
@@ -213,8 +213,8 @@ def test_rapo_kl_pulls_toward_the_normalised_reweighted_reference():
 
 
 def test_rapo_options_and_preset():
-    with pytest.raises(ConfigError, match="rapo_kl params: phi_min: Input should be less than or equal to 1"):
-        load_config(None, ["algo.loss_terms=[{name: rapo_kl, params: {phi_min: 1.5}}]"])
+    with pytest.raises(ConfigError, match="algo.loss_terms.0.phi_min: Input should be less than or equal to 1"):
+        load_config(None, ["algo.loss_terms=[{name: rapo_kl, phi_min: 1.5}]"])
     a = config_from_dict({"preset": "rapo"}).algo
     assert a.kl.coef == 0 and "ref_logp" in required_inputs(a)  # the reference without the reverse KL
     assert [(t.name, t.coef) for t in a.loss_terms] == [("rapo_kl", 0.04)] and a.entropy_coef == 0.001

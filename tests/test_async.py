@@ -324,10 +324,10 @@ def test_ray_backend_on_one_machine(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("parts", [
     ["preset=astar_po", "rollout.prompts_per_step=4", "rollout.group_size=1", "algo.policy_loss.value_samples=2",
-     "rollout.budget={name: knapsack, params: {min_per_prompt: 1, max_per_prompt: 2}}"],
+     "rollout.budget={name: knapsack, min_per_prompt: 1, max_per_prompt: 2}"],
     ["algo.advantage={name: vineppo, rollouts: 2, step_split: tokens, step_tokens: 2, max_cuts: 2}",
      "algo.skip_equal_reward_groups=false", "task.digits=1", "task.heldout_size=96", "rollout.prompts_per_step=4",
-     "rollout.replay={name: recent, params: {capacity: 8, replays: 2, min_to_replay: 2}}"],
+     "rollout.replay={name: recent, capacity: 8, replays: 2, min_to_replay: 2}"],
     ["demonstrations.path=task", "demonstrations.mix=true", "demonstrations.per_step=3",
      "algo.loss_terms=[{name: nll, coef: 0.1}]"],
 ], ids=["prompt-values+budget", "state-values+replay", "demonstrations"])

@@ -106,7 +106,7 @@ def test_allocation_sums_to_the_budget_keeps_the_minimum_and_resumes():
 
 def test_budget_settings_are_checked():
     with pytest.raises(ConfigError, match="max_per_prompt"):
-        load_config(None, ["rollout.budget={name: knapsack, params: {min_per_prompt: 4, max_per_prompt: 3}}"])
+        load_config(None, ["rollout.budget={name: knapsack, min_per_prompt: 4, max_per_prompt: 3}"])
     with pytest.raises(ConfigError, match="rollout budget"):
         load_config(None, ["rollout.budget={name: greedy}"])
     with pytest.raises(ValueError, match="total=6"):

@@ -156,7 +156,7 @@ def test_overlong_filter_shaper_masks_truncated():
 
 def test_reward_shaper_settings_are_validated_with_the_field_named():
     with pytest.raises(ConfigError, match="buffer"):
-        load_config(None, ["algo.reward_shapers=[{name: overlong_penalty, params: {buffer: 2}}]"])
+        load_config(None, ["algo.reward_shapers=[{name: overlong_penalty, buffer: 2}]"])
     with pytest.raises(ConfigError, match="reward shaper"):
         load_config(None, ["algo.reward_shapers=[{name: no_such_shaper}]"])
 
@@ -178,7 +178,7 @@ def test_eval_with_a_multi_turn_recipe_plays_its_episodes(tmp_path):
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: {path: tiny-agent}\ntask: {kind: arithmetic, heldout_size: 24, verifier: exact_match}\n"
-                      "env: {name: retry, params: {max_attempts: 3}, max_turns: 3, max_turn_tokens: 5}\n"
+                      "env: {name: retry, max_attempts: 3, max_turns: 3, max_turn_tokens: 5}\n"
                       "rollout: {max_new_tokens: 5}\n")
     episodes = run_eval(["tiny-agent"], "arithmetic", None, 0, 1.0, 5, 24, 0, recipe=str(recipe))
     single = run_eval(["tiny-agent"], "arithmetic", None, 0, 1.0, 5, 24, 0)
@@ -196,7 +196,7 @@ def test_eval_with_a_multi_turn_recipe_plays_its_episodes(tmp_path):
 
 def test_the_flat_overlong_keys_say_where_they_moved():
     with pytest.raises(ConfigError, match=r"algo.overlong_buffer: moved: use algo.reward_shapers: "
-                                          r"\[\{name: overlong_penalty, params: \{buffer: 0.25\}\}\]"):
+                                          r"\[\{name: overlong_penalty, buffer: 0.25\}\]"):
         load_config(None, ["algo.overlong_buffer=0.25"])
     with pytest.raises(ConfigError, match=r"algo.overlong_filter: moved: .*\{name: overlong_filter\}"):
         load_config(None, ["algo.overlong_filter=true"])

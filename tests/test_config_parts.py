@@ -219,3 +219,112 @@ def test_the_python_api_passes_a_part_with_its_options_as_one_value():
     assert overrides == ["preset=dapo", 'algo.policy_loss={"name": "gspo", "clip_high": 0.3}', "algo.kl.coef=0.1"]
     algo = load_config(None, overrides).algo
     assert algo.policy_loss.recipe_form() == {"name": "gspo", "clip_low": 0.2, "clip_high": 0.3} and algo.kl.coef == 0.1
+
+
+# --- sections naming a part (loss terms, shapers, samplers, replay, budget): the same inline form ---------------
+
+
+def test_a_part_section_takes_its_options_inline_beside_its_own_fields():
+    algo = load_config(None, ["algo.loss_terms=[{name: kl_dads, coef: 0.1, estimator: k1}]"]).algo
+    term = algo.loss_terms[0]
+    assert (term.name, term.coef, term.settings().estimator) == ("kl_dads", 0.1, "k1")
+    replay = load_config(None, ["rollout.replay=recent"]).rollout.replay
+    assert replay.name == "recent" and replay.settings().capacity > 0  # a bare name: the options' defaults
+    sampler = load_config(None, ["rollout.group_sampler={name: micro_groups, micro_group: 2}"]).rollout.group_sampler
+    assert sampler.settings().micro_group == 2
+
+
+def test_a_part_section_dumps_inline_and_loads_back_equal(tmp_path):
+    cfg = load_config(None, ["preset=dapo", "algo.loss_terms=[{name: kl_dads, coef: 0.1, estimator: k1}]",
+                             "rollout.replay={name: highest, capacity: 8, replays: 4, min_to_replay: 4}",
+                             "rollout.budget={name: knapsack, min_per_prompt: 2}",
+                             "reward.step_verifier={name: arithmetic_steps, coef: 0.2, wrong: -2.0}",
+                             "task.sampler={name: spo, rho: 0.9}"])
+    data = yaml.safe_load(dump_config(cfg))
+    assert data["algo"]["loss_terms"][0] == {"name": "kl_dads", "estimator": "k1", "correct_threshold": 1.0,
+                                             "sharpness": cfg.algo.loss_terms[0].settings().sharpness, "coef": 0.1}
+    assert data["algo"]["reward_shapers"][0] == {"name": "overlong_penalty", "buffer": 0.2, "penalty": 1.0}
+    assert data["rollout"]["replay"]["capacity"] == 8 and "params" not in data["rollout"]["replay"]
+    assert data["reward"]["step_verifier"]["wrong"] == -2.0 and data["task"]["sampler"]["rho"] == 0.9
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    again = load_config(path)
+    assert again == cfg and again.rollout.replay.settings().capacity == 8
+    assert load_config(path, ["rollout.replay.capacity=9"]) != cfg
+
+
+def test_a_part_sections_option_errors_name_the_field_and_the_allowed_keys():
+    msg = _error("algo.reward_shapers=[{name: overlong_penalty, buffr: 64}]")
+    assert ("algo.reward_shapers.0.buffr: unknown key, not an option of overlong_penalty; allowed keys here: "
+            "name, buffer, penalty") in msg
+    assert "algo.loss_terms.0.phi_min: Input should be less than or equal to 1" in _error(
+        "algo.loss_terms=[{name: rapo_kl, coef: 0.1, phi_min: 1.5}]")
+    assert "allowed keys here: name, coef, phi_min" in _error("algo.loss_terms=[{name: rapo_kl, phi: 1}]")
+
+
+def test_the_old_params_form_is_refused_with_the_inline_rewrite():
+    msg = _error("algo.reward_shapers=[{name: overlong_penalty, params: {buffer: 64}}]")
+    assert "algo.reward_shapers.0: params:" in msg and "write the options inline: {name: overlong_penalty, buffer: 64}" in msg
+    assert "write the options inline: {name: ppo_clip, clip_high: 0.3}" in _error(
+        "algo.policy_loss={name: ppo_clip, params: {clip_high: 0.3}}")
+
+
+def test_an_option_named_like_a_section_field_is_an_error_naming_both(monkeypatch):
+    from reinforge.algo.objective import LOSS_TERMS
+    from reinforge.registry import Settings
+
+    class CoefSettings(Settings):
+        coef: float = 1.0
+
+    assert all("coef" not in LOSS_TERMS.entry(n).options() for n in LOSS_TERMS.in_order())  # none shipped
+    clash = dataclasses.replace(LOSS_TERMS.entry("rapo_kl"), name="clash", settings=CoefSettings)
+    monkeypatch.setitem(LOSS_TERMS._entries, "clash", clash)
+    msg = _error("algo.loss_terms=[{name: clash, coef: 0.5}]")
+    assert "clash's option coef has the name of a field of the section (LossTermConfig.coef)" in msg
+
+
+def test_a_part_section_named_by_a_string_takes_an_option_override():
+    replay = load_config(None, ["rollout.replay=recent", "rollout.replay.capacity=32"]).rollout.replay
+    assert replay.name == "recent" and replay.settings().capacity == 32
+
+
+# --- environments and agent task sources: their keyword arguments inline too -----------------------------------
+
+
+def test_an_environment_and_a_task_source_take_their_keyword_arguments_inline(tmp_path):
+    cfg = load_config("agent_search", ["env.k=4", "task.hops=2"])
+    assert cfg.env.params == {"k": 4, "max_tool_calls": 2} and cfg.task.params["hops"] == 2
+    data = yaml.safe_load(dump_config(cfg))
+    assert data["env"]["k"] == 4 and data["task"]["hops"] == 2 and "params" not in data["env"]
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    assert load_config(path) == cfg
+    assert "env.max_guess: unknown key, not an option of guessing" in _error("env={name: guessing, max_guess: 3}",
+                                                                           recipe="agent_guessing")
+    assert "task.hi: not a field of task kind guessing; allowed keys here: kind, " in _error(
+        "task.hi=3", recipe="agent_guessing")
+
+
+def test_the_old_params_form_of_an_environment_or_task_source_is_refused():
+    assert "write the options inline: {name: guessing, max_guesses: 6}" in _error(
+        "env={name: guessing, params: {max_guesses: 6}}", recipe="agent_guessing")
+    assert "write the options inline: {kind: guessing, high: 8}" in _error(
+        "task={kind: guessing, params: {high: 8}}", recipe="agent_guessing")
+
+
+def test_no_environment_or_task_source_takes_an_argument_named_like_a_section_field():
+    from reinforge.config.run import EnvConfig
+    from reinforge.config.task import AgentTaskConfig
+    from reinforge.data.agent_tasks import AGENT_TASK_SOURCES
+    from reinforge.envs.registry import ENVIRONMENTS
+
+    for name in ENVIRONMENTS.in_order():
+        assert not set(ENVIRONMENTS.get(name).params) & set(EnvConfig.model_fields), name
+    for kind in AGENT_TASK_SOURCES:
+        assert AgentTaskConfig.inline_options({"kind": kind}).allowed, kind
+        assert not set(AgentTaskConfig.inline_options({"kind": kind}).allowed) & set(AgentTaskConfig.model_fields)
+
+
+def test_naming_another_environment_drops_the_old_ones_arguments_and_keeps_the_limits():
+    env = load_config("agent_calculator", ["env.name=agent", "env.agent=mod:fn"]).env
+    assert env.name == "agent" and env.params == {} and env.max_turn_tokens == 64

@@ -35,20 +35,20 @@ def _error(data: dict) -> str:
     ({"kind": "jsonl", "path": "d.jsonl", "columns": {"prompt": "q"}}, JsonlTaskConfig),
     ({"kind": "table", "path": "d.csv", "format": "csv", "json_columns": ["q"], "as_chat": True}, TableTaskConfig),
     ({"kind": "reasoning_gym", "rg_tasks": "leg_counting", "rg_size": 10}, ReasoningGymTaskConfig),
-    ({"kind": "calculator", "params": {"digits": [2, 2]}}, AgentTaskConfig),
-    ({"kind": "guessing", "params": {"high": 8}}, AgentTaskConfig),
+    ({"kind": "calculator", "digits": [2, 2]}, AgentTaskConfig),
+    ({"kind": "guessing", "high": 8}, AgentTaskConfig),
 ])
 def test_each_kind_parses_into_its_own_model_and_round_trips(section, model, tmp_path):
     env = {"name": section["kind"]} if model is AgentTaskConfig else {}
     cfg = config_from_dict({"task": section, "env": env})
     assert type(cfg.task) is model and cfg.task.kind == section["kind"]
-    assert {k: getattr(cfg.task, k) for k in section if k != "columns"} == {k: v for k, v in section.items()
-                                                                           if k != "columns"}
+    values = {**vars(cfg.task), **getattr(cfg.task, "params", {})}  # a task source's arguments are inline
+    assert {k: values[k] for k in section if k != "columns"} == {k: v for k, v in section.items() if k != "columns"}
     saved = tmp_path / "config.yaml"
     saved.write_text(dump_config(cfg))
     assert load_config(saved) == cfg
     dumped = yaml.safe_load(saved.read_text())["task"]
-    assert set(dumped) == set(model.model_fields)  # only the kind's own fields are written
+    assert set(dumped) == set(model.model_fields) | set(getattr(cfg.task, "params", {}))  # the kind's own fields
     assert type(task_config(section)) is model
 
 
@@ -82,7 +82,7 @@ def test_the_old_column_keys_say_to_use_columns():
 
 def test_the_default_task_is_unchanged():
     defaults = {"kind": "arithmetic", "verifier": "exact_match", "heldout_size": 500, "seed": 1234,
-                "sampler": {"name": "uniform", "params": {}}, "system_prompt": None, "digits": 2, "ops": "+"}
+                "sampler": {"name": "uniform"}, "system_prompt": None, "digits": 2, "ops": "+"}
     for cfg in (config_from_dict({}), config_from_dict({"task": {}})):
         assert cfg.task.model_dump() == defaults
     assert config_from_dict({"task": {"digits": 1}}).task.kind == "arithmetic"

@@ -114,11 +114,11 @@ TEACHER = ["algo.teacher.path=tiny-base"]
 
 
 def test_options_and_the_teacher_are_validated():
-    cfg = load_config(None, [*TEACHER, "algo.loss_terms=[{name: gkd, params: {beta: 0.1, temperature: 2.0}}]"])
+    cfg = load_config(None, [*TEACHER, "algo.loss_terms=[{name: gkd, beta: 0.1, temperature: 2.0}]"])
     assert cfg.algo.loss_terms[0].settings() == GKDSettings(beta=0.1, temperature=2.0)
-    for bad, field in (("{beta: 1.5}", "beta"), ("{beta: -0.1}", "beta"), ("{temperature: 0}", "temperature")):
+    for bad, field in (("beta: 1.5", "beta"), ("beta: -0.1", "beta"), ("temperature: 0", "temperature")):
         with pytest.raises(ConfigError, match=field):
-            load_config(None, [*TEACHER, f"algo.loss_terms=[{{name: gkd, params: {bad}}}]"])
+            load_config(None, [*TEACHER, f"algo.loss_terms=[{{name: gkd, {bad}}}]"])
     with pytest.raises(ConfigError, match="teacher.path"):
         load_config(None, ["algo.loss_terms=[{name: gkd}]"])  # a teacher term without a teacher
     with pytest.raises(ConfigError, match="teacher.path"):

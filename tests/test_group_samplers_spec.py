@@ -58,7 +58,7 @@ def test_lenience_needs_the_lenient_variant():
     with pytest.raises(ConfigError, match="lenience"):
         from reinforge.config import load_config
 
-        load_config(None, ["rollout.group_sampler={name: spec_rl, params: {lenience: 0.5}}"])
+        load_config(None, ["rollout.group_sampler={name: spec_rl, lenience: 0.5}"])
 
 
 PARAMS = SamplingParams(max_new_tokens=2, top_k=3, n=8)

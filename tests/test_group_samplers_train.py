@@ -31,7 +31,7 @@ def test_spec_rl_resumes_exactly_with_its_cache(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_treepo_trains_with_its_tree_advantage(tmp_path):
-    result = train(_cfg(tmp_path, "tree", "rollout.group_sampler={name: treepo, params: {segment_len: 2}}",
+    result = train(_cfg(tmp_path, "tree", "rollout.group_sampler={name: treepo, segment_len: 2}",
                         "algo.advantage=treepo", "train.steps=3", "eval.every=0"))
     steps = [r for r in result.metrics() if "rollout/tokens_generated" in r]
     assert len(steps) == 3

@@ -186,7 +186,7 @@ def _traj(group, reward, n_gen, finish="stop"):
 
 
 def test_soft_overlong_penalty_and_filter_on_trajectories():
-    algo = load_config(None, ["algo.reward_shapers=[{name: overlong_penalty, params: {buffer: 0.25}}, "
+    algo = load_config(None, ["algo.reward_shapers=[{name: overlong_penalty, buffer: 0.25}, "
                               "{name: overlong_filter}]"]).algo
     trajs = [_traj(0, 1.0, 6), _traj(0, 1.0, 7), _traj(0, 1.0, 8, "length")]
     shape_rewards(trajs, algo.reward_shapers, max_new_tokens=8)  # buffer = 2: penalty starts after 6 tokens

@@ -115,7 +115,7 @@ def test_extra_loss_term(tmp_path, plugin_files):
 
 
 def test_reward_shaper(tmp_path, plugin_files):
-    result, _ = _run(tmp_path, plugin_files["reward_shaper"], "algo.reward_shapers=[{name: brevity, params: {coef: 0.5}}]",
+    result, _ = _run(tmp_path, plugin_files["reward_shaper"], "algo.reward_shapers=[{name: brevity, coef: 0.5}]",
                      "log.samples_per_step=100")
     samples = read_jsonl(result.run_dir / "samples.jsonl")
     # r in {0, 1} minus 0.5 * L / 8 with 1 <= L <= 8 generated tokens: a multiple of 1/16, never 0 or 1
@@ -126,8 +126,8 @@ def test_reward_shaper(tmp_path, plugin_files):
 @pytest.mark.slow
 def test_task_sampler_with_settings(tmp_path, plugin_files):
     with pytest.raises(ConfigError, match="k"):
-        load_config(None, [f"plugins=[{plugin_files['task_sampler']}]", "task.sampler={name: first_k, params: {k: x}}"])
-    result, _ = _run(tmp_path, plugin_files["task_sampler"], "task.sampler={name: first_k, params: {k: 2}}",
+        load_config(None, [f"plugins=[{plugin_files['task_sampler']}]", "task.sampler={name: first_k, k: x}"])
+    result, _ = _run(tmp_path, plugin_files["task_sampler"], "task.sampler={name: first_k, k: 2}",
                      "log.samples_per_step=16")
     drawn = {s["task_id"] for s in read_jsonl(result.run_dir / "samples.jsonl")}
     assert len(drawn) == 2  # only the first 2 tasks, over and over

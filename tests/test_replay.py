@@ -155,9 +155,9 @@ def test_token_metrics_count_decoded_and_reused_tokens_and_group_sizes():
 
 
 @pytest.mark.parametrize(("override", "field"), [
-    ("rollout.replay={name: recent, params: {capacity: 4, min_to_replay: 8}}", "min_to_replay"),
+    ("rollout.replay={name: recent, capacity: 4, min_to_replay: 8}", "min_to_replay"),
     ("rollout.replay={name: newest}", "replay strategy"),
-    ("rollout.replay={name: recent, params: {size: 3}}", "size"),
+    ("rollout.replay={name: recent, size: 3}", "size"),
 ])
 def test_a_bad_replay_setting_names_it(override, field):
     with pytest.raises(ConfigError, match=field):
@@ -174,8 +174,8 @@ def test_replay_and_budgets_run_in_one_rank_sync_or_async():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parts", [
-    ["rollout.replay={name: highest, params: {capacity: 8, replays: 4, min_to_replay: 4}}", "algo.policy_loss=repo"],
-    ["rollout.budget={name: knapsack, params: {min_per_prompt: 2, max_per_prompt: 8}}"],
+    ["rollout.replay={name: highest, capacity: 8, replays: 4, min_to_replay: 4}", "algo.policy_loss=repo"],
+    ["rollout.budget={name: knapsack, min_per_prompt: 2, max_per_prompt: 8}"],
 ], ids=["replay", "knapsack"])
 def test_kill_and_resume_is_exact(tmp_path, monkeypatch, parts):
     """4 steps straight == 2 steps, a kill and a resume: same metrics, same buffer or statistics, same weights.

@@ -228,14 +228,14 @@ def test_insight_posterior_update_and_selection():
 
 # ------------------------------------------------------------------------------ settings
 @pytest.mark.parametrize("sampler,field", [
-    ("{name: dump, params: {temperature: 0}}", "temperature"),
-    ("{name: dump, params: {window: 0}}", "window"),
-    ("{name: difficulty_filter, params: {recheck_after: 0}}", "recheck_after"),
-    ("{name: difficulty_filter, params: {recheck_unit: days}}", "recheck_unit"),
-    ("{name: insight, params: {decay: 1.5}}", "decay"),
-    ("{name: insight, params: {target: 1.0}}", "target"),
-    ("{name: insight, params: {pool: 0.5}}", "pool"),
-    ("{name: insight, params: {no_such_option: 1}}", "no_such_option"),
+    ("{name: dump, temperature: 0}", "temperature"),
+    ("{name: dump, window: 0}", "window"),
+    ("{name: difficulty_filter, recheck_after: 0}", "recheck_after"),
+    ("{name: difficulty_filter, recheck_unit: days}", "recheck_unit"),
+    ("{name: insight, decay: 1.5}", "decay"),
+    ("{name: insight, target: 1.0}", "target"),
+    ("{name: insight, pool: 0.5}", "pool"),
+    ("{name: insight, no_such_option: 1}", "no_such_option"),
 ])
 def test_a_bad_setting_is_a_config_error_naming_it(sampler, field):
     with pytest.raises(ConfigError, match=field):
@@ -243,7 +243,7 @@ def test_a_bad_setting_is_a_config_error_naming_it(sampler, field):
 
 
 def test_built_from_the_recipe():
-    cfg = load_config(None, ["task.sampler={name: dump, params: {bucket_key: difficulty, temperature: 0.5}}"])
+    cfg = load_config(None, ["task.sampler={name: dump, bucket_key: difficulty, temperature: 0.5}"])
     tasks = arithmetic_splits(digits=1, heldout_size=10).train
     sampler = build_task_sampler(cfg.task.sampler.name, tasks, 0, cfg.task.sampler.settings())
     assert isinstance(sampler, DumpSampler) and sampler.cfg.temperature == 0.5 and sampler.buckets == ["0", "1"]
@@ -251,9 +251,9 @@ def test_built_from_the_recipe():
 
 # ------------------------------------------------------------------------------ end to end
 @pytest.mark.parametrize("sampler", [
-    "{name: difficulty_filter, params: {recheck_unit: steps, recheck_after: 2}}",
-    "{name: dump, params: {bucket_key: difficulty}}",
-    "{name: insight, params: {pool: 2}}",
+    "{name: difficulty_filter, recheck_unit: steps, recheck_after: 2}",
+    "{name: dump, bucket_key: difficulty}",
+    "{name: insight, pool: 2}",
 ], ids=["difficulty_filter", "dump", "insight"])
 def test_default_recipe_trains_and_resumes_exactly(tmp_path, monkeypatch, sampler):
     """4 steps straight == 2 steps, a kill and a resume: same metrics (sampler/... included), same weights."""
@@ -305,7 +305,7 @@ def test_async_mode_draws_ahead_and_resumes_the_same_batches(tmp_path):
                  "eval.final_samples=0", "task.heldout_size=16", "train.time_limit_s=0", "log.report=false",
                  "rollout.prompts_per_step=8", "rollout.group_size=4", "train.steps=4", "checkpoint.every=2",
                  "checkpoint.keep=5", "log.samples_per_step=100",
-                 "task.sampler={name: dump, params: {bucket_key: difficulty}}"]
+                 "task.sampler={name: dump, bucket_key: difficulty}"]
     full = train(load_config(None, ["name=full", *overrides]))
 
     def drawn(run):

@@ -114,10 +114,10 @@ def test_resume_draws_exactly_what_the_uninterrupted_sampler_draws():
 
 
 @pytest.mark.parametrize(("sampler", "field"), [
-    ("{name: spo, params: {exploration: -0.1}}", "exploration"),
-    ("{name: spo, params: {rho: 0}}", "rho"),
-    ("{name: spo, params: {prior_value: 1.5}}", "prior_value"),
-    ("{name: spo, params: {pool: -1}}", "pool"),
+    ("{name: spo, exploration: -0.1}", "exploration"),
+    ("{name: spo, rho: 0}", "rho"),
+    ("{name: spo, prior_value: 1.5}", "prior_value"),
+    ("{name: spo, pool: -1}", "pool"),
 ])
 def test_a_bad_setting_is_a_config_error_naming_it(sampler, field):
     with pytest.raises(ConfigError, match=field):
@@ -125,7 +125,7 @@ def test_a_bad_setting_is_a_config_error_naming_it(sampler, field):
 
 
 def test_built_from_the_recipe():
-    cfg = load_config(None, ["task.sampler={name: spo, params: {exploration: 0.1, rho: 0.9}}"])
+    cfg = load_config(None, ["task.sampler={name: spo, exploration: 0.1, rho: 0.9}"])
     split = arithmetic_splits(digits=1, heldout_size=10).train
     sampler = build_task_sampler(cfg.task.sampler.name, split, 0, cfg.task.sampler.settings())
     assert isinstance(sampler, SPOSampler) and sampler.cfg.exploration == 0.1 and sampler.cfg.rho == 0.9

@@ -47,7 +47,7 @@ def test_step_rewards_become_the_batch_token_rewards():
 
 
 def test_the_config_names_a_registered_step_verifier():
-    cfg = load_config(None, ["reward.step_verifier={name: arithmetic_steps, coef: 0.2, params: {wrong: -2.0}}"])
+    cfg = load_config(None, ["reward.step_verifier={name: arithmetic_steps, coef: 0.2, wrong: -2.0}"])
     assert cfg.reward.step_verifier.coef == 0.2 and cfg.reward.step_verifier.settings().wrong == -2.0
     with pytest.raises(Exception, match="step verifier"):
         load_config(None, ["reward.step_verifier={name: nope}"])

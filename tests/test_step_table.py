@@ -134,9 +134,9 @@ class StateCollector:
 
 def test_every_stage_after_collection_reads_and_writes_what_it_declares():
     tasks = {"a": Task("a", "1+1=", "2"), "b": Task("b", "2+2=", "4")}
-    budget = load_config(None, ["rollout.budget={name: knapsack, params: {min_per_prompt: 1}}"]).rollout.budget
+    budget = load_config(None, ["rollout.budget={name: knapsack, min_per_prompt: 1}"]).rollout.budget
     _check(BudgetStage(build_budget(budget.name, budget.settings())), tasks)
-    replay = load_config(None, ["rollout.replay={name: recent, params: {capacity: 4, min_to_replay: 2}}"]).rollout.replay
+    replay = load_config(None, ["rollout.replay={name: recent, capacity: 4, min_to_replay: 2}"]).rollout.replay
     _check(ReplayStage(ReplayBuffer(replay.name, replay.settings(), 0)), tasks, steps=2)
     values = OptimalValues(ValueCollector(), ValueSettings(2, 0.5))
     _check(PromptValueStage(values, PARAMS), tasks)

@@ -151,7 +151,7 @@ def test_the_batch_source_puts_held_generations_first(tmp_path):
     from reinforge.rollout.types import SamplingParams as SP
     from reinforge.types import Task
 
-    cfg = load_config(None, ["rollout.group_sampler={name: tppo, params: {window: 2}}", "algo.advantage=egae",
+    cfg = load_config(None, ["rollout.group_sampler={name: tppo, window: 2}", "algo.advantage=egae",
                              "algo.skip_equal_reward_groups=false", "rollout.prompts_per_step=2",
                              "rollout.group_size=2", "rollout.max_new_tokens=6"])
     engine, _ = _engine()

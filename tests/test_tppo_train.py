@@ -11,7 +11,7 @@ from reinforge.config import load_config
 SMALL = ("task.digits=1", "task.heldout_size=20", "rollout.prompts_per_step=8", "rollout.group_size=2",
          "rollout.max_new_tokens=6", "train.time_limit_s=0", "eval.final_samples=0", "log.report=false",
          "eval.every=0", "train.steps=6", "checkpoint.every=3", "algo.advantage=egae",
-         "algo.skip_equal_reward_groups=false", "rollout.group_sampler={name: tppo, params: {window: 2}}")
+         "algo.skip_equal_reward_groups=false", "rollout.group_sampler={name: tppo, window: 2}")
 
 
 @pytest.mark.learning

@@ -31,7 +31,7 @@ def _untimed(records):
 @pytest.mark.parametrize("algo", [
     (),
     # critic + its optimizer, adaptive KL controller, KL in the reward, dynamic sampling: all resumed exactly
-    ("preset=ppo", "algo.kl.target=0.001", "algo.dynamic_sampling=true", "algo.reward_shapers=[{name: overlong_penalty, params: {buffer: 0.25}}]"),
+    ("preset=ppo", "algo.kl.target=0.001", "algo.dynamic_sampling=true", "algo.reward_shapers=[{name: overlong_penalty, buffer: 0.25}]"),
 ], ids=["grpo", "ppo_adaptive_kl_dynamic"])
 def test_resume_is_exact(tmp_path, monkeypatch, algo):
     """6 steps straight == 3 steps, a kill, and a resume (cosine schedule, 2 epochs x 2 mini-batches)."""

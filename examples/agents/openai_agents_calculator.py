@@ -2,9 +2,9 @@
 reinforge's agent proxy: an ``Agent`` with a ``calc`` function tool on ``OpenAIChatCompletionsModel``.
 
 Train it (the shipped tiny-agent and the calculator task of the ``agent_calculator`` recipe; the
-agent replaces the built-in environment, whose ``env.params`` the recipe sets: clear them)::
+agent replaces the built-in environment; naming it drops the recipe's environment options)::
 
-    PYTHONPATH=examples/agents reinforge train agent_calculator env.name=agent env.params={} \\
+    PYTHONPATH=examples/agents reinforge train agent_calculator env.name=agent \\
         env.agent=openai_agents_calculator:agent env.agent_workers=16
 
 ``agent(base_url, task)`` plays one episode: the task's prompt as the input, no instructions (the

@@ -68,8 +68,8 @@ MOVED_OPTIONS = ("scale_by_std", "adv_eps", "gamma", "lam", "clip_low", "clip_hi
                  "max_len_norm")
 """Options that were flat ``algo`` keys and are now the settings of the part that reads them."""
 
-MOVED_TO_SHAPERS = {"overlong_buffer": "{{name: overlong_penalty, params: {{buffer: {}}}}}",
-                    "overlong_penalty": "{{name: overlong_penalty, params: {{penalty: {}}}}}",
+MOVED_TO_SHAPERS = {"overlong_buffer": "{{name: overlong_penalty, buffer: {}}}",
+                    "overlong_penalty": "{{name: overlong_penalty, penalty: {}}}",
                     "overlong_filter": "{{name: overlong_filter}}"}
 """DAPO's flat length-shaping keys, now reward shapers (``algo.reward_shapers``)."""
 

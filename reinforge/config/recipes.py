@@ -5,8 +5,8 @@
 Unknown keys and bad values are rejected before any work starts, with the dotted name of the
 field and the allowed values. The fully resolved config is saved in the run directory.
 
-A part field (``algo.advantage``, ``algo.policy_loss``, ``algo.loss_agg``) is a name or ``{name, <option>:
-value}``; a bare name stands for ``{name: NAME}``, so an option can be set over either form
+A part field (``algo.advantage``, ``algo.policy_loss``, ``rollout.replay``, ...) is a name or ``{name,
+<option>: value}``; a bare name stands for ``{name: NAME}``, so an option can be set over either form
 (``algo.policy_loss.clip_high=0.28``). Naming a *different* part (in an override, or a recipe over its
 preset) replaces the old part with its options; naming the same part again (or none) keeps the options
 not given.
@@ -15,14 +15,14 @@ not given.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from reinforge.config.base import Part
+from reinforge.config.base import InlineSection, Part
 from reinforge.config.run import RunConfig
 from reinforge.config.task import DEFAULT_TASK_KIND, REPLACED_KEYS, task_kind_model
 from reinforge.errors import ConfigError
@@ -114,35 +114,62 @@ def _list_index(item: str, key: str, part: str, items: list[Any]) -> int:
     return index
 
 
-def part_kind(path: Sequence[str]) -> str | None:
-    """The registry key (``registry.KINDS``) of the part field the dotted ``path`` names (``advantage`` for
-    algo.advantage), or None when it names no ``config.base.Part`` field."""
+def _field(path: Sequence[str]) -> Any:
+    """The pydantic field the dotted ``path`` names from ``RunConfig`` (None when it names none)."""
     model: Any = RunConfig
-    for depth, key in enumerate(path):
+    field = None
+    for key in path:
         field = model.model_fields.get(key) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
             return None
-        if depth == len(path) - 1:
-            return next((m.kind for m in field.metadata if isinstance(m, Part)), None)
         model = field.annotation
-    return None
+    return field
+
+
+def part_section(path: Sequence[str]) -> type[InlineSection] | None:
+    """The section model the dotted ``path`` names when it names a part with inline options and fields of
+    its own (a ``PartConfig`` such as rollout.replay, or ``env``)."""
+    field = _field(path)
+    if field is None:
+        return None
+    return next((t for t in (field.annotation, *get_args(field.annotation))
+                 if isinstance(t, type) and issubclass(t, InlineSection) and getattr(t, "KIND", "")), None)
+
+
+def part_kind(path: Sequence[str]) -> str | None:
+    """The registry key (``registry.KINDS``) of the part the dotted ``path`` names (``advantage`` for
+    algo.advantage, ``replay`` for rollout.replay), or None when it names no ``config.base.Part`` field
+    or part section."""
+    section = part_section(path)
+    if section is not None:
+        return section.KIND  # type: ignore[attr-defined]
+    field = _field(path)
+    return next((m.kind for m in field.metadata if isinstance(m, Part)), None) if field is not None else None
 
 
 def is_part_field(path: Sequence[str]) -> bool:
-    """Whether the dotted ``path`` names a part field (a ``config.base.Part`` one, e.g. algo.policy_loss)."""
+    """Whether the dotted ``path`` names a part (a ``config.base.Part`` field, e.g. algo.policy_loss, or a
+    part section, e.g. rollout.replay)."""
     return part_kind(path) is not None
 
 
-def merge_part(old: Any, new: Any) -> Any:
+def merge_part(old: Any, new: Any, own: Collection[str] = ()) -> Any:
     """``new`` written over the part ``old`` (each a name or ``{name, <option>: value}``): a different
-    name replaces the old part, options and all; the same name, or none, updates the old options."""
+    name replaces the old part and its options (a section's ``own`` fields other than name are kept);
+    the same name, or none, updates the old options."""
     as_map = [{"name": p} if isinstance(p, str) else p for p in (old, new)]
     if not all(isinstance(p, dict) for p in as_map):
         return new  # not a part's form: validation reports it
     old_map, new_map = as_map
     if "name" in new_map and new_map["name"] != old_map.get("name"):
-        return new
+        kept = {k: v for k, v in old_map.items() if k in own and k != "name" and k not in new_map}
+        return {**new_map, **kept} if kept else new
     return {**old_map, **new_map}
+
+
+def _section_fields(path: Sequence[str]) -> Collection[str]:
+    section = part_section(path)
+    return section.model_fields if section is not None else ()
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -165,7 +192,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if isinstance(node, list):
             node[_list_index(item, ".".join(path[:-1]), path[-1], node)] = value
         elif path[-1] in node and is_part_field(path):
-            node[path[-1]] = merge_part(node[path[-1]], value)
+            node[path[-1]] = merge_part(node[path[-1]], value, _section_fields(path))
+        elif path[-1] == "name" and (section := part_section(path[:-1])) is not None and node.get("name") != value:
+            kept = {k: v for k, v in node.items() if k in section.model_fields}  # another part: its options go
+            node.clear()
+            node.update(kept, name=value)
         else:
             node[path[-1]] = value
     return data
@@ -321,7 +352,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any], _path: tuple[str, ...
     for key, value in over.items():
         path = (*_path, key)
         if key in out and is_part_field(path):
-            out[key] = merge_part(out[key], value)
+            out[key] = merge_part(out[key], value, _section_fields(path))
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value, path)
         else:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reinforge.config.algo import AlgoConfig
-from reinforge.config.base import GroupSamplerConfig, PartConfig, _check_registered, _Strict
+from reinforge.config.base import (
+    GroupSamplerConfig,
+    InlineOptions,
+    InlineSection,
+    PartConfig,
+    _check_registered,
+    _Strict,
+)
 from reinforge.config.demonstrations import DemonstrationsConfig, PreferencesConfig
 from reinforge.config.task import AgentTaskConfig, ArithmeticTaskConfig, RewardConfig, TaskConfig
 
@@ -60,9 +68,9 @@ class RolloutConfig(_Strict):
     group_sampler: GroupSamplerConfig = Field(default_factory=GroupSamplerConfig,
                                               description="how a group's completions are produced")
     replay: ReplayConfig | None = Field(None, description="mix each prompt's past samples into its group "
-                                        "(RePO): {name: recent|highest|random|max_variance|all, params: {...}}")
+                                        "(RePO): {name: recent|highest|random|max_variance|all, <option>: value, ...}")
     budget: BudgetConfig | None = Field(None, description="per-prompt group sizes under a total (Knapsack RL): "
-                                        "{name: knapsack, params: {...}}; none: group_size for every prompt")
+                                        "{name: knapsack, <option>: value, ...}; none: group_size for every prompt")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -177,12 +185,15 @@ class LatencySettings(BaseModel):
     asynchronous: bool = Field(False, description="step is an async def awaiting the delay")
 
 
-class EnvConfig(_Strict):
+class EnvConfig(InlineSection):
     """The environment an episode runs in: ``single_turn`` (one completion scored by the reward) or a
-    multi-turn environment (reinforge/envs/registry.py), with the episode limits."""
+    multi-turn environment (reinforge/envs/registry.py), with the episode limits. The environment's
+    keyword arguments are written inline, ``env: {name: guessing, max_guesses: 6, max_turns: 6}``
+    (checked against its factory's signature); ``params`` holds them."""
 
-    name: str = Field("single_turn", description="single_turn, calculator, guessing, retry (reinforge/envs)")
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
+    KIND: ClassVar[str] = "env"
+    name: str = Field("single_turn", description="single_turn, calculator, guessing, retry (reinforge/envs); "
+                      "the environment's keyword arguments go beside it")
     max_turns: int = Field(4, ge=1, description="model turns per episode")
     max_total_tokens: int = Field(0, ge=0, description="whole episode incl. prompt; 0 = the model's context")
     max_turn_tokens: int = Field(0, ge=0, description="tokens per model turn; 0 = rollout.max_new_tokens")
@@ -196,10 +207,20 @@ class EnvConfig(_Strict):
     latency: LatencySettings | None = Field(None, description="add a delay to every environment step "
                                             "(benchmarks, tests): {dist: fixed|lognormal, mean_s, sigma}")
 
-    @field_validator("name")
     @classmethod
-    def _known(cls, v: str) -> str:
-        return _check_registered("env", v)
+    def inline_options(cls, data: Mapping[str, Any]) -> InlineOptions | None:
+        name = data.get("name", cls.model_fields["name"].default)
+        if not isinstance(name, str):
+            return None
+        _check_registered("env", name)
+        from reinforge.envs.registry import environment_spec
+
+        return InlineOptions("name", name, list(environment_spec(name).params))
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The environment's keyword arguments (its factory's defaults for the others)."""
+        return dict(self._options or {})
 
     @model_validator(mode="after")
     def _agent_spec(self) -> EnvConfig:

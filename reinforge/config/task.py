@@ -6,6 +6,8 @@ have in `TaskConfigBase`. A key that belongs to another kind is refused, naming 
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -18,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from reinforge.config.base import StepVerifierConfig, TaskSamplerConfig, _Strict
+from reinforge.config.base import InlineOptions, InlineSection, StepVerifierConfig, TaskSamplerConfig, _Strict
 
 
 class RGTaskItem(_Strict):
@@ -161,13 +163,29 @@ class ReasoningGymTaskConfig(TaskConfigBase):
         return _needs(data, "rg_tasks", "a task name or a mixture")
 
 
-class AgentTaskConfig(TaskConfigBase):
-    """Procedural tasks played in a multi-turn environment of the same name."""
+class AgentTaskConfig(TaskConfigBase, InlineSection):
+    """Procedural tasks played in a multi-turn environment of the same name. The task source's keyword
+    arguments are written inline, ``task: {kind: guessing, low: 1, high: 32}`` (calculator: digits, ops;
+    guessing: low, high, repeats; code_interpreter: kinds; search: countries, corpus_seed, hops,
+    relations, names, layout), checked against its signature; ``params`` holds them."""
 
     kind: Literal["calculator", "guessing", "code_interpreter", "search"]
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task source: "
-                                   "calculator: digits, ops; guessing: low, high, repeats; code_interpreter: kinds; "
-                                   "search: countries, corpus_seed, hops, relations")
+
+    @classmethod
+    def inline_options(cls, data: Mapping[str, Any]) -> InlineOptions | None:
+        from reinforge.data.agent_tasks import AGENT_TASK_SOURCES
+
+        kind = data.get("kind")
+        if kind not in AGENT_TASK_SOURCES:
+            return None
+        given = {"heldout_size", "seed"}  # passed from the section's own fields
+        allowed = [p for p in inspect.signature(AGENT_TASK_SOURCES[kind]).parameters if p not in given]
+        return InlineOptions("kind", kind, allowed, unknown=f"not a field of task kind {kind}")
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The task source's keyword arguments (its defaults for the others)."""
+        return dict(self._options or {})
 
 
 TASK_KINDS: tuple[type[TaskConfigBase], ...] = (

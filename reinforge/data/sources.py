@@ -53,7 +53,7 @@ def _agent(cfg: AgentTaskConfig) -> TaskSplits:
     try:
         return source(**cfg.params, heldout_size=cfg.heldout_size, seed=cfg.seed)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"task.params for task.kind={cfg.kind}: {e}") from None
+        raise ConfigError(f"task (kind {cfg.kind}): {e}") from None
 
 
 TASK_SOURCES: dict[type[TaskConfigBase], Callable[[Any], TaskSplits]] = {

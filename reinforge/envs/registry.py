@@ -1,4 +1,4 @@
-"""Environments by name, for recipes: ``env.name`` picks one and ``env.params`` configures it.
+"""Environments by name, for recipes: ``env.name`` picks one, its keyword arguments written beside it.
 
 Each entry makes an environment from ``(verifier, system_prompt, **params)``; its parameters and
 their defaults are read from that function's signature, so this table is the one place that
@@ -62,7 +62,7 @@ def register_environment(
     task_kinds: tuple[str, ...] | None = None, multi_turn: bool = True, agent_driven: bool = False,
 ) -> Callable[[Callable[..., Environment]], Callable[..., Environment]]:
     """Register ``make(verifier, system_prompt, **params) -> Environment`` as environment ``name``
-    (``env.name`` in a recipe; ``env.params`` are its keyword parameters, their defaults its own)."""
+    (``env.name`` in a recipe; its keyword parameters are written beside it, their defaults its own)."""
 
     def deco(make: Callable[..., Environment]) -> Callable[..., Environment]:
         spec = EnvSpec(name, make, uses_verifier, task_kinds, description, multi_turn, agent_driven)
@@ -142,7 +142,7 @@ def build_environment(
     unknown = sorted(set(params) - set(spec.params))
     if unknown:
         allowed = ", ".join(f"{k} (default {v!r})" for k, v in spec.params.items()) or "none"
-        raise EnvironmentConfigError(f"env.params: {name!r} has no parameter {', '.join(map(repr, unknown))}; allowed: {allowed}")
+        raise EnvironmentConfigError(f"env: {name!r} has no parameter {', '.join(map(repr, unknown))}; allowed: {allowed}")
     if spec.agent_driven:
         return partial(spec.make, verifier, system_prompt)  # never called: the loop runs the agent
     if spec.uses_verifier and verifier is None:
@@ -151,7 +151,7 @@ def build_environment(
     try:
         factory()
     except (TypeError, ValueError) as e:
-        raise EnvironmentConfigError(f"env.params for {name!r}: {e}") from None
+        raise EnvironmentConfigError(f"env: {name!r}: {e}") from None
     return factory
 
 

@@ -57,7 +57,7 @@ class MicroGroups:
     def sample(self, engine: Any, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
         g, n = min(self.cfg.micro_group, params.n), params.n
         if n % g:
-            raise ReinforgeError(f"rollout.group_sampler.params.micro_group={g} does not divide rollout.group_size={n}")
+            raise ReinforgeError(f"rollout.group_sampler.micro_group={g} does not divide rollout.group_size={n}")
         parts = [(k, start) for k, _ in enumerate(requests) for start in range(0, n, g)]
         if self.cfg.order == "sjf":
             parts.sort(key=lambda p: self._predicted(requests[p[0]], params))  # stable: request order on ties
@@ -106,7 +106,7 @@ class _slot_cap:
         self.before = getattr(engine, "max_batch_sequences", None)
         self.engine_limit = int(self.before) if self.before is not None else 1 << 30  # whole groups' slots
         if cap and self.before is None:
-            raise ReinforgeError(f"rollout.group_sampler.params.max_slots: {type(engine).__name__} has no slot limit "
+            raise ReinforgeError(f"rollout.group_sampler.max_slots: {type(engine).__name__} has no slot limit "
                                  "to set (max_batch_sequences; rollout.engine: torch)")
 
     def __enter__(self) -> int:

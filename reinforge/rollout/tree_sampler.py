@@ -66,7 +66,7 @@ def branch_plan(group_size: int, branching: Sequence[int]) -> list[int]:
     for b in plan:
         product *= b
     if any(b < 1 for b in plan) or product != group_size:
-        raise ConfigError(f"rollout.group_sampler.params.branching: {list(branching)} must multiply to "
+        raise ConfigError(f"rollout.group_sampler.branching: {list(branching)} must multiply to "
                           f"rollout.group_size={group_size}")
     return plan
 
