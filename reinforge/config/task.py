@@ -119,6 +119,17 @@ class FileTaskConfig(TaskConfigBase):
         None, description="held-out data (default: a split of path); a relative path is found as for path"
     )
     columns: ColumnsConfig = Field(default_factory=ColumnsConfig, description="which columns hold what")
+    heldout_size: int | None = Field(  # type: ignore[assignment]
+        None, ge=1, description="held-out rows split off path (unset: heldout_fraction of the rows, at most "
+        "heldout_max, at least 1), so that a small file trains as it is")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="with heldout_size unset: the held-out share")
+    heldout_max: int = Field(500, ge=1, description="with heldout_size unset: the most held-out rows")
+
+    def heldout_rows(self, rows: int) -> int:
+        """How many of ``rows`` the held-out split takes (see ``heldout_size``)."""
+        if self.heldout_size is not None:
+            return self.heldout_size
+        return max(1, min(self.heldout_max, round(self.heldout_fraction * rows)))
 
     @model_validator(mode="before")
     @classmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +45,19 @@ def read_jsonl_tasks(path: str | Path, columns: ColumnsConfig | None = None) -> 
 def jsonl_splits(
     path: str | Path,
     heldout_path: str | Path | None = None,
-    heldout_size: int = 0,
+    heldout_size: int | Callable[[int], int] = 0,
     seed: int = 1234,
     columns: ColumnsConfig | None = None,
 ) -> TaskSplits:
-    """Train/held-out from a file (and an optional held-out file, else a seeded split of ``heldout_size``)."""
+    """Train/held-out from a file (and an optional held-out file, else a seeded split of ``heldout_size``
+    rows, or of ``heldout_size(rows)``: e.g. a share of the file)."""
     tasks = read_jsonl_tasks(path, columns)
     if heldout_path is not None:
         return TaskSplits(tasks, read_jsonl_tasks(heldout_path, columns), name=str(path))
+    heldout_size = heldout_size(len(tasks)) if callable(heldout_size) else heldout_size
     if heldout_size >= len(tasks):
-        raise DataError(f"{path}: heldout_size={heldout_size} leaves no training rows ({len(tasks)} rows)")
+        raise DataError(f"{path}: task.heldout_size={heldout_size} leaves no training rows ({len(tasks)} rows); "
+                        "lower it, or leave it unset (task.heldout_fraction of the rows)")
     perm = np.random.default_rng(seed).permutation(len(tasks))
     heldout = [tasks[i] for i in sorted(perm[:heldout_size])]
     train = [tasks[i] for i in sorted(perm[heldout_size:])]

@@ -27,13 +27,13 @@ def _arithmetic(cfg: ArithmeticTaskConfig) -> TaskSplits:
 
 
 def _jsonl(cfg: JsonlTaskConfig) -> TaskSplits:
-    return jsonl_splits(cfg.path, cfg.heldout_path, cfg.heldout_size, cfg.seed, cfg.columns)
+    return jsonl_splits(cfg.path, cfg.heldout_path, cfg.heldout_rows, cfg.seed, cfg.columns)
 
 
 def _table(cfg: TableTaskConfig) -> TaskSplits:
     from reinforge.data.tabular import table_splits
 
-    return table_splits(cfg.path, cfg.heldout_path, cfg.heldout_size, cfg.seed, cfg.columns, format=cfg.format,
+    return table_splits(cfg.path, cfg.heldout_path, cfg.heldout_rows, cfg.seed, cfg.columns, format=cfg.format,
                         split=cfg.split, heldout_split=cfg.heldout_split, json_columns=tuple(cfg.json_columns),
                         as_chat=cfg.as_chat)
 

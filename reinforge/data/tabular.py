@@ -13,7 +13,7 @@ import csv
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +209,7 @@ def _split_by_prompt(tasks: list[Task], heldout_size: int, seed: int) -> tuple[l
 def table_splits(
     train_path: str | Path,
     heldout_path: str | Path | None = None,
-    heldout_size: int = 0,
+    heldout_size: int | Callable[[int], int] = 0,
     seed: int = 1234,
     columns: ColumnsConfig | None = None,
     *,
@@ -244,9 +244,10 @@ def table_splits(
             log.warning("%s: dropped %d training rows whose prompt is also in the held-out set %s",
                         train_path, len(tasks) - len(train), heldout_path)
     else:
+        heldout_size = heldout_size(len(tasks)) if callable(heldout_size) else heldout_size
         if not 0 <= heldout_size < len(tasks):
-            raise DataError(f"{train_path}: heldout_size={heldout_size} must be in 0..{len(tasks) - 1} "
-                            f"({len(tasks)} rows)")
+            raise DataError(f"{train_path}: task.heldout_size={heldout_size} must be in 0..{len(tasks) - 1} "
+                            f"({len(tasks)} rows); lower it, or leave it unset (task.heldout_fraction of the rows)")
         train, heldout = _split_by_prompt(tasks, heldout_size, seed)
     if not train:
         raise DataError(f"{train_path}: no training rows left after taking the held-out split")
