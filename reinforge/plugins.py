@@ -82,6 +82,8 @@ def _load_file(path: Path, label: str, error: type[Exception]) -> ModuleType:
 def _import_module(name: str, label: str, error: type[Exception]) -> ModuleType:
     """``importlib.import_module``, with the working directory first on the path when the top-level
     package is not found otherwise (as ``python -m`` has it; the ``reinforge`` script does not)."""
+    if name in sys.modules:  # imported already, or this process's script (``__main__`` has no spec to find)
+        return sys.modules[name]
     top, cwd = name.split(".")[0], os.getcwd()
     if importlib.util.find_spec(top) is None and cwd not in sys.path:
         sys.path.insert(0, cwd)
