@@ -245,3 +245,20 @@ def test_a_dataset_and_a_model_object_train(tmp_path, random_llama):
     assert (copy / "tokenizer.json").is_file() and Path(saved["task"]["path"]).read_bytes() == _jsonl(ROWS)
     again = _overrides(**{**NONE, "model": model}, tokenizer=tok, output_dir=str(tmp_path))
     assert again[0] == f'model.path="{copy}"' and len(list((tmp_path / ".models").iterdir())) == 1  # copied once
+
+
+def test_a_function_of_the_running_script_is_found_as_main(monkeypatch):
+    """``python quickstart.py`` defining ``score`` records ``__main__:score``; the script's module has no
+    spec to look up (``__main__.__spec__`` is None), so the reference is read from the module itself."""
+    import sys
+
+    from reinforge.errors import ConfigError
+    from reinforge.plugins import import_callable
+
+    def score(task, completion):
+        return 1.0
+
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "__spec__", None, raising=False)
+    monkeypatch.setattr(main, "score", score, raising=False)
+    assert import_callable("__main__:score", "task.verifier", ConfigError) is score
