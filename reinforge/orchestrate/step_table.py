@@ -7,8 +7,6 @@ reads and writes."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from reinforge.learn.learner import Learner
 from reinforge.orchestrate.batch_fields import PRODUCERS
 from reinforge.orchestrate.batch_sources import Rounds, sample_round
@@ -25,9 +23,10 @@ def step_stages() -> list[StepStage]:
     """Every stage of one step, in order."""
     after = [StepStage(c.name, f"`{c.__module__.removeprefix('reinforge.')}.{c.__name__}`", c.reads, c.writes)
              for c in AFTER_COLLECTION]
-    build = build_batch.step_stage
-    build = replace(build, writes=(*build.writes, *(w for p in PRODUCERS for w in p.writes)))
-    return [sample_round.step_stage, Rounds.add.step_stage, *after, build, Learner.prepare.step_stage,
+    fields = StepStage("fields", "`orchestrate.batch_fields` producers (those a part reads)", ("kept",),
+                       tuple(w for p in PRODUCERS for w in p.writes))
+    return [sample_round.step_stage, Rounds.add.step_stage, *after, build_batch.step_stage, fields,
+            Learner.prepare.step_stage,
             Learner.estimate_advantages.step_stage, Learner.update.step_stage, Loop.publish_weights.step_stage]
 
 
