@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch first, pinned to the CPU wheel: a range would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-numerics test-learning install install-dev install-vllm test-vllm install-envpool lint base-model clean device-wheels
+.PHONY: demo test test-numerics test-learning install install-dev install-vllm test-vllm install-envpool install-docs docs lint base-model clean device-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -53,6 +53,18 @@ $(VENV)/.installed-envpool: $(VENV)/.installed
 
 install-envpool: $(VENV)/.installed-envpool
 
+# The documentation site (mkdocs.yml): docs/reference/ regenerated from the registries, then built into site/
+# with --strict (a broken link, a missing anchor or a page left out of the navigation fails the build).
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[docs]"
+	touch $@
+
+install-docs: $(VENV)/.installed-docs
+
+docs: install-docs
+	$(BIN)/python scripts/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 demo: install
 	$(BIN)/reinforge train
 
@@ -92,4 +104,4 @@ base-model: install
 	$(BIN)/python scripts/build_tiny_base.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
