@@ -1,7 +1,7 @@
 """Every algorithm preset (and any whole-algorithm recipe given) on the built-in task, several seeds
 each, the same steps and batch shape for all: final held-out greedy accuracy with bootstrap
 intervals over seeds, wall-clock, and `reinforge compare` across them (IQM, probability of
-improvement). Its output is the table in docs/algorithms.md ("What each preset reaches here").
+improvement). Its output is the table in docs/measurements/presets.md ("What each preset reaches here").
 
     .venv/bin/python scripts/run_presets.py [--steps 100] [--seeds 3] [--out runs/presets]
         [--only grpo,dapo] [--recipe path/to/recipe.yaml ...]

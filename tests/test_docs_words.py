@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = [ROOT / "README.md", ROOT / "benchmarks" / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+FILES = [ROOT / "README.md", ROOT / "benchmarks" / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 ORGANISATION = {
     # a sitting of work ("this session", "second session"), not a process session or an HTTP session object
