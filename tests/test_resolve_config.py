@@ -75,3 +75,27 @@ def test_a_fresh_process_resolves_an_unpickled_config(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["vllm"]
+
+
+def test_auto_device_is_the_gpu_when_present_else_the_cpu_and_the_run_records_it(monkeypatch, tmp_path):
+    """``model.device=auto`` loads as written; ``resolve_config`` picks cuda when torch sees a GPU, else cpu;
+    the run's ``config.yaml`` records the device it ran on; a bad device is refused at load."""
+    import torch
+
+    loaded = load_config(None, ["model.device=auto"])
+    assert loaded.model.device == "auto"
+    assert resolve_config(loaded).model.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_config(loaded).model.device == "cuda" and loaded.model.device == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_config(loaded).model.device == "cpu"
+    assert "device: cpu" in _recorded_config(monkeypatch, tmp_path, ["model.device=auto"])
+    with pytest.raises(ConfigError, match="model.device"):
+        load_config(None, ["model.device=gpu0"])
+
+
+def test_building_from_an_unresolved_auto_device_names_the_fix():
+    from reinforge.orchestrate.components import build_components
+
+    with pytest.raises(ConfigError, match=r"resolve_config"):
+        build_components(load_config(None, ["model.device=auto"]))

@@ -45,8 +45,30 @@ class ModelConfig(_Strict):
     path: str = Field("tiny-base", description="HF model directory, or a shipped alias ('tiny-base')")
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = Field(
         "float32", description="weights' dtype; float64 is for exact-arithmetic checks (slow)")
-    device: str = Field("cpu", description="torch device for learner and rollout, e.g. 'cpu' or 'cuda'")
+    device: str = Field("cpu", description="torch device for learner and rollout, e.g. 'cpu' or 'cuda'; 'auto': "
+                        "cuda when a GPU is present, else cpu (chosen when the run's config is resolved; config.yaml "
+                        "records the choice)")
     lora: LoraConfig = Field(default_factory=LoraConfig)
+
+    @field_validator("device")
+    @classmethod
+    def _a_device(cls, v: str) -> str:
+        if v != "auto":
+            import torch
+
+            try:
+                torch.device(v)
+            except RuntimeError as e:
+                raise ValueError(f"not a torch device nor 'auto' ({e})") from None
+        return v
+
+    def resolved_device(self) -> str:
+        """``device``, with ``auto`` as the device it stands for here: ``cuda`` when a GPU is present, else ``cpu``."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class ReplayConfig(PartConfig):
@@ -375,7 +397,7 @@ class RunConfig(_Strict):
         if self.train.offload_reference and self.model.lora.enabled:
             raise ValueError("train.offload_reference: a LoRA policy has no reference copy to offload (its reference "
                              "is the base with the adapters disabled); set it to false")
-        if self.train.autocast == "bf16" and self.model.device.startswith("cuda"):
+        if self.train.autocast == "bf16" and self.model.resolved_device().startswith("cuda"):
             import torch
 
             if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():

@@ -45,7 +45,7 @@ def run_eval(
 
         run_cfg = load_config(recipe)
         task_cfg = run_cfg.task
-        verifier = build_reward(run_cfg.reward, run_cfg.task.verifier, run_cfg.model.device)
+        verifier = build_reward(run_cfg.reward, run_cfg.task.verifier, run_cfg.model.resolved_device())
     else:
         run_cfg = None
         spec = {"kind": task, "heldout_size": heldout_size, **({"path": str(data)} if data else {})}

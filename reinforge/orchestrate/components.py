@@ -16,6 +16,7 @@ from reinforge.data.samplers import TaskSamplerPart, build_task_sampler
 from reinforge.data.sources import build_task_splits
 from reinforge.envs.base import Environment
 from reinforge.envs.registry import build_environment
+from reinforge.errors import ConfigError
 from reinforge.learn import distributed
 from reinforge.learn.critic import build_critic
 from reinforge.learn.learner import Learner
@@ -159,6 +160,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     """The run's config with what depends on other sections or on the environment filled in (a copy;
     the validators only check, and ``cfg`` is not changed):
 
+    - ``model.device``: ``auto`` becomes ``cuda`` when a GPU is present, else ``cpu`` (``resolved_device``);
     - ``rollout.engine``: an entry that stands for another (``auto``) becomes the engine it chooses
       (``effective_engine``, the value the config checks read);
     - ``train.world_size``: under torchrun, the processes it started (``distributed.resolved_world_size``);
@@ -170,6 +172,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     everything that builds an engine from a config builds it from a resolved one."""
     register_parts(cfg)  # a spawned rank resolves again: the engine's entry is looked up
     resolved = cfg.model_copy(deep=True)
+    resolved.model.device = cfg.model.resolved_device()
     resolved.rollout.engine = effective_engine(cfg)
     resolved.train.world_size = distributed.resolved_world_size(cfg)
     if cfg.orchestrate.mode == "async" and "mode" not in cfg.algo.mismatch.model_fields_set:
@@ -183,6 +186,8 @@ def build_components(cfg: RunConfig) -> Components:
     shards the policy, each engine samples its rank's share of the prompts (``distributed.seed_rollout``
     gives each rank its own random stream)."""
     register_parts(cfg)
+    if cfg.model.device == "auto":
+        raise ConfigError("model.device=auto: build_components takes a resolved config (resolve_config(cfg))")
     distributed.check(cfg)
     seed_everything(cfg.seed)
     splits = build_task_splits(cfg.task)  # fail on bad data before loading any model

@@ -68,7 +68,7 @@ def resolve_auto(cfg: Any) -> str:
     except Exception as e:  # noqa: BLE001 - any failure to read the size is reported with the field
         raise ConfigError(f"rollout.engine=auto: cannot read the size of model.path={cfg.model.path!r} ({e}); "
                           "name the engine instead (rollout.engine=torch or vllm)") from None
-    return choose_engine(cfg.model.device, params, True)
+    return choose_engine(cfg.model.resolved_device(), params, True)
 
 
 @register_engine("auto", description="the faster of torch and vllm for the model and hardware, chosen when the "
