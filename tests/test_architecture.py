@@ -21,6 +21,8 @@ OTHER_MEANINGS = {
     ("serve/tool_calls.py", "none"),  # OpenAI's tool_choice "none" and the tool parser "none", not a mismatch mode
     # reward.pool, train.dist_backend and reward.on_error "auto", not the rollout engine "auto"
     ("rewards/build.py", "auto"), ("learn/distributed.py", "auto"), ("orchestrate/loop.py", "auto"),
+    # model.device "auto" (the GPU when present), not the rollout engine "auto"
+    ("config/model.py", "auto"), ("orchestrate/components.py", "auto"),
 }
 
 

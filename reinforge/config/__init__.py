@@ -15,6 +15,7 @@ from reinforge.config.base import (
     RewardShaperConfig,
     TaskSamplerConfig,
 )
+from reinforge.config.model import LoraConfig, ModelConfig
 from reinforge.config.recipes import (
     DEFAULT_RECIPE,
     PRESETS_DIR,
@@ -36,8 +37,6 @@ from reinforge.config.run import (
     EnvConfig,
     EvalConfig,
     LogConfig,
-    LoraConfig,
-    ModelConfig,
     OrchestrateConfig,
     RolloutConfig,
     RunConfig,
