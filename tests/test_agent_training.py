@@ -47,10 +47,11 @@ def test_agent_returning_its_reward_and_remax_greedy_baseline(tmp_path):
     assert 0 <= row["reward/mean"] <= 1 and row["batch/sequences"] >= 0
 
 
-def test_agent_config_errors():
+def test_agent_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="env.agent"):
         load_config(None, ["env.name=agent"])
     with pytest.raises(ConfigError, match="env.agent"):
         load_config(None, ["env.agent=x:y"])
-    with pytest.raises(Exception, match="cannot load"):
-        train(load_config(None, ["env.name=agent", "env.agent=no_such_module:agent", "train.steps=1"]))
+    with pytest.raises(Exception, match="cannot load"):  # its run directory in tmp_path, not the checkout's runs/
+        train(load_config(None, ["env.name=agent", "env.agent=no_such_module:agent", "train.steps=1",
+                                 f"output_dir={tmp_path}"]))

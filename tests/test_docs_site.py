@@ -8,13 +8,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from headless_browser import dump_dom, find_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_SECONDS = 60
@@ -69,22 +69,12 @@ def test_site_builds_strictly(site):
 
 @pytest.fixture(scope="module")
 def browser() -> str:
-    for name in ("chromium", "chromium-browser"):
-        if path := shutil.which(name):
-            return path
-    pytest.skip("chromium not installed: apt-get install -y chromium (the site's rendering test needs it)")
+    return find_browser("the site's rendering test needs it")
 
 
 def _dom(browser: str, page: Path, profile: Path) -> str:
-    """The page's DOM after load, as headless Chromium renders it (flags as tests/test_report.py)."""
-    out = subprocess.run(
-        [browser, "--headless", "--disable-gpu", "--no-sandbox", "--disable-dev-shm-usage", "--no-first-run",
-         f"--user-data-dir={profile}", "--virtual-time-budget=10000", "--window-size=1280,900", "--dump-dom",
-         page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=90,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+    """The page's DOM after load, as headless Chromium renders it."""
+    return dump_dom(browser, page, profile, window="1280,900")
 
 
 def test_chromium_shows_home_and_reference_pages(site, browser, tmp_path):

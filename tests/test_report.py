@@ -5,10 +5,9 @@ import html
 import json
 import random
 import re
-import shutil
-import subprocess
 
 import pytest
+from headless_browser import dump_dom, find_browser
 
 from reinforge.errors import ReinforgeError
 from reinforge.track.report import FAMILIES, write_report
@@ -225,23 +224,14 @@ def test_not_a_run_directory_is_a_clear_error(tmp_path):
 @pytest.fixture(scope="module")
 def browser() -> str:
     """Headless Chromium (Debian: chromium); the test is skipped, with the reason, where it is missing."""
-    for name in ("chromium", "chromium-browser"):
-        if path := shutil.which(name):
-            return path
-    pytest.skip("chromium not installed: apt-get install -y chromium chromium-driver (the rendering test needs it)")
+    return find_browser("the rendering test needs it")
 
 
 def _body_after_load(browser: str, page, profile) -> dict[str, str]:
     """The <body> attributes of the page's DOM after load, as headless Chromium renders it."""
-    out = subprocess.run(
-        [browser, "--headless", "--disable-gpu", "--no-sandbox", "--disable-dev-shm-usage", "--no-first-run",
-         f"--user-data-dir={profile}", "--virtual-time-budget=10000", "--window-size=1200,3000", "--dump-dom",
-         page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=90,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    body = re.search(r"<body([^>]*)>", out.stdout)
-    assert body, out.stdout[:2000]
+    dom = dump_dom(browser, page, profile)
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body, dom[:2000]
     return dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
 
 
