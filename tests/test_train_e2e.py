@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from reinforge.config import load_config
 from reinforge.errors import ConfigError, ReinforgeError, TrainingDiverged
 from reinforge.orchestrate.run import train
-from reinforge.orchestrate.step_metrics import CollapseDetector
+from reinforge.orchestrate.step_metrics import CollapseDetector, TruncationDetector
 from reinforge.track import provenance
 from reinforge.track.jsonl import read_jsonl
 
@@ -151,6 +151,18 @@ def test_collapse_is_reported_once_and_saturation_is_not():
     assert d.update({"step": 6, **flat}) is None  # said once
     solved = CollapseDetector(patience=2)
     assert all(solved.update({"step": s, "groups/spread_frac": 0.0, "reward/mean": 1.0}) is None for s in range(5))
+
+
+def test_answers_cut_at_the_token_limit_are_reported_once_naming_the_limit():
+    d = TruncationDetector(max_new_tokens=8, patience=3)
+    cut = {"response/truncated_frac": 0.95}
+    assert [d.update({"step": s, **cut}) for s in (1, 2)] == [None, None]
+    assert d.update({"step": 3, "response/truncated_frac": 0.5}) is None  # answers that end reset the count
+    assert [d.update({"step": s, **cut}) for s in (4, 5)] == [None, None]
+    msg = d.update({"step": 6, **cut})
+    assert msg is not None and "step 6" in msg and "rollout.max_new_tokens=8" in msg and "95%" in msg
+    assert d.update({"step": 7, **cut}) is None  # said once
+    assert d.update({"step": 8}) is None  # a step with nothing sampled
 
 
 def test_kl_penalty_loads_reference_and_is_reported(tmp_path):

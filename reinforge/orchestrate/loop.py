@@ -32,6 +32,7 @@ from reinforge.orchestrate.episodes import build_batch
 from reinforge.orchestrate.stages import build_stages
 from reinforge.orchestrate.step_metrics import (
     CollapseDetector,
+    TruncationDetector,
     gather_step,
     step_record,
     time_limit_message,
@@ -86,6 +87,7 @@ class Loop:
         self.reward_failures = JsonlSink(run_dir / "reward_failures.jsonl")
         self.progress_every = progress_every
         self.collapse = CollapseDetector(active=self.cfg.rollout.group_size > 1)  # one sample per prompt: no spread
+        self.truncation = TruncationDetector(self.cfg.rollout.max_new_tokens)
         self.collector = c.make_collector()  # this process's: the synchronous rollout, and evaluation
         if resumed and hasattr(self.collector, "load_state_dict"):  # e.g. a group sampler's earlier rollouts
             self.collector.load_state_dict(resumed.get("collector", {}))
@@ -295,6 +297,7 @@ class Loop:
                                             "completion": t.completion_text})
 
     def _warn_on_collapse(self, progress: ConsoleProgress, metrics: dict[str, Any]) -> None:
-        warning = self.collapse.update(metrics)
-        if warning:
-            progress.print(f"[bold red]warning:[/] {warning}")
+        """A collapsed policy (no reward spread) or answers cut at the token limit, each said once."""
+        for warning in (self.collapse.update(metrics), self.truncation.update(metrics)):
+            if warning:
+                progress.print(f"[bold red]warning:[/] {warning}")

@@ -51,6 +51,28 @@ class CollapseDetector:
         )
 
 
+class TruncationDetector:
+    """Says so (once) when at least ``share`` of the completions were cut at ``rollout.max_new_tokens`` for
+    ``patience`` steps in a row: the answers do not fit the token limit (e.g. the default recipe's 8 tokens,
+    sized for 2-digit addition, carried over to a task with longer answers)."""
+
+    def __init__(self, max_new_tokens: int, patience: int = COLLAPSE_PATIENCE, share: float = 0.9) -> None:
+        self.max_new_tokens, self.patience, self.share = max_new_tokens, patience, share
+        self.cut_steps, self.warned = 0, False
+
+    def update(self, metrics: dict[str, Any]) -> str | None:
+        if "response/truncated_frac" not in metrics:
+            return None
+        cut = metrics["response/truncated_frac"] >= self.share
+        self.cut_steps = self.cut_steps + 1 if cut else 0
+        if self.cut_steps < self.patience or self.warned:
+            return None
+        self.warned = True
+        return (f"step {metrics['step']}: {metrics['response/truncated_frac']:.0%} of the completions hit "
+                f"rollout.max_new_tokens={self.max_new_tokens} for {self.cut_steps} steps in a row: the answers are "
+                "cut before they end. Raise rollout.max_new_tokens for this task.")
+
+
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     n = len(trajs)
     if n == 0:  # e.g. every group of an async batch was too stale
