@@ -328,3 +328,35 @@ def test_the_judge_config_builds_the_mode_with_its_defaults():
     assert isinstance(point, LLMJudge) and "{completion}" in point.rubric
     with pytest.raises(ConfigError, match=r"mode group must contain \{completions\}"):
         GroupJudge("http://127.0.0.1:1/v1", "m", "{completion}")
+
+
+# --- in the training loop ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_run_scores_groups_with_judges_and_logs_the_swap_consistency(judges, tmp_path):
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+    from tests.test_docs_metrics import _undocumented
+
+    def lengths(content: str) -> str:
+        found = re.findall(r"^Candidate \d+:\n(.*?)(?=\n\nCandidate \d+:|\n\nReply with JSON)", content, re.M | re.S)
+        return json.dumps({"scores": [min(len(c), 10) for c in found]})
+
+    group, pairwise = judges.url(lengths), judges.url(lambda content: "Verdict: A")  # a position-biased judge
+    terms = (f"reward.terms=[{{name: exact, verifier: exact_match, primary: true}}, "
+             f"{{name: group, weight: 0.5, judge: {{mode: group, base_url: '{group}', model: j, max_retries: 0}}}}, "
+             f"{{name: pw, weight: 0.5, judge: {{mode: pairwise, base_url: '{pairwise}', model: j, max_retries: 0}}}}]")
+    result = train(load_config(None, [
+        f"output_dir={tmp_path}", "train.steps=2", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0",
+        "rollout.prompts_per_step=2", "rollout.group_size=3", "train.time_limit_s=0", "task.heldout_size=2",
+        "log.report=false", terms]))
+    rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert len(rows) == 2
+    for m in rows:
+        assert m["reward/judge/pw/swap_consistency"] == 0.0  # "A" both ways round: no pair agreed
+        assert m["reward/term/pw"] == 0.5 and m["reward/errors/group"] == 0.0 and 0 < m["reward/term/group"] <= 1
+    assert _undocumented(set(rows[0])) == set()
+    group_calls = [len(re.findall(r"^Candidate \d+:", c, re.M)) for c in judges.calls(group)]
+    assert group_calls.count(3) == 2 * 2  # one call per prompt and step, with its 3 samples
+    assert len(judges.calls(pairwise)) >= 2 * 2 * 3 * 2  # 3 pairs per prompt, both orders
