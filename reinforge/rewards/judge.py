@@ -7,6 +7,9 @@ with ``score_pattern`` (case-insensitive; the pattern's first group, else the wh
 number); the last match counts, since judges usually reason first. With ``scale = (lo, hi)``:
 ``reward = (v - lo) / (hi - lo)`` in [0, 1].
 
+``ChatJudge`` is the client (one user message, the reply's text) that the group and pairwise judges
+(``reinforge.rewards.judge_group``) share; without a rubric ``LLMJudge`` uses ``DEFAULT_RUBRIC``.
+
 Failure path: an HTTP / connection / timeout error, an empty reply, no match, or a value outside
 the scale raises ``JudgeError`` with the judge's raw text (truncated). Nothing is scored 0 here:
 ``CompositeReward``'s ``on_error`` decides (raise by default, or score 0 and count).
