@@ -69,6 +69,14 @@ def scripted(*replies: dict[str, Any]) -> Script:
     return script
 
 
+def answered_by(reply: Callable[[str, str], str]) -> Script:
+    """A script whose reply text is ``reply(episode_id, content of the request's last message)``: e.g. a
+    judge's verdict computed from the completions it was shown."""
+    def script(episode_id: str, body: dict[str, Any], k: int) -> dict[str, Any]:
+        return text_reply(reply(episode_id, body["messages"][-1]["content"]), extras=False)
+    return script
+
+
 class StubOpenAI:
     """The app (``.app``) and what it recorded: ``requests[episode]`` (chat request bodies, in
     order), ``rewards[episode]`` (the reward bodies), ``headers[episode]`` (the chat calls' headers)

@@ -133,3 +133,31 @@ def test_judge_in_a_composite_with_the_zero_policy(server_url):
     assert result.reward == pytest.approx(2.0 * good(TASKS[1], "=").reward)
     assert "no score" in result.errors["strict"]
     assert term_metrics([result])["reward/errors/strict"] == 1.0
+
+
+def test_group_and_pairwise_judges_through_the_server_turn_garbage_replies_into_counted_zeros(server_url):
+    """A local model behind `reinforge serve` answers the group and pairwise judges' requests; the tiny
+    arithmetic model's replies hold no scores or verdicts, so each is a JudgeError that on_error=zero
+    scores 0 for the whole group and counts."""
+    import openai
+
+    from reinforge.rewards.judge_group import GroupJudge, PairwiseJudge
+    from reinforge.rewards.pool import VerifierPool
+
+    options = dict(max_tokens=4, temperature=0.0, max_retries=0, timeout_s=30)
+    group = GroupJudge(server_url, MODEL, "{prompt}{completions}", **options)
+    pairwise = PairwiseJudge(server_url, MODEL, "{completion_a}+{completion_b}=", swap=False, **options)
+    client = openai.OpenAI(base_url=server_url, api_key="EMPTY", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0.0, messages=[
+        {"role": "user", "content": "12+3Candidate 1:\n15\n\nCandidate 2:\n14"}]).choices[0].message.content
+    with pytest.raises(JudgeError, match=re.escape(f"no scores in the judge's reply: {reply!r}")):
+        group.score_group(TASKS[0], ["15", "14"])  # the server's own reply reached the parser
+    with pytest.raises(JudgeError, match=r"no verdict in the judge's reply .*: '\d"):
+        pairwise.score_group(TASKS[0], ["15", "14"])
+    reward = CompositeReward([RewardTerm("exact", "exact_match", primary=True), RewardTerm("group", group),
+                              RewardTerm("pairwise", pairwise)], on_error="zero")
+    with VerifierPool(reward, on_error="zero") as pool:
+        outcomes = pool.score([TASKS[0]] * 2, ["15", "14"])
+    assert [(o.status, o.reward) for o in outcomes] == [("ok", 1.0), ("ok", 0.0)]
+    assert all(set(o.result.errors) == {"group", "pairwise"} for o in outcomes)
+    assert reward.error_counts == {"exact": 0, "group": 2, "pairwise": 2}

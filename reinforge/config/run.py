@@ -340,6 +340,10 @@ class RunConfig(_Strict):
         if isinstance(self.task, AgentTaskConfig) and not self.env.multi_turn:
             raise ValueError(f"task.kind={self.task.kind} is played in a multi-turn environment: set env.name "
                              f"(e.g. env.name={self.task.kind})")
+        for i, term in enumerate(self.reward.terms):  # group judges need a prompt's samples together
+            if self.env.multi_turn and term.judge is not None and term.judge.mode != "pointwise":
+                raise ValueError(f"reward.terms.{i}.judge.mode: a {term.judge.mode} judge scores the samples of a "
+                                 f"prompt together; env.name={self.env.name} scores each episode alone: use pointwise")
         return self
 
     @model_validator(mode="after")

@@ -7,6 +7,7 @@ have in `TaskConfigBase`. A key that belongs to another kind is refused, naming 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
@@ -247,17 +248,66 @@ class RewardModelConfig(_Strict):
     threshold: float = Field(0.0, description="correct = score > threshold")
 
 
+JUDGE_PLACEHOLDERS = {"pointwise": ("completion",), "group": ("completions",),
+                      "pairwise": ("completion_a", "completion_b")}
+"""The placeholders a judge rubric must contain, per mode (all may also use {prompt} and {answer})."""
+_MODE_ONLY = {"score_pattern": "pointwise", **dict.fromkeys(
+    ("verdict_pattern", "swap", "max_pairs", "pair_seed", "concurrency"), "pairwise")}
+
+
 class JudgeConfig(_Strict):
+    """An LLM judge (rewards/judge.py, rewards/judge_group.py): pointwise (one completion per call),
+    group (one call scores every sample of a prompt, RULER-style) or pairwise (A-vs-B win rates)."""
+
     base_url: str = Field(description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     model: str
-    rubric: str = Field(description="prompt template with {completion} (and {prompt}, {answer})")
+    mode: Literal["pointwise", "pairwise", "group"] = Field(
+        "pointwise", description="pointwise: a score per completion; group: one call scores all samples of a "
+        "prompt; pairwise: each sample's win rate against the others of its prompt")
+    rubric: str | None = Field(
+        None, description="prompt template (default: the mode's); pointwise needs {completion}, group "
+        "{completions} (also {n}, {low}, {high}), pairwise {completion_a} and {completion_b}; all may use "
+        "{prompt} and {answer}")
     api_key: str = "EMPTY"
-    scale: tuple[float, float] = (0, 10)
-    score_pattern: str | None = None
+    scale: tuple[float, float] = Field((0, 10), description="(low, high) of the judge's scores (pointwise, group)")
+    score_pattern: str | None = Field(None, description="pointwise: the regex whose last match is the score")
+    verdict_pattern: str | None = Field(None, description="pairwise: the regex whose last match is A, B or tie")
+    swap: bool = Field(True, description="pairwise: ask each pair in both orders; disagreeing verdicts are a tie")
+    max_pairs: int | None = Field(None, ge=1, description="pairwise: compare at most this many pairs per "
+                                  "prompt, drawn with pair_seed (default: all pairs)")
+    pair_seed: int = Field(0, description="pairwise: seeds the draw of max_pairs pairs (per task id)")
+    concurrency: int = Field(8, ge=1, description="pairwise: judge calls in flight at once for one prompt")
     max_tokens: int = Field(512, ge=1)
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(2, ge=0)
     threshold: float = 0.5
+
+    @field_validator("score_pattern", "verdict_pattern")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a regex: {exc}") from None
+        return v
+
+    @field_validator("scale")
+    @classmethod
+    def _scale(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not v[1] > v[0]:
+            raise ValueError("must be (low, high) with high > low")
+        return v
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> JudgeConfig:
+        needed = [f"{{{p}}}" for p in JUDGE_PLACEHOLDERS[self.mode] if self.rubric and f"{{{p}}}" not in self.rubric]
+        if needed:
+            raise ValueError(f"judge.rubric: mode {self.mode} needs {' and '.join(needed)} in the rubric")
+        wrong = [f for f, mode in _MODE_ONLY.items() if f in self.model_fields_set and mode != self.mode]
+        if wrong:
+            raise ValueError(f"judge.{wrong[0]} does not apply to mode {self.mode}")
+        return self
 
 
 class RewardTermConfig(_Strict):

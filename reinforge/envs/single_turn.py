@@ -28,7 +28,8 @@ class SingleTurnEnv:
 
 def verifier_step_result(result: RewardResult) -> StepResult:
     """The final step of a verifier-scored episode: its reward, ``correct``, and a composite reward's
-    named terms (``reward_terms``) and failed terms (``reward_term_errors``), logged per step."""
+    named terms (``reward_terms``), failed terms (``reward_term_errors``) and terms' counters
+    (``reward_term_stats``), logged per step."""
     info: dict = {"correct": result.correct}
     terms = getattr(result, "terms", None)
     if terms:
@@ -36,6 +37,9 @@ def verifier_step_result(result: RewardResult) -> StepResult:
     errors = getattr(result, "errors", None)
     if errors:
         info["reward_term_errors"] = dict(errors)
+    stats = getattr(result, "stats", None)
+    if stats and terms:  # a composite term's counters (a pairwise judge's pairs and agreed ones)
+        info["reward_term_stats"] = {name: dict(counters) for name, counters in stats.items()}
     if getattr(result, "status", "ok") != "ok":  # a failed call the reward pool scored 0 (rewards/pool.py)
         info["reward_status"], info["reward_error"] = result.status, result.error
     return StepResult(observation=[], reward=result.reward, done=True, info=info)

@@ -72,7 +72,7 @@ def score_single_turn(
                 metadata={"correct": bool(info.get("correct", False)), "reward_status": outcome.status,
                           "answer": outcome.result.answer if outcome.result is not None else None,
                           **({"reward_error": outcome.error} if outcome.error else {}),
-                          **{k: info[k] for k in ("reward_terms", "reward_term_errors") if k in info},
+                          **{k: info[k] for k in ("reward_terms", "reward_term_errors", "reward_term_stats") if k in info},
                           **gen.extra},  # a group sampler's per-sample record (e.g. its tree's subgroups)
             )
         )

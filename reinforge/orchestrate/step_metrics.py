@@ -8,6 +8,7 @@ from typing import Any
 
 from reinforge.learn import distributed
 from reinforge.orchestrate.episodes import BatchStats
+from reinforge.rewards.composite import judge_metrics
 from reinforge.types import Trajectory
 
 COLLAPSE_PATIENCE = 5  # steps in a row with no reward spread in any group before we warn
@@ -102,6 +103,7 @@ def reward_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return {
         **{f"reward/term/{name}": sum(v) / len(v) for name, v in terms.items()},
         **{f"reward/errors/{name}": float(n) for name, n in term_errors.items()},
+        **judge_metrics(t.metadata.get("reward_term_stats", {}) for t in trajs),
         "reward/failed_calls": float(sum(t.metadata.get("reward_status", "ok") != "ok" for t in trajs)),
         "reward/mean": mean,
         "reward/std": (sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)) ** 0.5,

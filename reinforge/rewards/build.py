@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reinforge.config import RewardConfig, RewardTermConfig
+from reinforge.config import JudgeConfig, RewardConfig, RewardTermConfig
 from reinforge.rewards.imported import resolve_verifier
 from reinforge.rewards.pool import PoolKind, VerifierPool
 from reinforge.rewards.verifiers import CPU_BOUND, VERIFIERS, Verifier
@@ -78,9 +78,24 @@ def _term_verifier(term: RewardTermConfig, device: str) -> str | Verifier:
                                    max_length=rm.max_length, device=device)
         return RewardModelVerifier(scorer, threshold=rm.threshold)
     assert term.judge is not None  # exactly one source, checked by RewardTermConfig
-    from reinforge.rewards.judge import DEFAULT_SCORE_PATTERN, LLMJudge
+    return build_judge(term.judge)
 
-    j = term.judge
-    return LLMJudge(j.base_url, j.model, j.rubric, api_key=j.api_key, max_tokens=j.max_tokens,
-                    score_pattern=j.score_pattern or DEFAULT_SCORE_PATTERN, scale=j.scale, timeout_s=j.timeout_s,
-                    max_retries=j.max_retries, threshold=j.threshold)
+
+def build_judge(j: JudgeConfig) -> Verifier:
+    """The judge of a ``judge`` section by its ``mode``: ``LLMJudge`` (pointwise), ``GroupJudge`` or
+    ``PairwiseJudge``; an unset rubric or pattern is the mode's default."""
+    client = dict(api_key=j.api_key, max_tokens=j.max_tokens, timeout_s=j.timeout_s, max_retries=j.max_retries)
+    if j.mode == "pointwise":
+        from reinforge.rewards.judge import DEFAULT_RUBRIC, DEFAULT_SCORE_PATTERN, LLMJudge
+
+        return LLMJudge(j.base_url, j.model, j.rubric or DEFAULT_RUBRIC, score_pattern=j.score_pattern or
+                        DEFAULT_SCORE_PATTERN, scale=j.scale, threshold=j.threshold, **client)
+    from reinforge.rewards import judge_group as g
+
+    if j.mode == "group":
+        return g.GroupJudge(j.base_url, j.model, j.rubric or g.DEFAULT_GROUP_RUBRIC, scale=j.scale,
+                            threshold=j.threshold, **client)
+    return g.PairwiseJudge(j.base_url, j.model, j.rubric or g.DEFAULT_PAIRWISE_RUBRIC,
+                           verdict_pattern=j.verdict_pattern or g.DEFAULT_VERDICT_PATTERN, swap=j.swap,
+                           max_pairs=j.max_pairs, pair_seed=j.pair_seed, concurrency=j.concurrency,
+                           threshold=j.threshold, **client)

@@ -12,14 +12,19 @@ Error policy (``on_error``), for a term that raises, returns something other tha
   (truncated). A broken reward function stops the run at its first error instead of training on zeros.
 - ``"zero"``: the term scores 0 for that sample; the error is kept on the result (``errors``),
   counted (``error_counts``) and logged: a warning with the sample on the term's first error, debug after.
-Timeouts are the caller's: ``VerifierPool`` bounds each call of the whole composite.
+Group terms: a term whose verifier has ``score_group(task, completions)`` (the group and pairwise
+judges, ``reinforge.rewards.judge_group``) is called once for all completions of a task
+(``CompositeReward.score_group``, which ``VerifierPool`` calls when ``scores_groups``); its failure
+fails the term for each completion of the group (raised, or 0 for each and counted per completion).
+Counters a term's result reports (``stats``) are kept per term (``judge_metrics``).
+Timeouts are the caller's: ``VerifierPool`` bounds each call of the whole composite (a whole group's).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -52,10 +57,12 @@ class RewardTerm:
 
 @dataclass(frozen=True)
 class CompositeRewardResult(RewardResult):
-    """A ``RewardResult`` with each term's raw value and each failed term's error."""
+    """A ``RewardResult`` with each term's raw value, each failed term's error, and the counters a term's
+    result reports (``stats``, e.g. a pairwise judge's ``pairs`` and ``agreed``)."""
 
     terms: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _resolve(term: RewardTerm) -> Verifier:
@@ -92,37 +99,70 @@ class CompositeReward:
         self.error_counts: dict[str, int] = {t.name: 0 for t in self.terms}
         self._warned: set[str] = set()
 
+    @property
+    def scores_groups(self) -> bool:
+        """Some term scores a whole group in one call (it has ``score_group``: the group and pairwise judges)."""
+        return any(callable(getattr(fn, "score_group", None)) for _, fn in self._fns)
+
     def __call__(self, task: Task, completion: str) -> CompositeRewardResult:
+        return self.score_group(task, [completion])[0] if self.scores_groups else self._combine(
+            [self._sample_term(term, fn, task, completion) for term, fn in self._fns])
+
+    def score_group(self, task: Task, completions: Sequence[str]) -> list[CompositeRewardResult]:
+        """One result per completion of ``task``: a term with ``score_group`` is called once for the
+        group (a failure fails the term for every completion), the others once per completion."""
+        columns = [self._group_term(term, fn, task, completions) if callable(getattr(fn, "score_group", None))
+                   else [self._sample_term(term, fn, task, c) for c in completions] for term, fn in self._fns]
+        return [self._combine([column[k] for column in columns]) for k in range(len(completions))]
+
+    def _call_task(self, term: RewardTerm, task: Task) -> Task:
+        return replace(task, metadata={**task.metadata, **term.params}) if term.params else task
+
+    def _sample_term(self, term: RewardTerm, fn: Verifier, task: Task, completion: str) -> _TermOutcome:
+        try:
+            return term, _checked(fn(self._call_task(term, task), completion)), None
+        except Exception as exc:
+            return term, None, self._failed(term, task, completion, exc)
+
+    def _group_term(self, term: RewardTerm, fn: Any, task: Task, completions: Sequence[str]) -> list[_TermOutcome]:
+        try:
+            results = fn.score_group(self._call_task(term, task), list(completions))
+            if not isinstance(results, list) or len(results) != len(completions):
+                raise TypeError(f"score_group returned {type(results).__name__} of "
+                                f"{len(results) if isinstance(results, list) else '?'} results for "
+                                f"{len(completions)} completions")
+            return [(term, _checked(r), None) for r in results]
+        except Exception as exc:
+            error = self._failed(term, task, completions[0] if completions else "", exc, len(completions))
+            return [(term, None, error)] * len(completions)
+
+    def _combine(self, outcomes: list[_TermOutcome]) -> CompositeRewardResult:
+        """The weighted sum of one completion's term outcomes (a failed term counts 0)."""
         values: dict[str, float] = {}
         errors: dict[str, str] = {}
+        stats: dict[str, dict[str, float]] = {}
         total, primary = 0.0, None
-        for term, fn in self._fns:
-            call_task = replace(task, metadata={**task.metadata, **term.params}) if term.params else task
-            try:
-                result = fn(call_task, completion)
-                if not isinstance(result, RewardResult):
-                    raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
-                value = float(result.reward)
-                if not math.isfinite(value):
-                    raise ValueError(f"returned a non-finite reward {value}")
-            except Exception as exc:
-                errors[term.name] = self._failed(term, task, completion, exc)
-                values[term.name] = 0.0
+        for term, result, error in outcomes:
+            if result is None:
+                errors[term.name], values[term.name] = error or "", 0.0
                 continue
-            values[term.name] = value
-            total += term.weight * value
+            values[term.name] = float(result.reward)
+            total += term.weight * float(result.reward)
+            if getattr(result, "stats", None):
+                stats[term.name] = dict(result.stats)  # type: ignore[attr-defined]
             if term is self.primary:
                 primary = result
         return CompositeRewardResult(
             total, primary.correct if primary else False, primary.answer if primary else None,
-            terms=values, errors=errors,
+            terms=values, errors=errors, stats=stats,
         )
 
-    def _failed(self, term: RewardTerm, task: Task, completion: str, exc: Exception) -> str:
-        self.error_counts[term.name] += 1
+    def _failed(self, term: RewardTerm, task: Task, completion: str, exc: Exception, group: int = 0) -> str:
+        self.error_counts[term.name] += max(group, 1)
         error = f"{type(exc).__name__}: {exc}"
+        where = f" (a group of {group} completions; the first)" if group else ""
         message = (f"reward term {term.name!r} failed on task {task.id!r}: {error}; "
-                   f"completion: {completion[:_SAMPLE_CHARS]!r}")
+                   f"completion{where}: {completion[:_SAMPLE_CHARS]!r}")
         if self.on_error == "raise":
             raise RewardTermError(message + " (set reward.on_error: zero to score such samples 0)") from exc
         if term.name in self._warned:
@@ -131,6 +171,19 @@ class CompositeReward:
             self._warned.add(term.name)
             log.warning(message + " (scored 0; later errors of this term are counted, not warned)")
         return error
+
+
+_TermOutcome = tuple[RewardTerm, RewardResult | None, str | None]
+
+
+def _checked(result: Any) -> RewardResult:
+    """``result`` if it is a RewardResult with a finite reward; TypeError / ValueError otherwise."""
+    if not isinstance(result, RewardResult):
+        raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
+    value = float(result.reward)
+    if not math.isfinite(value):
+        raise ValueError(f"returned a non-finite reward {value}")
+    return result
 
 
 def term_metrics(results: Sequence[RewardResult | None]) -> dict[str, float]:
@@ -151,7 +204,22 @@ def term_metrics(results: Sequence[RewardResult | None]) -> dict[str, float]:
             errors[name] = errors.get(name, 0) + 1
     metrics = {f"reward/{name}": sums[name] / counts[name] for name in sums}
     metrics.update({f"reward/errors/{name}": float(n) for name, n in errors.items()})
+    metrics.update(judge_metrics(r.stats for r in results if isinstance(r, CompositeRewardResult)))
     return metrics
+
+
+def judge_metrics(samples: Iterable[Mapping[str, Mapping[str, float]]]) -> dict[str, float]:
+    """``reward/judge/<term>/swap_consistency`` = sum of ``agreed`` / sum of ``pairs`` over the samples'
+    per-term ``stats`` (a pairwise judge with ``swap``: the fraction of pairs whose two orders agreed;
+    each pair counts once per sample in it, so twice, which leaves the ratio unchanged)."""
+    pairs: dict[str, float] = {}
+    agreed: dict[str, float] = {}
+    for stats in samples:
+        for name, counters in stats.items():
+            if "pairs" in counters and "agreed" in counters:
+                pairs[name] = pairs.get(name, 0.0) + counters["pairs"]
+                agreed[name] = agreed.get(name, 0.0) + counters["agreed"]
+    return {f"reward/judge/{name}/swap_consistency": agreed[name] / n for name, n in pairs.items() if n > 0}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,6 +13,11 @@ Two kinds of worker:
   verifier must pickle (registered verifiers and ``CompositeReward`` of them do); each worker
   costs one Python interpreter importing the verifier's modules (~2 s, once per pool).
 
+Group scoring: a verifier with a true ``scores_groups`` (a ``CompositeReward`` with a group or pairwise
+judge term) is called once per task id of a batch, ``score_group(task, completions)`` with all of that
+task's completions (the samples of one prompt), under one timeout; a failed or timed-out group call
+fails each of its completions. Any other verifier is called once per completion, as before.
+
 A call that raises or times out is counted (``stats``), logged with its task id and completion,
 and kept in ``failures`` (the last 1000). The error policy ``on_error``: ``"zero"`` scores it 0,
 ``"raise"`` makes ``score`` raise ``VerifierError``. A verifier with its own ``on_error``
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from reinforge.errors import ReinforgeError
-from reinforge.rewards.pool_backends import OnError, _ProcessBackend, _ThreadBackend
+from reinforge.rewards.pool_backends import CompletionGroup, OnError, _ProcessBackend, _Raw, _ThreadBackend
 from reinforge.rewards.verifiers import RewardResult, Verifier
 from reinforge.types import Task
 
@@ -108,18 +113,37 @@ class VerifierPool:
             self.verifier.on_error = value
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[VerifierOutcome]:
-        """One outcome per (task, completion), in order."""
+        """One outcome per (task, completion), in order. A verifier that ``scores_groups`` (a composite
+        with a group or pairwise judge term) gets one call per task id with all of its completions."""
         if len(tasks) != len(completions):
             raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
         self.stats["calls"] += len(tasks)
+        if getattr(self.verifier, "scores_groups", False):
+            return self._score_groups(tasks, completions)
         raw = self._backend.run(list(zip(tasks, completions, strict=True)), self.timeout_s, self.on_error)
-        outcomes = []
-        for task, completion, (status, payload, seconds, exc) in zip(tasks, completions, raw, strict=True):
-            if status == "ok":
-                outcomes.append(VerifierOutcome(float(payload.reward), "ok", payload, "", seconds))
-            else:
-                outcomes.append(self._failed(task, completion, status, payload, seconds, exc))
-        return outcomes
+        return [self._outcome(task, completion, reply)
+                for task, completion, reply in zip(tasks, completions, raw, strict=True)]
+
+    def _score_groups(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[VerifierOutcome]:
+        """The pairs grouped by task id (in order of first appearance): one ``score_group`` call each,
+        whose results (or failure) go back to the group's positions."""
+        groups: dict[str, list[int]] = {}
+        for i, task in enumerate(tasks):
+            groups.setdefault(task.id, []).append(i)
+        items = [(tasks[idx[0]], CompletionGroup(completions[i] for i in idx)) for idx in groups.values()]
+        raw = self._backend.run(items, self.timeout_s, self.on_error)
+        outcomes: list[VerifierOutcome | None] = [None] * len(tasks)
+        for idx, (status, payload, seconds, exc) in zip(groups.values(), raw, strict=True):
+            for k, i in enumerate(idx):
+                reply = (status, payload[k] if status == "ok" else payload, seconds, exc)
+                outcomes[i] = self._outcome(tasks[i], completions[i], reply)  # type: ignore[arg-type]
+        return outcomes  # type: ignore[return-value]
+
+    def _outcome(self, task: Task, completion: str, reply: _Raw) -> VerifierOutcome:
+        status, payload, seconds, exc = reply
+        if status == "ok":
+            return VerifierOutcome(float(payload.reward), "ok", payload, "", seconds)
+        return self._failed(task, completion, status, payload, seconds, exc)
 
     def _failed(self, task: Task, completion: str, status: Literal["error", "timeout"], error: str,
                 seconds: float, exc: BaseException | None) -> VerifierOutcome:

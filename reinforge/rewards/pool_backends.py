@@ -2,7 +2,8 @@
 
 Each runs a batch of ``(task, completion)`` calls with a per-call timeout and reports every call as
 ``_Raw``: (status ``ok``/``error``/``timeout``, the ``RewardResult`` or the error text, seconds, the
-exception or None). The pool turns these into outcomes and applies the ``on_error`` policy.
+exception or None). A call whose completion is a ``CompletionGroup`` is one ``score_group`` call for
+the whole group (its payload: a list of RewardResults). The pool turns these into outcomes and applies the ``on_error`` policy.
 """
 
 from __future__ import annotations
@@ -29,6 +30,30 @@ OnError = Literal["raise", "zero"]
 _Raw = tuple[Literal["ok", "error", "timeout"], Any, float, BaseException | None]
 
 
+class CompletionGroup(tuple):
+    """The completions of one task handed to a group-scoring verifier as one call (``score_group``)."""
+
+    __slots__ = ()
+
+
+def _invoke(verifier: Any, task: Task, completion: str | CompletionGroup) -> RewardResult | list[RewardResult]:
+    """``verifier(task, completion)``, or ``verifier.score_group(task, completions)`` for a
+    ``CompletionGroup``: a RewardResult (a list of one per completion), else TypeError."""
+    if isinstance(completion, CompletionGroup):
+        results = verifier.score_group(task, list(completion))
+        if not isinstance(results, list) or len(results) != len(completion) or not all(
+                isinstance(r, RewardResult) for r in results):
+            raise TypeError(f"score_group did not return {len(completion)} RewardResults")
+        return results
+    result = verifier(task, completion)
+    if not isinstance(result, RewardResult):
+        raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
+    return result
+
+
+_Item = tuple[Task, "str | CompletionGroup"]
+
+
 # ----------------------------------------------------------------------------------------------
 # Threads
 
@@ -49,7 +74,7 @@ class _ThreadBackend:
         self._next_thread = 0
         self._closed = False
 
-    def run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
+    def run(self, items: list[_Item], timeout_s: float, on_error: OnError) -> list[_Raw]:
         """The timeout counts from when a call starts running, not from submission."""
         self._closed = False
         self._fill()
@@ -136,13 +161,10 @@ class _ThreadBackend:
     def wait_ready(self) -> None:
         pass
 
-    def _call(self, task: Task, completion: str) -> _Raw:
+    def _call(self, task: Task, completion: str | CompletionGroup) -> _Raw:
         start = time.monotonic()
         try:
-            result = self.verifier(task, completion)
-            if not isinstance(result, RewardResult):
-                raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
-            return ("ok", result, time.monotonic() - start, None)
+            return ("ok", _invoke(self.verifier, task, completion), time.monotonic() - start, None)
         except Exception as exc:
             return ("error", f"{type(exc).__name__}: {exc}", 0.0, exc)
 
@@ -168,10 +190,7 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
             verifier.on_error = on_error
         start = time.monotonic()
         try:
-            result = verifier(task, completion)
-            if not isinstance(result, RewardResult):
-                raise TypeError(f"returned {type(result).__name__}, not a RewardResult")
-            reply: tuple = ("ok", result, time.monotonic() - start)
+            reply: tuple = ("ok", _invoke(verifier, task, completion), time.monotonic() - start)
         except Exception as exc:  # reported to the parent, which applies the policy
             reply = ("error", f"{type(exc).__name__}: {exc}", time.monotonic() - start)
         try:
@@ -242,11 +261,11 @@ class _ProcessBackend:
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
-    def run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
+    def run(self, items: list[_Item], timeout_s: float, on_error: OnError) -> list[_Raw]:
         with self._batch_lock:
             return self._run(items, timeout_s, on_error)
 
-    def _run(self, items: list[tuple[Task, str]], timeout_s: float, on_error: OnError) -> list[_Raw]:
+    def _run(self, items: list[_Item], timeout_s: float, on_error: OnError) -> list[_Raw]:
         raw: list[_Raw | None] = [None] * len(items)
         queue = deque(range(len(items)))
         idle = [w for w in self._workers if w.ready]
