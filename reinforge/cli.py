@@ -1,4 +1,4 @@
-"""`reinforge train | sft | eval | compare | report | serve | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
+"""`reinforge train | sft | rm | eval | compare | report | serve | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
 
 from __future__ import annotations
 
@@ -111,6 +111,32 @@ def sft(
     args = args or []
     recipe = [a for a in args if "=" not in a]
     train([*recipe, *SFT_OVERRIDES, f"demonstrations.path={data}", *[a for a in args if "=" in a]], resume=None)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def rm(
+    args: Annotated[list[str] | None, typer.Argument(
+        help="[RECIPE] [key.path=value ...]: a reward-model recipe file or shipped name (default: "
+             "arithmetic_nearmiss), then dotted overrides, e.g. data.path=pairs.jsonl train.steps=200")] = None,
+) -> None:
+    """Train a reward model on preference pairs (Bradley-Terry; margins, centering, ensembles): an HF
+    sequence-classification directory the reward_model reward term loads (docs/rewards.md)."""
+    args = args or []
+    recipes = [a for a in args if "=" not in a]
+    if len(recipes) > 1:
+        _fail(f"expected at most one recipe, got {recipes}; overrides look like key.path=value")
+
+    def go() -> None:
+        from reinforge.rm.config import load_rm_config
+        from reinforge.rm.train import train_reward_model
+
+        result = train_reward_model(load_rm_config(recipes[0] if recipes else "arithmetic_nearmiss",
+                                                   [a for a in args if "=" in a]))
+        typer.echo(f"\ndone after {result.steps} steps. reward model: "
+                   f"{result.model_dirs[0] if len(result.model_dirs) == 1 else result.run_dir / 'ensemble.json'}\n"
+                   f"run directory: {result.run_dir}")
+
+    _run_guarded(go)
 
 
 # What makes a run SFT: the nll term on demonstrations only (no KL, no reference model); the policy

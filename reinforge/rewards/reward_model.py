@@ -69,6 +69,18 @@ class RunningMeanStd:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
+def reward_text_ids(tokenizer: Any, prompt: str | list[dict[str, str]], completion: str) -> list[int]:
+    """The ids a reward model scores for ``completion`` as the answer to ``prompt`` (the module
+    docstring's rule); ``reinforge rm`` trains on exactly these."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt + completion, add_special_tokens=True)["input_ids"])
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": completion}], tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    text = "\n".join(m["content"] for m in prompt) + completion
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
 def reward_model_dir(path: str, label: str = "reward model") -> Path:
     """``path`` as a Hugging Face model directory, or a ConfigError starting with ``label``."""
     directory = Path(path).expanduser()
@@ -138,15 +150,8 @@ class RewardModelScorer:
         return 2048
 
     def encode(self, task: Task, completion: str) -> list[int]:
-        """Token ids of the pair (before truncation); see the module docstring."""
-        tok, prompt = self.tokenizer, task.prompt
-        if isinstance(prompt, str):
-            return list(tok(prompt + completion, add_special_tokens=True)["input_ids"])
-        if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template([*prompt, {"role": "assistant", "content": completion}], tokenize=False)
-            return list(tok(text, add_special_tokens=False)["input_ids"])
-        text = "\n".join(m["content"] for m in prompt) + completion
-        return list(tok(text, add_special_tokens=True)["input_ids"])
+        """Token ids of the pair (before truncation); see ``reward_text_ids``."""
+        return reward_text_ids(self.tokenizer, task.prompt, completion)
 
     def _truncate(self, ids: list[int]) -> list[int]:
         if len(ids) <= self.max_length:

@@ -1,0 +1,116 @@
+"""A reward-model recipe (``reinforge rm``): the base model, the pairs, the loss, training and output,
+validated by pydantic with errors that name the dotted field. Shipped recipes live in
+``reinforge/recipes/rm/``; any YAML file with these sections works too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from reinforge.config.base import Part, PartRef, _Strict
+from reinforge.config.recipes import RECIPES_DIR, _format_validation_error, apply_overrides
+from reinforge.config.task import ArithmeticTaskConfig
+from reinforge.errors import ConfigError
+
+RM_RECIPES_DIR = RECIPES_DIR / "rm"
+
+
+class RMModelConfig(_Strict):
+    path: str = Field("tiny-base", description="where the reward model starts: a causal LM (its transformer is "
+                      "kept, a fresh score head added), a reward model directory, a run directory or a shipped name")
+    heads: int = Field(1, ge=1, description="score heads on one transformer (num_labels); more than 1 is an "
+                       "ensemble of heads, each trained on every pair, aggregated when scored")
+    device: str = Field("cpu", description="cpu, cuda, cuda:N")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
+
+
+class PairColumns(_Strict):
+    prompt: str = Field("prompt", description="text or chat messages (not needed for conversation rows)")
+    chosen: str = Field("chosen", description="the preferred answer: text, or a conversation ending with it")
+    rejected: str = Field("rejected", description="the other answer, in the same form")
+    margin: str | None = Field(None, description="optional: each pair's margin for the margin loss")
+
+
+class RMDataConfig(_Strict):
+    path: str = Field("task", description="JSONL, CSV or Parquet file or datasets directory of pairs; 'task': "
+                      "near-miss pairs from `task` (the reference answer over a wrong number next to it)")
+    split: str | None = Field(None, description="split of a datasets directory")
+    heldout_path: str | None = Field(None, description="held-out pairs (default: whole prompts split off path)")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="share of path's pairs held out (by prompt)")
+    heldout_max: int = Field(500, ge=1, description="at most this many held-out pairs")
+    columns: PairColumns = Field(default_factory=PairColumns)
+    task: ArithmeticTaskConfig = Field(default_factory=lambda: ArithmeticTaskConfig(kind="arithmetic"),
+                                       description="with path: task, the arithmetic task whose splits make the pairs")
+    pairs_per_task: int = Field(6, ge=1, le=6, description="with path: task, near misses per task (distinct offsets)")
+
+
+class RMTrainConfig(_Strict):
+    steps: int = Field(400, ge=1, description="optimizer steps")
+    batch_size: int = Field(32, ge=1, description="pairs per step")
+    lr: float = Field(3e-4, gt=0)
+    head_lr: float | None = Field(None, gt=0, description="learning rate of the score head (default: lr)")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    grad_clip: float = Field(1.0, gt=0)
+    eval_every: int = Field(100, ge=0, description="held-out pair accuracy every N steps (0: at the end only)")
+    time_limit_s: float = Field(0.0, ge=0, description="stop after this many seconds (0: no limit)")
+    log_every: int = Field(20, ge=1, description="a console line every N steps")
+
+
+class RMConfig(_Strict):
+    seed: int = Field(0, ge=0)
+    name: str | None = Field(None, description="run directory name under output_dir (default: timestamped)")
+    output_dir: str = Field("runs", description="where run directories are created")
+    model: RMModelConfig = Field(default_factory=RMModelConfig)
+    data: RMDataConfig = Field(default_factory=RMDataConfig)
+    loss: Annotated[PartRef, Part("rm_loss")] = Field(
+        "bradley_terry", validate_default=True, description="the pairwise loss with its options inline, e.g. "
+        "{name: bradley_terry, margin: true, center_coef: 0.01}")
+    train: RMTrainConfig = Field(default_factory=RMTrainConfig)
+    ensemble: int = Field(1, ge=1, description="k > 1: train k reward models (seeds seed..seed+k-1) into members/")
+
+
+def rm_recipe_names() -> list[str]:
+    return sorted(p.stem for p in RM_RECIPES_DIR.glob("*.yaml"))
+
+
+def rm_recipe_path(recipe: str) -> Path:
+    """A file path, or the name of a shipped reward-model recipe."""
+    path = Path(recipe).expanduser()
+    if path.is_file():
+        return path
+    shipped = RM_RECIPES_DIR / f"{recipe}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(f"reward-model recipe {recipe!r}: no such file, nor a shipped one "
+                      f"({', '.join(rm_recipe_names())})")
+
+
+def rm_config_from_dict(data: dict[str, Any], source: str = "config") -> RMConfig:
+    try:
+        return RMConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None
+
+
+def load_rm_config(recipe: str | None, overrides: list[str] | None = None) -> RMConfig:
+    """A recipe (file or shipped name; None: the defaults) and dotted overrides -> config. A relative
+    data path in a recipe file is taken relative to the recipe's directory when it exists there."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if recipe is not None:
+        path = rm_recipe_path(recipe)
+        source = str(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        for key in ("path", "heldout_path"):
+            value = (data.get("data") or {}).get(key)
+            if isinstance(value, str) and value != "task" and (path.parent / value).exists():
+                data["data"][key] = str(path.parent / value)
+    return rm_config_from_dict(apply_overrides(data, list(overrides or [])), source)

@@ -1,0 +1,84 @@
+"""The reward model's network: any Hugging Face causal LM (or reward model) as an
+``AutoModelForSequenceClassification`` with ``heads`` score outputs, and its atomic save.
+
+From a causal LM the transformer's weights are kept and the score head (``hidden -> heads``, no bias)
+starts at zero, so every score starts at 0 and the first steps move the head before the body (a
+random head adds noise that the pairwise loss must first undo). From a reward model directory both
+are kept (continued training); its number of heads must match.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reinforge.errors import ConfigError
+from reinforge.models.adapters import is_adapter_dir
+from reinforge.models.loading import _existing_model_dir, load_tokenizer
+
+
+def _is_reward_model(config: Any) -> bool:
+    return any(str(a).endswith("ForSequenceClassification") for a in (config.architectures or []))
+
+
+def build_reward_model(path: str, heads: int, device: str = "cpu") -> tuple[torch.nn.Module, Any]:
+    """``(model, tokenizer)`` for training a reward model from ``path`` (see the module docstring)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    directory = _existing_model_dir(path)
+    if is_adapter_dir(directory):
+        raise ConfigError(f"model.path: {directory} is a LoRA adapter; export it to a full model first "
+                          "(`reinforge export`) and start the reward model from that")
+    config = AutoConfig.from_pretrained(directory)
+    continued = _is_reward_model(config)
+    if continued and config.num_labels != heads:
+        raise ConfigError(f"model.heads: {heads}, but the reward model at {directory} has {config.num_labels} "
+                          "head(s); continue it with the same number")
+    tokenizer = load_tokenizer(directory)
+    hf_logging.disable_progress_bar()
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a fresh head is 'missing' from a causal LM's weights: expected
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(directory, num_labels=heads, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(previous)
+    if model.config.get_text_config().pad_token_id is None:
+        model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    model.config.pad_token_id = model.config.get_text_config().pad_token_id
+    if not continued:
+        head = _score_head(model)
+        torch.nn.init.zeros_(head.weight)
+        if head.bias is not None:
+            torch.nn.init.zeros_(head.bias)
+    return model.to(device), tokenizer
+
+
+def _score_head(model: torch.nn.Module) -> torch.nn.Linear:
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, torch.nn.Linear):
+            return head
+    raise ConfigError(f"{type(model).__name__}: no linear score head (score / classifier) found")
+
+
+def head_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return list(_score_head(model).parameters())
+
+
+def save_reward_model(model: torch.nn.Module, tokenizer: Any, out: Path) -> Path:
+    """``out`` as a Hugging Face directory (safetensors and tokenizer), written to a temporary sibling
+    and renamed into place, so a crash never leaves half a model at ``out``."""
+    tmp = out.with_name(f".tmp_{out.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,221 @@
+"""``reinforge rm``: train a reward model on preference pairs (docs/rewards.md).
+
+A run directory ``runs/<name>/`` holds ``config.yaml``, ``metrics.jsonl`` (loss, train pair accuracy,
+score gap and mean every step; held-out accuracy every ``train.eval_every``), ``eval.json`` (held-out
+pair accuracy with its 95% bootstrap interval, calibration bins), ``calibration.png`` and the reward
+model: ``model/`` (one model) or ``members/<i>/`` plus ``ensemble.json`` (``ensemble: k``), each an
+HF ``AutoModelForSequenceClassification`` directory the ``reward_model`` reward term loads as it is.
+
+Each pair is encoded as the scorer encodes (``rewards.reward_model.reward_text_ids``: the RM
+tokenizer's chat template over prompt + answer), keeping the last tokens that fit the model's context.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from rich.console import Console
+
+from reinforge.algo.reward_losses import RM_LOSSES
+from reinforge.data.sources import build_task_splits
+from reinforge.orchestrate.run_dir import new_run_dir
+from reinforge.rewards.reward_model import reward_text_ids
+from reinforge.rm.config import RMConfig
+from reinforge.rm.data import PreferencePair, near_miss_pairs, read_pairs, split_by_prompt
+from reinforge.rm.evaluate import PairEval, evaluate_pairs, plot_calibration
+from reinforge.rm.model import build_reward_model, head_parameters, save_reward_model
+from reinforge.track.jsonl import JsonlSink
+
+
+@dataclass
+class RMResult:
+    run_dir: Path
+    model_dirs: list[Path]
+    heldout: PairEval
+    steps: int
+    seconds: float
+
+
+def load_pairs(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out) pairs: from the task's two splits, or a file split by prompt (or two files)."""
+    d = cfg.data
+    if d.path == "task":
+        splits = build_task_splits(d.task)
+        return near_miss_pairs(splits.train, d.pairs_per_task), near_miss_pairs(splits.heldout, d.pairs_per_task)
+    pairs = read_pairs(d.path, d.columns, d.split)
+    if d.heldout_path is not None:
+        return pairs, read_pairs(d.heldout_path, d.columns, d.split)
+    heldout = max(1, min(d.heldout_max, round(d.heldout_fraction * len(pairs))))
+    return split_by_prompt(pairs, heldout, cfg.seed)
+
+
+class EncodedPairs:
+    """Token ids of every pair's two sides, and right-padded batches of them."""
+
+    def __init__(self, pairs: list[PreferencePair], tokenizer: Any, max_length: int) -> None:
+        self.chosen = [self._ids(tokenizer, p, p.chosen, max_length) for p in pairs]
+        self.rejected = [self._ids(tokenizer, p, p.rejected, max_length) for p in pairs]
+        self.margin = torch.tensor([p.margin for p in pairs], dtype=torch.float32)
+        self.pad_id = int(tokenizer.pad_token_id)
+
+    @staticmethod
+    def _ids(tokenizer: Any, pair: PreferencePair, answer: str, max_length: int) -> list[int]:
+        ids = reward_text_ids(tokenizer, pair.prompt, answer)
+        return ids[-max_length:]
+
+    def __len__(self) -> int:
+        return len(self.chosen)
+
+    def batch(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, attention mask) of ``2 * len(index)`` rows: the chosen sides, then the rejected ones."""
+        rows = [self.chosen[i] for i in index] + [self.rejected[i] for i in index]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for k, r in enumerate(rows):
+            ids[k, : len(r)] = torch.tensor(r)
+            mask[k, : len(r)] = 1
+        return ids, mask
+
+
+def pair_scores(model: torch.nn.Module, data: EncodedPairs, index: np.ndarray, device: str
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) scores ``[len(index), heads]``."""
+    ids, mask = data.batch(index)
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+    return logits[: len(index)], logits[len(index):]
+
+
+@torch.inference_mode()
+def heldout_scores(model: torch.nn.Module, data: EncodedPairs, device: str, batch: int = 256
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    was_training = model.training
+    model.eval()
+    parts = [pair_scores(model, data, np.arange(s, min(s + batch, len(data))), device)
+             for s in range(0, len(data), batch)]
+    model.train(was_training)
+    return torch.cat([c for c, _ in parts]).cpu(), torch.cat([r for _, r in parts]).cpu()
+
+
+def _schedule(cfg: RMConfig) -> Any:
+    t = cfg.train
+
+    def factor(step: int) -> float:
+        if step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        if t.lr_schedule == "cosine":
+            progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
+
+    return factor
+
+
+def _optimizer(model: torch.nn.Module, cfg: RMConfig) -> torch.optim.Optimizer:
+    head = {id(p) for p in head_parameters(model)}
+    body = [p for p in model.parameters() if id(p) not in head]
+    groups = [{"params": body, "lr": cfg.train.lr},
+              {"params": head_parameters(model), "lr": cfg.train.head_lr or cfg.train.lr}]
+    return torch.optim.AdamW(groups, weight_decay=cfg.train.weight_decay)
+
+
+def train_member(cfg: RMConfig, seed: int, train: EncodedPairs, held: EncodedPairs, model: torch.nn.Module,
+                 sink: JsonlSink, console: Console, label: str = "") -> int:
+    """Train ``model`` in place on ``train``; returns the steps taken (``time_limit_s`` may stop it early)."""
+    t, device = cfg.train, cfg.model.device
+    loss_fn, loss_cfg = RM_LOSSES.get(cfg.loss), cfg.loss.settings
+    optimizer = _optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(cfg))
+    rng = np.random.default_rng(seed)
+    order, cursor, start = rng.permutation(len(train)), 0, time.monotonic()
+    model.train()
+    step = 0
+    for step in range(1, t.steps + 1):
+        if cursor + t.batch_size > len(order):
+            order, cursor = rng.permutation(len(train)), 0
+        index = order[cursor : cursor + t.batch_size]
+        cursor += t.batch_size
+        chosen, rejected = pair_scores(model, train, index, device)
+        loss, metrics = loss_fn(chosen, rejected, train.margin[index].to(device), loss_cfg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        record = {"step": step, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
+                  **{f"train/{k}": float(v) for k, v in metrics.items()}, **({"member": label} if label else {})}
+        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+            c, r = heldout_scores(model, held, device)
+            record["heldout/pair_accuracy"] = evaluate_pairs(c.mean(-1), r.mean(-1), n_boot=1).accuracy
+        sink.write(record)
+        if step % t.log_every == 0 or "heldout/pair_accuracy" in record:
+            extra = f"  held-out acc {record['heldout/pair_accuracy']:.3f}" if "heldout/pair_accuracy" in record else ""
+            console.print(f"{label}step {step}/{t.steps}  loss {record['loss']:.4f}  train acc "
+                          f"{record['train/accuracy']:.3f}{extra}  {time.monotonic() - start:.0f}s", highlight=False)
+        if t.time_limit_s and time.monotonic() - start > t.time_limit_s:
+            console.print(f"{label}time limit {t.time_limit_s:g}s reached at step {step}", highlight=False)
+            break
+    return step
+
+
+def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResult:
+    """The whole run (see the module docstring)."""
+    console = console or Console()
+    if cfg.model.threads:
+        torch.set_num_threads(cfg.model.threads)
+    begin = time.monotonic()
+    train_pairs, held_pairs = load_pairs(cfg)
+    run_dir = new_run_dir(Path(cfg.output_dir), cfg.name, f"rm-{cfg.loss}")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    console.print(f"reward model: {len(train_pairs)} training pairs, {len(held_pairs)} held-out pairs -> {run_dir}",
+                  highlight=False)
+    sink = JsonlSink(run_dir / "metrics.jsonl")
+    members: list[Path] = []
+    chosen_sum = rejected_sum = None
+    steps = 0
+    for k in range(cfg.ensemble):
+        seed = cfg.seed + k
+        torch.manual_seed(seed)
+        model, tokenizer = build_reward_model(cfg.model.path, cfg.model.heads, cfg.model.device)
+        limit = _context_length(model)
+        train, held = EncodedPairs(train_pairs, tokenizer, limit), EncodedPairs(held_pairs, tokenizer, limit)
+        label = f"[member {k}] " if cfg.ensemble > 1 else ""
+        steps = train_member(cfg, seed, train, held, model, sink, console, label)
+        out = run_dir / "model" if cfg.ensemble == 1 else run_dir / "members" / str(k)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        members.append(save_reward_model(model, tokenizer, out))
+        c, r = heldout_scores(model, held, cfg.model.device)
+        chosen_sum = c if chosen_sum is None else chosen_sum + c
+        rejected_sum = r if rejected_sum is None else rejected_sum + r
+    assert chosen_sum is not None and rejected_sum is not None
+    result = evaluate_pairs(chosen_sum.mean(-1), rejected_sum.mean(-1), seed=cfg.seed)
+    _write_outputs(run_dir, cfg, result, members)
+    seconds = time.monotonic() - begin
+    console.print(f"held-out pair accuracy {result.accuracy:.3f} [{result.low:.3f}, {result.high:.3f}] over "
+                  f"{result.pairs} pairs, calibration error {result.ece:.3f}; {seconds:.0f}s", highlight=False)
+    return RMResult(run_dir, members, result, steps, seconds)
+
+
+def _context_length(model: torch.nn.Module) -> int:
+    config = model.config.get_text_config()
+    for name in ("max_position_embeddings", "n_positions"):
+        if isinstance(getattr(config, name, None), int):
+            return int(getattr(config, name))
+    return 2048
+
+
+def _write_outputs(run_dir: Path, cfg: RMConfig, result: PairEval, members: list[Path]) -> None:
+    (run_dir / "eval.json").write_text(json.dumps({"heldout": result.to_dict(), "heads": cfg.model.heads,
+                                                   "members": len(members)}, indent=2))
+    if len(members) > 1:
+        (run_dir / "ensemble.json").write_text(json.dumps(
+            {"members": [str(m.relative_to(run_dir)) for m in members], "aggregate": "mean"}, indent=2))
+    plot_calibration(result, run_dir / "calibration.png")

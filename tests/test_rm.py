@@ -1,0 +1,178 @@
+"""Reward-model training (``reinforge rm``): losses against hand values, pairs and their errors, the
+held-out split, the run's outputs and the scorer loading what it writes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from reinforge.algo.reward_losses import RM_LOSSES, BradleyTerrySettings, bradley_terry, prm_step_bce
+from reinforge.errors import ConfigError, DataError
+from reinforge.rm.config import PairColumns, load_rm_config
+from reinforge.rm.data import near_miss_pairs, read_pairs, row_pair, split_by_prompt
+from reinforge.rm.evaluate import calibration, evaluate_pairs
+
+
+def _sig(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+# ---------------------------------------------------------------------------------------------- losses
+
+def test_bradley_terry_matches_hand_values() -> None:
+    chosen, rejected = torch.tensor([2.0, 0.5]), torch.tensor([1.0, 1.5])
+    loss, metrics = bradley_terry(chosen, rejected, None, BradleyTerrySettings())
+    expected = -(math.log(_sig(1.0)) + math.log(_sig(-1.0))) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert metrics["accuracy"].item() == pytest.approx(0.5)
+    assert metrics["gap"].item() == pytest.approx(0.0)
+    assert metrics["mean_score"].item() == pytest.approx(1.25)
+
+
+def test_bradley_terry_margin_and_centering() -> None:
+    chosen, rejected, margin = torch.tensor([2.0, 0.5]), torch.tensor([1.0, 1.5]), torch.tensor([0.5, 2.0])
+    cfg = BradleyTerrySettings(margin=True, center_coef=0.1)
+    loss, _ = bradley_terry(chosen, rejected, margin, cfg)
+    bt = -(math.log(_sig(1.0 - 0.5)) + math.log(_sig(-1.0 - 2.0))) / 2
+    centering = 0.1 * ((2.0 + 1.0) ** 2 + (0.5 + 1.5) ** 2) / 2
+    assert loss.item() == pytest.approx(bt + centering, abs=1e-6)
+    # the margin column is ignored unless the option asks for it
+    plain, _ = bradley_terry(chosen, rejected, margin, BradleyTerrySettings())
+    assert plain.item() == pytest.approx(-(math.log(_sig(1.0)) + math.log(_sig(-1.0))) / 2, abs=1e-6)
+
+
+def test_bradley_terry_with_heads_is_the_mean_over_heads() -> None:
+    chosen = torch.tensor([[2.0, 0.0]])
+    rejected = torch.tensor([[1.0, 1.0]])
+    loss, metrics = bradley_terry(chosen, rejected, torch.tensor([1.0]), BradleyTerrySettings(margin=True))
+    expected = -(math.log(_sig(1.0 - 1.0)) + math.log(_sig(-1.0 - 1.0))) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert metrics["accuracy"].item() == pytest.approx(0.5)
+
+
+def test_bradley_terry_is_registered_with_its_options() -> None:
+    assert RM_LOSSES.get("bradley_terry") is bradley_terry
+    cfg = load_rm_config(None, ["loss={name: bradley_terry, margin: true, center_coef: 0.01}"])
+    assert cfg.loss.settings.margin and cfg.loss.settings.center_coef == 0.01
+    with pytest.raises(ConfigError, match="loss"):
+        load_rm_config(None, ["loss={name: bradley_terry, center: 1}"])
+
+
+def test_prm_step_loss_matches_hand_values() -> None:
+    scores = torch.tensor([[1.0, -2.0, 0.0]])
+    labels = torch.tensor([[1.0, 0.25, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third step is not labelled
+    loss, metrics = prm_step_bce(scores, labels, mask)
+    bce1 = -math.log(_sig(1.0))
+    bce2 = -(0.25 * math.log(_sig(-2.0)) + 0.75 * math.log(1 - _sig(-2.0)))
+    assert loss.item() == pytest.approx((bce1 + bce2) / 2, abs=1e-6)
+    assert metrics["step_accuracy"].item() == pytest.approx(1.0)  # 1 > 0 with y=1; -2 < 0 with y=0.25
+
+
+# ---------------------------------------------------------------------------------------------- pairs
+
+COLS = PairColumns()
+
+
+def test_rows_in_both_forms() -> None:
+    p = row_pair({"prompt": "2+2=", "chosen": "4", "rejected": "5", "m": 1.5}, "f:1", PairColumns(margin="m"))
+    assert (p.prompt, p.chosen, p.rejected, p.margin) == ("2+2=", "4", "5", 1.5)
+    conv = row_pair({"chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+                     "rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "go away"}]},
+                    "f:2", COLS)
+    assert conv.prompt == [{"role": "user", "content": "hi"}] and (conv.chosen, conv.rejected) == ("hello", "go away")
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "q", "chosen": "a"}, "'rejected' is missing"),
+    ({"prompt": "q", "chosen": "a", "rejected": None}, "'rejected' is missing"),
+    ({"prompt": "q", "chosen": "  ", "rejected": "b"}, "'chosen' is empty"),
+    ({"prompt": "q", "chosen": "same", "rejected": "same"}, "the same answer"),
+    ({"chosen": "a", "rejected": "b"}, "'prompt' is missing"),
+    ({"prompt": "q", "chosen": 3, "rejected": "b"}, "must be a string"),
+    ({"chosen": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}],
+      "rejected": [{"role": "user", "content": "y"}, {"role": "assistant", "content": "b"}]}, "differ before"),
+    ({"chosen": [{"role": "user", "content": "x"}], "rejected": [{"role": "user", "content": "x"}]},
+     "end with the assistant"),
+])
+def test_bad_rows_name_the_line(row: dict, message: str) -> None:
+    with pytest.raises(DataError, match=message) as err:
+        row_pair(row, "pairs.jsonl:7", COLS)
+    assert "pairs.jsonl:7" in str(err.value)
+
+
+def test_a_file_error_names_the_file_and_line(tmp_path) -> None:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n"
+                    + json.dumps({"prompt": "q2", "chosen": "a", "rejected": "a"}) + "\n")
+    with pytest.raises(DataError, match=r"pairs.jsonl:2.*same answer"):
+        read_pairs(str(path), COLS)
+
+
+def test_split_by_prompt_keeps_prompts_whole() -> None:
+    pairs = [row_pair({"prompt": f"q{i % 10}", "chosen": f"a{i}", "rejected": f"b{i}"}, f"f:{i}", COLS)
+             for i in range(40)]
+    train, held = split_by_prompt(pairs, 6, seed=0)
+    assert len(train) + len(held) == 40 and len(held) >= 6
+    assert not {p.prompt for p in train} & {p.prompt for p in held}
+    assert split_by_prompt(pairs, 6, seed=0)[1] == held  # seeded
+
+
+def test_near_miss_pairs_use_distinct_offsets() -> None:
+    from reinforge.data.arithmetic import arithmetic_problem
+
+    task = arithmetic_problem(1234, 2, "+")  # 12+34
+    pairs = near_miss_pairs([task], 6)
+    assert {int(p.rejected) - 46 for p in pairs} == {1, -1, 10, -10, 2, -2}
+    assert all(p.chosen == "46" for p in pairs)
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+def test_pair_accuracy_interval_and_calibration() -> None:
+    chosen = torch.tensor([3.0, 3.0, 0.0, 1.0])
+    rejected = torch.tensor([0.0, 0.0, 3.0, 1.0])  # right, right, wrong, tie
+    result = evaluate_pairs(chosen, rejected, n_boot=500)
+    assert result.accuracy == pytest.approx(2.5 / 4)
+    assert result.low <= result.accuracy <= result.high
+    ece, bins = calibration(torch.tensor([5.0] * 50), torch.tensor([-5.0] * 50))
+    assert ece < 0.01  # confident and right: predictions near 0 or 1 match the frequencies
+    assert sum(b["count"] for b in bins) == 50
+    ece_wrong, _ = calibration(torch.tensor([-5.0] * 50), torch.tensor([5.0] * 50))
+    assert ece_wrong > 0.99  # confident and wrong
+
+
+def test_unknown_recipe_and_bad_field_are_named() -> None:
+    with pytest.raises(ConfigError, match="no_such_recipe"):
+        load_rm_config("no_such_recipe")
+    with pytest.raises(ConfigError, match="train.batch_size"):
+        load_rm_config(None, ["train.batch_size=0"])
+
+
+# ---------------------------------------------------------------------------------------------- a run
+
+def test_a_run_writes_a_reward_model_the_scorer_loads(tmp_path) -> None:
+    """A tiny file of pairs whose chosen answer always ends in 7: the run's model, loaded by the
+    reward_model term's scorer unchanged, ranks held-out pairs as trained."""
+    from reinforge.rewards.reward_model import RewardModelScorer
+    from reinforge.rm.train import train_reward_model
+    from reinforge.types import Task
+
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+{i}="}], "chosen": f"{i}7", "rejected": f"{i}3"}
+            for i in range(40)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_rm_config(None, [f"data.path={data}", "train.steps=30", "train.batch_size=8", "train.lr=1e-3",
+                                "train.eval_every=0", f"output_dir={tmp_path}", "name=rm"])
+    result = train_reward_model(cfg)
+    assert result.heldout.pairs == 4 and result.heldout.accuracy == 1.0
+    report = json.loads((tmp_path / "rm" / "eval.json").read_text())
+    assert report["heldout"]["accuracy"] == 1.0 and (tmp_path / "rm" / "calibration.png").is_file()
+    assert (tmp_path / "rm" / "metrics.jsonl").read_text().count("\n") == 30
+    scorer = RewardModelScorer(str(result.model_dirs[0]))
+    task = Task(id="t", prompt=[{"role": "user", "content": "55+55="}], answer="")
+    good, bad = scorer.score([task, task], ["57", "53"])
+    assert good > bad
