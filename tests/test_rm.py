@@ -176,3 +176,51 @@ def test_a_run_writes_a_reward_model_the_scorer_loads(tmp_path) -> None:
     task = Task(id="t", prompt=[{"role": "user", "content": "55+55="}], answer="")
     good, bad = scorer.score([task, task], ["57", "53"])
     assert good > bad
+
+
+def test_ensemble_aggregates_match_hand_values() -> None:
+    from reinforge.algo.reward_ensembles import UWOSettings, mean_aggregate, min_aggregate, uwo_aggregate
+
+    scores = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    assert mean_aggregate(scores).tolist() == [2.0, 2.0]
+    assert min_aggregate(scores).tolist() == [1.0, 2.0]
+    # population variance of (1, 3) is 1; of (2, 2) is 0
+    assert uwo_aggregate(scores, UWOSettings(coef=0.5)).tolist() == [1.5, 2.0]
+
+
+def test_an_ensemble_run_is_scored_through_its_aggregate(tmp_path) -> None:
+    """ensemble: 2 writes members/0, members/1 and ensemble.json; the reward term loads the directory and
+    its aggregate turns the two scores into one (min <= mean)."""
+    from reinforge.config import RewardTermConfig
+    from reinforge.rewards.build import _term_verifier
+    from reinforge.rm.train import train_reward_model
+    from reinforge.types import Task
+
+    rows = [{"prompt": f"{i}+{i}=", "chosen": f"{i}7", "rejected": f"{i}3"} for i in range(12)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_rm_config(None, [f"data.path={data}", "train.steps=3", "train.batch_size=4", "train.eval_every=0",
+                                "ensemble=2", "model.heads=2", f"output_dir={tmp_path}", "name=ens"])
+    result = train_reward_model(cfg)
+    manifest = json.loads((tmp_path / "ens" / "ensemble.json").read_text())
+    assert manifest["members"] == ["members/0", "members/1"] and len(result.model_dirs) == 2
+    from safetensors.torch import load_file
+
+    head = load_file(str(tmp_path / "ens" / "members" / "0" / "model.safetensors"))["score.weight"]
+    assert head.shape[0] == 2 and not torch.allclose(head[0], head[1])  # the heads are not one head twice
+    task = Task(id="t", prompt="5+5=", answer="")
+    scores = {}
+    for aggregate in ("mean", "min", "{name: uwo, coef: 2.0}"):
+        term = RewardTermConfig.model_validate(
+            {"name": "rm", "reward_model": {"path": str(tmp_path / "ens"), "aggregate": yaml_value(aggregate)}})
+        verifier = _term_verifier(term, "cpu")
+        assert verifier.scorer.heads == 4
+        scores[aggregate] = verifier(task, "57").reward
+    assert scores["min"] <= scores["mean"] and scores["{name: uwo, coef: 2.0}"] <= scores["mean"]
+    assert scores["min"] < scores["mean"]  # four differently seeded heads disagree
+
+
+def yaml_value(text: str):
+    import yaml
+
+    return yaml.safe_load(text)

@@ -21,7 +21,15 @@ from pydantic import (
     model_validator,
 )
 
-from reinforge.config.base import InlineOptions, InlineSection, StepVerifierConfig, TaskSamplerConfig, _Strict
+from reinforge.config.base import (
+    InlineOptions,
+    InlineSection,
+    Part,
+    PartRef,
+    StepVerifierConfig,
+    TaskSamplerConfig,
+    _Strict,
+)
 
 
 class RGTaskItem(_Strict):
@@ -241,7 +249,11 @@ def task_config(data: dict[str, Any]) -> TaskConfigBase:
 
 
 class RewardModelConfig(_Strict):
-    path: str = Field(description="HF AutoModelForSequenceClassification directory (scalar head)")
+    path: str = Field(description="HF AutoModelForSequenceClassification directory, or an ensemble directory "
+                      "(ensemble.json) written by `reinforge rm`")
+    aggregate: Annotated[PartRef, Part("rm_aggregate")] = Field(
+        "mean", validate_default=True, description="how several scores (k heads or k members) become one: mean, "
+        "min, {name: uwo, coef: 0.5}")
     batch_size: int = Field(16, ge=1)
     normalise: Literal["none", "running"] = "none"
     max_length: int | None = Field(None, ge=1)

@@ -69,13 +69,23 @@ def _term_verifier(term: RewardTermConfig, device: str) -> str | Verifier:
     if term.verifier is not None:
         return term.verifier
     if term.reward_model is not None:
+        from reinforge.assets import resolve_model_path
         from reinforge.models.loading import load_tokenizer
-        from reinforge.rewards.reward_model import RewardModelScorer, RewardModelVerifier, reward_model_dir
+        from reinforge.rewards.reward_model import (
+            RewardModelScorer,
+            RewardModelVerifier,
+            ensemble_members,
+            reward_model_dir,
+        )
 
         rm = term.reward_model
-        reward_model_dir(rm.path, f"reward term {term.name!r}: reward_model.path")  # before its tokenizer loads
-        scorer = RewardModelScorer(rm.path, load_tokenizer(rm.path), batch_size=rm.batch_size, normalise=rm.normalise,
-                                   max_length=rm.max_length, device=device)
+        path = str(resolve_model_path(rm.path))
+        members = ensemble_members(path)
+        first = str(members[0]) if members else path
+        reward_model_dir(first, f"reward term {term.name!r}: reward_model.path")  # before its tokenizer loads
+        scorer = RewardModelScorer(path, load_tokenizer(first), batch_size=rm.batch_size, normalise=rm.normalise,
+                                   max_length=rm.max_length, device=device, aggregate=rm.aggregate,
+                                   aggregate_cfg=rm.aggregate.settings)
         return RewardModelVerifier(scorer, threshold=rm.threshold)
     assert term.judge is not None  # exactly one source, checked by RewardTermConfig
     return build_judge(term.judge)

@@ -1,4 +1,9 @@
-"""Classifier reward models: any Hugging Face ``AutoModelForSequenceClassification`` with a scalar head.
+"""Classifier reward models: any Hugging Face ``AutoModelForSequenceClassification``, or an ensemble of them.
+
+A model with one head gives its score as it is. Several scores, from k heads (``num_labels = k``)
+or from the members of an ensemble directory (``ensemble.json``, written by ``reinforge rm`` with
+``ensemble: k``), become one through a registered aggregate (``algo.reward_ensembles``: mean, min,
+uwo), which the reward term names (``reward_model.aggregate``).
 
 ``RewardModelScorer.score(tasks, completions)`` scores (prompt, completion) pairs in batches. The
 text scored is the chat template applied to ``prompt + [assistant: completion]`` when the prompt
@@ -15,6 +20,7 @@ every raw score seen so far including the current call's (Welford / Chan et al. 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -89,10 +95,49 @@ def reward_model_dir(path: str, label: str = "reward model") -> Path:
     return directory
 
 
+def ensemble_members(path: str) -> list[Path] | None:
+    """The member directories of an ensemble directory (its ``ensemble.json``, as ``reinforge rm``
+    writes with ``ensemble: k``), in order; None for a single model."""
+    manifest = Path(path).expanduser() / "ensemble.json"
+    if not manifest.is_file():
+        return None
+    members = [manifest.parent / m for m in json.loads(manifest.read_text()).get("members", [])]
+    if not members:
+        raise ConfigError(f"{manifest}: lists no members")
+    return members
+
+
+class RewardEnsemble(torch.nn.Module):
+    """k reward models as one: ``logits`` are the members' outputs side by side ``[batch, sum of heads]``;
+    ``config`` is the first member's (they share a tokenizer, so a pad id and a context length)."""
+
+    def __init__(self, members: list[torch.nn.Module]) -> None:
+        super().__init__()
+        self.members = torch.nn.ModuleList(members)
+        self.config = members[0].config
+
+    @property
+    def heads(self) -> int:
+        return sum(int(m.config.num_labels) for m in self.members)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=torch.cat(
+            [m(input_ids=input_ids, attention_mask=attention_mask).logits for m in self.members], dim=-1))
+
+
 def _load(path: str, dtype: str) -> torch.nn.Module:
     from transformers import AutoModelForSequenceClassification
 
+    members = ensemble_members(path)
+    if members is not None:
+        return RewardEnsemble([_load(str(m), dtype) for m in members])
     return AutoModelForSequenceClassification.from_pretrained(str(reward_model_dir(path)), dtype=_DTYPES[dtype])
+
+
+def _heads(model: torch.nn.Module) -> int:
+    return model.heads if isinstance(model, RewardEnsemble) else int(getattr(model.config, "num_labels", 0) or 0)
 
 
 class RewardModelScorer:
@@ -100,14 +145,15 @@ class RewardModelScorer:
 
     def __init__(self, path_or_model: str | torch.nn.Module, tokenizer: Any = None, *, batch_size: int = 16,
                  normalise: Normalise = "none", max_length: int | None = None, device: str = "cpu",
-                 dtype: str = "float32", eps: float = 1e-6) -> None:
+                 dtype: str = "float32", eps: float = 1e-6, aggregate: str = "mean", aggregate_cfg: Any = None) -> None:
         if normalise not in ("none", "running"):
             raise ConfigError(f"reward model normalise must be 'none' or 'running', got {normalise!r}")
         if batch_size < 1:
             raise ConfigError(f"reward model batch_size must be >= 1, got {batch_size}")
         if isinstance(path_or_model, str):
             model = _load(path_or_model, dtype)
-            tokenizer = path_or_model if tokenizer is None else tokenizer
+            members = ensemble_members(path_or_model)
+            tokenizer = (str(members[0]) if members else path_or_model) if tokenizer is None else tokenizer
         else:
             model = path_or_model
         if tokenizer is None:
@@ -116,10 +162,15 @@ class RewardModelScorer:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(Path(tokenizer).expanduser()))
-        config = model.config
-        if getattr(config, "num_labels", None) != 1:
-            raise ConfigError(f"a reward model needs a scalar head (num_labels=1); this one has "
-                              f"num_labels={getattr(config, 'num_labels', None)}")
+        if _heads(model) < 1:
+            raise ConfigError(f"a reward model needs a score head (num_labels >= 1); this one has "
+                              f"num_labels={getattr(model.config, 'num_labels', None)}")
+        from reinforge.algo.reward_ensembles import RM_AGGREGATES
+
+        self.heads = _heads(model)
+        self.aggregate = RM_AGGREGATES.entry(aggregate)
+        self.aggregate_cfg = aggregate_cfg if aggregate_cfg is not None or self.aggregate.settings is None \
+            else self.aggregate.settings()
         self.model = model.to(device).eval()
         self.tokenizer, self.device = tokenizer, device
         self.batch_size, self.normalise, self.eps = batch_size, normalise, eps
@@ -179,10 +230,17 @@ class RewardModelScorer:
             for r, i in enumerate(rows):
                 ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
                 mask[r, : len(encoded[i])] = 1
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-            for r, value in zip(rows, at_least_float32(logits[:, 0]).tolist(), strict=True):
+            logits = at_least_float32(self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits)
+            for r, value in zip(rows, self._one_score(logits).tolist(), strict=True):
                 scores[r] = value
         return scores
+
+    def _one_score(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[batch, heads]`` -> ``[batch]``: a single head as it is, several through the aggregate."""
+        if logits.shape[-1] == 1:
+            return logits[:, 0]
+        entry = self.aggregate
+        return entry.fn(logits, self.aggregate_cfg) if "cfg" in entry.params else entry.fn(logits)
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
         """Raw scores, or running-normalised ones with ``normalise="running"``."""

@@ -1,9 +1,10 @@
 """The reward model's network: any Hugging Face causal LM (or reward model) as an
 ``AutoModelForSequenceClassification`` with ``heads`` score outputs, and its atomic save.
 
-From a causal LM the transformer's weights are kept and the score head (``hidden -> heads``, no bias)
-starts at zero, so every score starts at 0 and the first steps move the head before the body (a
-random head adds noise that the pairwise loss must first undo). From a reward model directory both
+From a causal LM the transformer's weights are kept and a score head (``hidden -> heads``) is added.
+One head starts at zero, so every score starts at 0 and the first steps move the head before the
+body (a random head adds noise that the pairwise loss must first undo). Several heads keep the
+model's random initialisation: zero heads would get equal gradients and stay one head. From a reward model directory both
 are kept (continued training); its number of heads must match.
 """
 
@@ -50,7 +51,7 @@ def build_reward_model(path: str, heads: int, device: str = "cpu") -> tuple[torc
     if model.config.get_text_config().pad_token_id is None:
         model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     model.config.pad_token_id = model.config.get_text_config().pad_token_id
-    if not continued:
+    if not continued and heads == 1:
         head = _score_head(model)
         torch.nn.init.zeros_(head.weight)
         if head.bias is not None:
