@@ -307,7 +307,9 @@ def algos(name: NameArg = None, kind: KindOpt = None, search: SearchOpt = None, 
                                                             "tables (the reference)")] = False) -> None:
     """The algorithm presets and parts: one line each (name, paper id, summary); NAME shows one in full."""
     if full:
-        _algos_full()
+        from reinforge.catalogue import print_algos_full
+
+        print_algos_full()
         return
     from reinforge.catalogue import ALGO_KINDS, part_items, preset_items
 
@@ -364,51 +366,6 @@ def _listing(make_items, name: str | None, kind: str | None, word: str | None, m
         typer.echo(markdown_table(items))
     else:
         typer.echo("\n".join(compact(items, width)) if items else "nothing matches")
-
-
-def _algos_full() -> None:
-    """Every preset and registered part in wide tables: formula, paper and settings with their defaults."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    from reinforge.config import config_from_dict, preset_names, preset_summary
-    from reinforge.parts import all_kinds
-
-    console = Console()
-    presets = Table(title="presets (recipe key `preset: NAME`, or `reinforge train preset=NAME`)", title_justify="left")
-    for column in ("name", "advantage", "policy loss", "aggregation", "KL", "paper and notes"):
-        presets.add_column(column, style="bold" if column == "name" else None)
-    for name in preset_names():
-        a = config_from_dict({"preset": name}, source=f"preset {name}").algo
-        kl = f"{a.kl.estimator} x {a.kl.coef:g} in {a.kl.placement}" if a.kl.coef > 0 else "-"
-        parts = [_changed_options(kind, getattr(a, kind)) for kind in ("advantage", "policy_loss", "loss_agg")]
-        presets.add_row(*map(escape, (name, *parts, kl, preset_summary(name))))
-    console.print(presets)
-    for kind, registry in all_kinds().items():
-        table = Table(title=f"{kind} ({registry.kind})", show_lines=False, title_justify="left")
-        table.add_column("name", style="bold", no_wrap=True)
-        table.add_column("formula" if any(e.formula for e in registry.entries()) else "description")
-        table.add_column("paper")
-        table.add_column("settings (defaults)")
-        for e in registry.entries():
-            # escaped: a formula such as `[/ ... ]` or `x[i]` is text, not Rich markup
-            table.add_row(*map(escape, (e.name, e.formula or e.description, e.paper, _options(e.options()) or "-")))
-        console.print(table)
-
-
-def _options(options: dict) -> str:
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in options.items())
-
-
-def _changed_options(kind: str, part: object) -> str:
-    """``name (option=value, ...)`` of a preset's part, with the options it sets away from their defaults."""
-    from reinforge.parts import all_kinds
-
-    defaults = all_kinds()[kind].entry(str(part)).options()
-    form = part.recipe_form() if hasattr(part, "recipe_form") else str(part)
-    changed = {k: v for k, v in form.items() if k != "name" and v != defaults[k]} if isinstance(form, dict) else {}
-    return f"{part} ({_options(changed)})" if changed else str(part)
 
 
 def main() -> None:
