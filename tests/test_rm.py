@@ -224,3 +224,26 @@ def yaml_value(text: str):
     import yaml
 
     return yaml.safe_load(text)
+
+
+def test_warm_averages_the_members_weights(tmp_path) -> None:
+    """combine: warm writes one model/ whose weights are the members' element-wise mean."""
+    from safetensors.torch import load_file
+
+    from reinforge.rm.train import average_weights, train_reward_model
+
+    a, b = {"w": torch.tensor([1.0, 3.0]), "n": torch.tensor([7])}, {"w": torch.tensor([3.0, 5.0]), "n": torch.tensor([9])}
+    avg = average_weights([a, b])
+    assert avg["w"].tolist() == [2.0, 4.0] and avg["n"].tolist() == [7]
+    rows = [{"prompt": f"{i}+{i}=", "chosen": f"{i}7", "rejected": f"{i}3"} for i in range(12)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_rm_config(None, [f"data.path={data}", "train.steps=3", "train.batch_size=4", "train.eval_every=0",
+                                "ensemble=2", "combine=warm", f"output_dir={tmp_path}", "name=warm"])
+    result = train_reward_model(cfg)
+    assert result.model_dirs == [tmp_path / "warm" / "model"]
+    weights = [load_file(str(tmp_path / "warm" / d / "model.safetensors")) for d in ("members/0", "members/1", "model")]
+    for name in ("score.weight", "model.layers.0.mlp.up_proj.weight"):
+        assert torch.allclose(weights[2][name], (weights[0][name] + weights[1][name]) / 2, atol=1e-6)
+    report = json.loads((tmp_path / "warm" / "eval.json").read_text())
+    assert set(report["accuracy_of"]) == {"member_0", "member_1", "prediction_ensemble"}

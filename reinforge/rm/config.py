@@ -72,6 +72,9 @@ class RMConfig(_Strict):
         "{name: bradley_terry, margin: true, center_coef: 0.01}")
     train: RMTrainConfig = Field(default_factory=RMTrainConfig)
     ensemble: int = Field(1, ge=1, description="k > 1: train k reward models (seeds seed..seed+k-1) into members/")
+    combine: Literal["ensemble", "warm"] = Field(
+        "ensemble", description="with ensemble > 1: ensemble (members scored together through the reward term's "
+        "aggregate) or warm (their weights averaged into one model/, Rame et al. 2024)")
 
 
 def rm_recipe_names() -> list[str]:

@@ -5,6 +5,8 @@ score gap and mean every step; held-out accuracy every ``train.eval_every``), ``
 pair accuracy with its 95% bootstrap interval, calibration bins), ``calibration.png`` and the reward
 model: ``model/`` (one model) or ``members/<i>/`` plus ``ensemble.json`` (``ensemble: k``), each an
 HF ``AutoModelForSequenceClassification`` directory the ``reward_model`` reward term loads as it is.
+``combine: warm`` averages the k members' weights into ``model/`` (WARM), keeping the members and
+recording each one's held-out accuracy and that of their averaged predictions in ``eval.json``.
 
 Each pair is encoded as the scorer encodes (``rewards.reward_model.reward_text_ids``: the RM
 tokenizer's chat template over prompt + answer), keeping the last tokens that fit the model's context.
@@ -179,29 +181,46 @@ def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResul
                   highlight=False)
     sink = JsonlSink(run_dir / "metrics.jsonl")
     members: list[Path] = []
-    chosen_sum = rejected_sum = None
+    member_scores: list[tuple[torch.Tensor, torch.Tensor]] = []
+    states: list[dict[str, torch.Tensor]] = []
     steps = 0
     for k in range(cfg.ensemble):
-        seed = cfg.seed + k
-        torch.manual_seed(seed)
+        torch.manual_seed(cfg.seed + k)
         model, tokenizer = build_reward_model(cfg.model.path, cfg.model.heads, cfg.model.device)
         limit = _context_length(model)
         train, held = EncodedPairs(train_pairs, tokenizer, limit), EncodedPairs(held_pairs, tokenizer, limit)
         label = f"[member {k}] " if cfg.ensemble > 1 else ""
-        steps = train_member(cfg, seed, train, held, model, sink, console, label)
+        steps = train_member(cfg, cfg.seed + k, train, held, model, sink, console, label)
         out = run_dir / "model" if cfg.ensemble == 1 else run_dir / "members" / str(k)
         out.parent.mkdir(parents=True, exist_ok=True)
         members.append(save_reward_model(model, tokenizer, out))
+        member_scores.append(heldout_scores(model, held, cfg.model.device))
+        if cfg.combine == "warm":
+            states.append({n: t.detach().clone() for n, t in model.state_dict().items()})
+    evals = {f"member_{k}": evaluate_pairs(c.mean(-1), r.mean(-1), seed=cfg.seed).accuracy
+             for k, (c, r) in enumerate(member_scores)} if cfg.ensemble > 1 else {}
+    chosen = torch.stack([c for c, _ in member_scores]).mean(0).mean(-1)
+    rejected = torch.stack([r for _, r in member_scores]).mean(0).mean(-1)
+    result = evaluate_pairs(chosen, rejected, seed=cfg.seed)  # one model, or the members' mean prediction
+    if cfg.combine == "warm":
+        evals["prediction_ensemble"] = result.accuracy
+        model.load_state_dict(average_weights(states))
         c, r = heldout_scores(model, held, cfg.model.device)
-        chosen_sum = c if chosen_sum is None else chosen_sum + c
-        rejected_sum = r if rejected_sum is None else rejected_sum + r
-    assert chosen_sum is not None and rejected_sum is not None
-    result = evaluate_pairs(chosen_sum.mean(-1), rejected_sum.mean(-1), seed=cfg.seed)
-    _write_outputs(run_dir, cfg, result, members)
+        result = evaluate_pairs(c.mean(-1), r.mean(-1), seed=cfg.seed)
+        members = [save_reward_model(model, tokenizer, run_dir / "model")]
+    _write_outputs(run_dir, cfg, result, members, evals)
     seconds = time.monotonic() - begin
-    console.print(f"held-out pair accuracy {result.accuracy:.3f} [{result.low:.3f}, {result.high:.3f}] over "
+    what = "WARM (weight-averaged) model" if cfg.combine == "warm" else "held-out"
+    console.print(f"{what} pair accuracy {result.accuracy:.3f} [{result.low:.3f}, {result.high:.3f}] over "
                   f"{result.pairs} pairs, calibration error {result.ece:.3f}; {seconds:.0f}s", highlight=False)
     return RMResult(run_dir, members, result, steps, seconds)
+
+
+def average_weights(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """WARM (Rame et al. 2024, arXiv:2401.12187): ``theta = (1/M) sum_i theta_i``, the element-wise mean
+    of M reward models fine-tuned from one initialisation (floating tensors; others from the first)."""
+    return {name: torch.stack([s[name] for s in states]).mean(0) if states[0][name].is_floating_point()
+            else states[0][name] for name in states[0]}
 
 
 def _context_length(model: torch.nn.Module) -> int:
@@ -212,9 +231,11 @@ def _context_length(model: torch.nn.Module) -> int:
     return 2048
 
 
-def _write_outputs(run_dir: Path, cfg: RMConfig, result: PairEval, members: list[Path]) -> None:
+def _write_outputs(run_dir: Path, cfg: RMConfig, result: PairEval, members: list[Path],
+                   evals: dict[str, float]) -> None:
     (run_dir / "eval.json").write_text(json.dumps({"heldout": result.to_dict(), "heads": cfg.model.heads,
-                                                   "members": len(members)}, indent=2))
+                                                   "members": cfg.ensemble, "combine": cfg.combine,
+                                                   "accuracy_of": evals}, indent=2))
     if len(members) > 1:
         (run_dir / "ensemble.json").write_text(json.dumps(
             {"members": [str(m.relative_to(run_dir)) for m in members], "aggregate": "mean"}, indent=2))
