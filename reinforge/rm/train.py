@@ -15,7 +15,6 @@ tokenizer's chat template over prompt + answer), keeping the last tokens that fi
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,8 @@ from reinforge.rewards.reward_model import reward_text_ids
 from reinforge.rm.config import RMConfig
 from reinforge.rm.data import PreferencePair, near_miss_pairs, read_pairs, split_by_prompt
 from reinforge.rm.evaluate import PairEval, evaluate_pairs, plot_calibration
-from reinforge.rm.model import build_reward_model, head_parameters, save_reward_model
+from reinforge.rm.fit import fit
+from reinforge.rm.model import build_reward_model, save_reward_model
 from reinforge.track.jsonl import JsonlSink
 
 
@@ -107,65 +107,20 @@ def heldout_scores(model: torch.nn.Module, data: EncodedPairs, device: str, batc
     return torch.cat([c for c, _ in parts]).cpu(), torch.cat([r for _, r in parts]).cpu()
 
 
-def _schedule(cfg: RMConfig) -> Any:
-    t = cfg.train
-
-    def factor(step: int) -> float:
-        if step < t.warmup_steps:
-            return (step + 1) / t.warmup_steps
-        if t.lr_schedule == "cosine":
-            progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        return 1.0
-
-    return factor
-
-
-def _optimizer(model: torch.nn.Module, cfg: RMConfig) -> torch.optim.Optimizer:
-    head = {id(p) for p in head_parameters(model)}
-    body = [p for p in model.parameters() if id(p) not in head]
-    groups = [{"params": body, "lr": cfg.train.lr},
-              {"params": head_parameters(model), "lr": cfg.train.head_lr or cfg.train.lr}]
-    return torch.optim.AdamW(groups, weight_decay=cfg.train.weight_decay)
-
-
 def train_member(cfg: RMConfig, seed: int, train: EncodedPairs, held: EncodedPairs, model: torch.nn.Module,
                  sink: JsonlSink, console: Console, label: str = "") -> int:
-    """Train ``model`` in place on ``train``; returns the steps taken (``time_limit_s`` may stop it early)."""
-    t, device = cfg.train, cfg.model.device
-    loss_fn, loss_cfg = RM_LOSSES.get(cfg.loss), cfg.loss.settings
-    optimizer = _optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(cfg))
-    rng = np.random.default_rng(seed)
-    order, cursor, start = rng.permutation(len(train)), 0, time.monotonic()
-    model.train()
-    step = 0
-    for step in range(1, t.steps + 1):
-        if cursor + t.batch_size > len(order):
-            order, cursor = rng.permutation(len(train)), 0
-        index = order[cursor : cursor + t.batch_size]
-        cursor += t.batch_size
+    """Train ``model`` in place on ``train`` with the recipe's pairwise loss; returns the steps taken."""
+    device, loss_fn, loss_cfg = cfg.model.device, RM_LOSSES.get(cfg.loss), cfg.loss.settings
+
+    def loss_of(index: np.ndarray) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         chosen, rejected = pair_scores(model, train, index, device)
-        loss, metrics = loss_fn(chosen, rejected, train.margin[index].to(device), loss_cfg)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        record = {"step": step, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
-                  **{f"train/{k}": float(v) for k, v in metrics.items()}, **({"member": label} if label else {})}
-        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            c, r = heldout_scores(model, held, device)
-            record["heldout/pair_accuracy"] = evaluate_pairs(c.mean(-1), r.mean(-1), n_boot=1).accuracy
-        sink.write(record)
-        if step % t.log_every == 0 or "heldout/pair_accuracy" in record:
-            extra = f"  held-out acc {record['heldout/pair_accuracy']:.3f}" if "heldout/pair_accuracy" in record else ""
-            console.print(f"{label}step {step}/{t.steps}  loss {record['loss']:.4f}  train acc "
-                          f"{record['train/accuracy']:.3f}{extra}  {time.monotonic() - start:.0f}s", highlight=False)
-        if t.time_limit_s and time.monotonic() - start > t.time_limit_s:
-            console.print(f"{label}time limit {t.time_limit_s:g}s reached at step {step}", highlight=False)
-            break
-    return step
+        return loss_fn(chosen, rejected, train.margin[index].to(device), loss_cfg)
+
+    def heldout() -> tuple[str, float]:
+        c, r = heldout_scores(model, held, device)
+        return "pair_accuracy", evaluate_pairs(c.mean(-1), r.mean(-1), n_boot=1).accuracy
+
+    return fit(model, cfg.train, len(train), seed, loss_of, heldout, sink, console, label)
 
 
 def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResult:
