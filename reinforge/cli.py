@@ -1,4 +1,4 @@
-"""`reinforge train | sft | rm | eval | compare | report | serve | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
+"""`reinforge train | sft | rm | prm | eval | compare | report | serve | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
 
 from __future__ import annotations
 
@@ -113,6 +113,13 @@ def sft(
     train([*recipe, *SFT_OVERRIDES, f"demonstrations.path={data}", *[a for a in args if "=" in a]], resume=None)
 
 
+def _recipe_and_overrides(args: list[str] | None) -> tuple[str | None, list[str]]:
+    recipes = [a for a in args or [] if "=" not in a]
+    if len(recipes) > 1:
+        _fail(f"expected at most one recipe, got {recipes}; overrides look like key.path=value")
+    return (recipes[0] if recipes else None), [a for a in args or [] if "=" in a]
+
+
 @app.command(context_settings={"allow_extra_args": False})
 def rm(
     args: Annotated[list[str] | None, typer.Argument(
@@ -121,19 +128,36 @@ def rm(
 ) -> None:
     """Train a reward model on preference pairs (Bradley-Terry; margins, centering, ensembles): an HF
     sequence-classification directory the reward_model reward term loads (docs/rewards.md)."""
-    args = args or []
-    recipes = [a for a in args if "=" not in a]
-    if len(recipes) > 1:
-        _fail(f"expected at most one recipe, got {recipes}; overrides look like key.path=value")
+    recipe, overrides = _recipe_and_overrides(args)
 
     def go() -> None:
         from reinforge.rm.config import load_rm_config
         from reinforge.rm.train import train_reward_model
 
-        result = train_reward_model(load_rm_config(recipes[0] if recipes else "arithmetic_nearmiss",
-                                                   [a for a in args if "=" in a]))
+        result = train_reward_model(load_rm_config(recipe or "arithmetic_nearmiss", overrides))
         typer.echo(f"\ndone after {result.steps} steps. reward model: "
                    f"{result.model_dirs[0] if len(result.model_dirs) == 1 else result.run_dir / 'ensemble.json'}\n"
+                   f"run directory: {result.run_dir}")
+
+    _run_guarded(go)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def prm(
+    args: Annotated[list[str] | None, typer.Argument(
+        help="[RECIPE] [key.path=value ...]: a process-reward-model recipe file, then dotted overrides, e.g. "
+             "data.path=steps.jsonl train.steps=200")] = None,
+) -> None:
+    """Train a process reward model on step-labelled completions (Math-Shepherd's per-step loss): an HF
+    token-classification directory the prm step verifier loads (docs/rewards.md)."""
+    recipe, overrides = _recipe_and_overrides(args)
+
+    def go() -> None:
+        from reinforge.rm.config import load_prm_config
+        from reinforge.rm.prm import train_process_reward_model
+
+        result = train_process_reward_model(load_prm_config(recipe, overrides))
+        typer.echo(f"\ndone after {result.steps} steps. process reward model: {result.model_dir}\n"
                    f"run directory: {result.run_dir}")
 
     _run_guarded(go)

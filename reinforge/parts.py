@@ -24,6 +24,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.orchestrate.guidance_rules  # noqa: F401  (every_group, failed_groups)
     import reinforge.orchestrate.replay  # noqa: F401  (RePO's replay strategies)
     import reinforge.rewards  # noqa: F401
+    import reinforge.rewards.prm  # noqa: F401  (the prm step verifier: a trained process reward model)
     import reinforge.rewards.steps  # noqa: F401  (step verifiers: process rewards)
     import reinforge.rollout.auto_engine  # noqa: F401
     import reinforge.rollout.group_samplers  # noqa: F401

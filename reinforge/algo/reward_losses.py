@@ -54,6 +54,16 @@ def bradley_terry(chosen: Tensor, rejected: Tensor, margin: Tensor | None, cfg: 
     return loss, metrics
 
 
+PRM_LOSSES: Registry = kind("prm_loss", Registry("process-reward-model loss",
+                                                 inputs=frozenset({"step_scores", "labels", "mask", "cfg"})))
+
+
+@PRM_LOSSES.register(
+    "prm_step_bce",
+    formula="mean over labelled steps of -[y_i log sigmoid(s_i) + (1 - y_i) log(1 - sigmoid(s_i))]",
+    paper="Wang et al. 2024, Math-Shepherd (arXiv:2312.08935); Lightman et al. 2023, Let's Verify Step by Step "
+          "(arXiv:2305.20050)",
+)
 def prm_step_bce(step_scores: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """Math-Shepherd's process reward loss (Wang et al. 2024, arXiv:2312.08935, eq. 3): binary cross
     entropy of each step's score (a logit at the step's last token) against its label ``y_i`` in [0, 1]

@@ -103,6 +103,11 @@ def rm_config_from_dict(data: dict[str, Any], source: str = "config") -> RMConfi
 def load_rm_config(recipe: str | None, overrides: list[str] | None = None) -> RMConfig:
     """A recipe (file or shipped name; None: the defaults) and dotted overrides -> config. A relative
     data path in a recipe file is taken relative to the recipe's directory when it exists there."""
+    data, source = _recipe_data(recipe)
+    return rm_config_from_dict(apply_overrides(data, list(overrides or [])), source)
+
+
+def _recipe_data(recipe: str | None) -> tuple[dict[str, Any], str]:
     data: dict[str, Any] = {}
     source = "defaults"
     if recipe is not None:
@@ -116,4 +121,43 @@ def load_rm_config(recipe: str | None, overrides: list[str] | None = None) -> RM
             value = (data.get("data") or {}).get(key)
             if isinstance(value, str) and value != "task" and (path.parent / value).exists():
                 data["data"][key] = str(path.parent / value)
-    return rm_config_from_dict(apply_overrides(data, list(overrides or [])), source)
+    return data, source
+
+
+class StepColumns(_Strict):
+    prompt: str = Field("prompt", description="text or chat messages")
+    completions: str = Field("completions", description="the completion's steps, a list of strings")
+    labels: str = Field("labels", description="one label per step: a bool or a number in [0, 1]")
+
+
+class PRMDataConfig(_Strict):
+    path: str = Field(description="JSONL, CSV or Parquet file or datasets directory of step-labelled rows")
+    split: str | None = Field(None, description="split of a datasets directory")
+    heldout_path: str | None = Field(None, description="held-out rows (default: whole prompts split off path)")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="share of path's rows held out (by prompt)")
+    heldout_max: int = Field(500, ge=1, description="at most this many held-out rows")
+    columns: StepColumns = Field(default_factory=StepColumns)
+    step_separator: str = Field("\n", description="what joins the steps into the completion (as the policy writes it)")
+
+
+class PRMConfig(_Strict):
+    """A process-reward-model recipe (``reinforge prm``): a token-classification model scored at each
+    step's last token, trained with Math-Shepherd's per-step loss."""
+
+    seed: int = Field(0, ge=0)
+    name: str | None = Field(None, description="run directory name under output_dir (default: timestamped)")
+    output_dir: str = Field("runs", description="where run directories are created")
+    model: RMModelConfig = Field(default_factory=RMModelConfig)
+    data: PRMDataConfig
+    loss: Annotated[PartRef, Part("prm_loss")] = Field("prm_step_bce", validate_default=True,
+                                                     description="the per-step loss")
+    train: RMTrainConfig = Field(default_factory=RMTrainConfig)
+
+
+def load_prm_config(recipe: str | None, overrides: list[str] | None = None) -> PRMConfig:
+    """As ``load_rm_config``, for a process reward model."""
+    data, source = _recipe_data(recipe)
+    try:
+        return PRMConfig.model_validate(apply_overrides(data, list(overrides or [])))
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None

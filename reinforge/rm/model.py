@@ -21,14 +21,18 @@ from reinforge.errors import ConfigError
 from reinforge.models.adapters import is_adapter_dir
 from reinforge.models.loading import _existing_model_dir, load_tokenizer
 
-
-def _is_reward_model(config: Any) -> bool:
-    return any(str(a).endswith("ForSequenceClassification") for a in (config.architectures or []))
+_SUFFIX = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification"}
 
 
-def build_reward_model(path: str, heads: int, device: str = "cpu") -> tuple[torch.nn.Module, Any]:
-    """``(model, tokenizer)`` for training a reward model from ``path`` (see the module docstring)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+def _is_reward_model(config: Any, per: str) -> bool:
+    return any(str(a).endswith(_SUFFIX[per]) for a in (config.architectures or []))
+
+
+def build_reward_model(path: str, heads: int, device: str = "cpu", per: str = "sequence") -> tuple[torch.nn.Module, Any]:
+    """``(model, tokenizer)`` for training a reward model from ``path`` (see the module docstring):
+    ``per="sequence"`` an outcome reward model (``AutoModelForSequenceClassification``), ``"token"`` a
+    process reward model (``AutoModelForTokenClassification``, a score at every token)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
 
     directory = _existing_model_dir(path)
@@ -36,7 +40,7 @@ def build_reward_model(path: str, heads: int, device: str = "cpu") -> tuple[torc
         raise ConfigError(f"model.path: {directory} is a LoRA adapter; export it to a full model first "
                           "(`reinforge export`) and start the reward model from that")
     config = AutoConfig.from_pretrained(directory)
-    continued = _is_reward_model(config)
+    continued = _is_reward_model(config, per)
     if continued and config.num_labels != heads:
         raise ConfigError(f"model.heads: {heads}, but the reward model at {directory} has {config.num_labels} "
                           "head(s); continue it with the same number")
@@ -45,7 +49,8 @@ def build_reward_model(path: str, heads: int, device: str = "cpu") -> tuple[torc
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a fresh head is 'missing' from a causal LM's weights: expected
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(directory, num_labels=heads, dtype=torch.float32)
+        auto = AutoModelForSequenceClassification if per == "sequence" else AutoModelForTokenClassification
+        model = auto.from_pretrained(directory, num_labels=heads, dtype=torch.float32)
     finally:
         hf_logging.set_verbosity(previous)
     if model.config.get_text_config().pad_token_id is None:

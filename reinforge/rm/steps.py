@@ -23,6 +23,7 @@ import torch
 from reinforge.data.columns import _check_prompt
 from reinforge.data.tabular import table_rows
 from reinforge.errors import DataError
+from reinforge.rewards.prm import encode_steps, step_ends  # noqa: F401  (how a PRM reads a completion)
 from reinforge.types import Messages
 
 
@@ -71,40 +72,6 @@ def read_steps(path: str, columns: Any, split: str | None = None) -> list[StepEx
     if not examples:
         raise DataError(f"{path}: no step-labelled rows")
     return examples
-
-
-def step_ends(steps: tuple[str, ...] | list[str], separator: str) -> list[int]:
-    """Character offsets, in the joined completion, one past each step's last character."""
-    ends, at = [], 0
-    for k, step in enumerate(steps):
-        at += (len(separator) if k else 0) + len(step)
-        ends.append(at)
-    return ends
-
-
-def encode_steps(tokenizer: Any, prompt: str | Messages, completion: str, ends: list[int], where: str
-                 ) -> tuple[list[int], list[int]]:
-    """(token ids of the rendered prompt + completion, the token index of each step's last character)."""
-    if isinstance(prompt, str):
-        text, special = prompt + completion, True
-    elif getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": completion}], tokenize=False)
-        special = False
-    else:
-        text, special = "\n".join(m["content"] for m in prompt) + completion, True
-    start = text.rfind(completion)
-    if start < 0:
-        raise DataError(f"{where}: the chat template does not render the completion as it is; steps cannot be located")
-    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    offsets = enc["offset_mapping"]
-    positions = []
-    for end in ends:
-        char = start + end - 1
-        token = next((i for i, (a, b) in enumerate(offsets) if a <= char < b), None)
-        if token is None:
-            raise DataError(f"{where}: no token holds the end of a step (character {char})")
-        positions.append(token)
-    return list(enc["input_ids"]), positions
 
 
 def step_batch(rows: list[tuple[list[int], list[int], list[float]]], pad_id: int

@@ -1,0 +1,78 @@
+"""Process reward models (``reinforge prm``): step-labelled rows and their errors, where steps end in the
+tokens, a run whose model the ``prm`` step verifier loads and scores with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reinforge.errors import DataError
+from reinforge.rm.config import StepColumns, load_prm_config
+from reinforge.rm.steps import encode_steps, read_steps, row_steps, step_ends
+
+COLS = StepColumns()
+
+
+def test_a_row_and_its_labels() -> None:
+    ex = row_steps({"prompt": "1+1=", "completions": ["1", "2"], "labels": [True, 0.25]}, "f:1", COLS)
+    assert ex.steps == ("1", "2") and ex.labels == (1.0, 0.25)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "q", "completions": ["a"], "labels": [1, 0]}, "2 labels for 1 steps: a step label outside the completion"),
+    ({"prompt": "q", "completions": ["a", "b"], "labels": [1]}, "a step without a label"),
+    ({"prompt": "q", "completions": ["a"], "labels": [1.5]}, r"label 0: a step label is a bool or a number in \[0, 1\]"),
+    ({"prompt": "q", "completions": ["a", " "], "labels": [1, 0]}, "step 1 is empty"),
+    ({"prompt": "q", "completions": "a", "labels": [1]}, "non-empty list of step strings"),
+    ({"prompt": "q", "labels": [1]}, "'completions' is missing"),
+])
+def test_bad_rows_name_the_line(row: dict, message: str) -> None:
+    with pytest.raises(DataError, match=message) as err:
+        row_steps(row, "steps.jsonl:3", COLS)
+    assert "steps.jsonl:3" in str(err.value)
+
+
+def test_a_file_error_names_the_line(tmp_path) -> None:
+    path = tmp_path / "steps.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "completions": ["a"], "labels": [1]}) + "\n"
+                    + json.dumps({"prompt": "q", "completions": ["a"], "labels": [1, 1]}) + "\n")
+    with pytest.raises(DataError, match="steps.jsonl:2.*outside the completion"):
+        read_steps(str(path), COLS)
+
+
+def test_step_ends_land_on_each_steps_last_token() -> None:
+    from reinforge.models.loading import load_tokenizer
+
+    tok = load_tokenizer("tiny-base")
+    assert step_ends(["12", "3", "45"], " ") == [2, 4, 7]
+    ids, positions = encode_steps(tok, [{"role": "user", "content": "1+1="}], "12 3 45", [2, 4, 7], "t")
+    # '<bos>1+1=' is 5 tokens (bos, 1, +, 1, =); the completion's characters follow one token each
+    assert [tok.convert_ids_to_tokens(ids[p]) for p in positions] == ["2", "3", "5"]
+    assert positions == [6, 8, 11]
+
+
+def test_a_run_trains_a_prm_the_step_verifier_scores_with(tmp_path) -> None:
+    """Steps ending in 7 are good, steps ending in 3 bad: the trained PRM, loaded by the prm step
+    verifier, scores a good step above a bad one."""
+    from reinforge.rewards.prm import PRMSettings, prm_steps
+    from reinforge.rm.prm import train_process_reward_model
+    from reinforge.types import Task
+
+    rows = []
+    for i in range(40):
+        steps = [f"{i}7", f"{i}3"] if i % 2 else [f"{i}3", f"{i}7"]
+        rows.append({"prompt": f"{i}+{i}=", "completions": steps, "labels": [s.endswith("7") for s in steps]})
+    data = tmp_path / "steps.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_prm_config(None, [f"data.path={data}", "data.step_separator=' '", "train.steps=30",
+                                 "train.batch_size=8", "train.lr=1e-3", "train.eval_every=0",
+                                 f"output_dir={tmp_path}", "name=prm"])
+    result = train_process_reward_model(cfg)
+    assert result.step_accuracy == 1.0
+    report = json.loads((tmp_path / "prm" / "eval.json").read_text())["heldout"]
+    assert report["steps"] == 8 and report["step_accuracy"] == 1.0
+    scored = prm_steps(Task(id="t", prompt="55+55=", answer=""), "557 553",
+                       PRMSettings(path=str(result.model_dir), step_separator=" "))
+    assert [end for end, _ in scored] == [3, 7]
+    assert scored[0][1] > 0.5 > scored[1][1]
