@@ -76,3 +76,30 @@ def test_a_run_trains_a_prm_the_step_verifier_scores_with(tmp_path) -> None:
                        PRMSettings(path=str(result.model_dir), step_separator=" "))
     assert [end for end, _ in scored] == [3, 7]
     assert scored[0][1] > 0.5 > scored[1][1]
+
+
+def test_a_recipe_names_a_prm_as_its_step_verifier(tmp_path) -> None:
+    """reward.step_verifier: {name: prm, ...} validates from a recipe and its scores land on the tokens
+    that end each step (coef * sigmoid(logit)), through the run's reward pool."""
+    from types import SimpleNamespace
+
+    from reinforge.config import load_config
+    from reinforge.models.loading import load_tokenizer
+    from reinforge.rewards.build import run_reward_pool
+    from reinforge.rm.model import build_reward_model, save_reward_model
+    from reinforge.types import Task
+
+    model, tok = build_reward_model("tiny-base", 1, per="token")  # an untrained PRM: every score is sigmoid(0)
+    path = save_reward_model(model, tok, tmp_path / "prm")
+    cfg = load_config(None, [f"reward.step_verifier={{name: prm, path: {path}, step_separator: ' ', coef: 0.5}}"])
+    pool = run_reward_pool(cfg)
+    assert pool.steps is not None and pool.steps.settings.step_separator == " "
+    tokenizer = load_tokenizer("tiny-base")
+    prompt = tokenizer("<bos>1+1=", add_special_tokens=False)["input_ids"]
+    generated = tokenizer("12 3", add_special_tokens=False)["input_ids"]
+    traj = SimpleNamespace(completion_text="12 3", token_ids=prompt + generated, token_rewards=None)
+    counters = pool.steps.apply([Task(id="t", prompt="1+1=", answer="2")], [traj], tokenizer.decode, [len(prompt)])
+    assert counters["reward/steps"] == 2.0
+    expected = [0.0] * len(prompt) + [0.0, 0.25, 0.0, 0.25]  # 0.5 * sigmoid(0) on '2' and on '3'
+    assert traj.token_rewards == pytest.approx(expected)
+    pool.close()
