@@ -103,3 +103,29 @@ def test_a_recipe_names_a_prm_as_its_step_verifier(tmp_path) -> None:
     expected = [0.0] * len(prompt) + [0.0, 0.25, 0.0, 0.25]  # 0.5 * sigmoid(0) on '2' and on '3'
     assert traj.token_rewards == pytest.approx(expected)
     pool.close()
+
+
+def test_math_shepherd_labels_from_the_policys_continuations() -> None:
+    """Rows cut every token: the steps join into the completion, each non-final label is a share of N
+    continuations (a multiple of 1/N; hard: 0 or 1) and the final label is the completion's correctness."""
+    from reinforge.data.arithmetic import arithmetic_problem
+    from reinforge.eval.cli_eval import build_eval_engine
+    from reinforge.orchestrate.state_values import CutSettings
+    from reinforge.rewards.imported import resolve_verifier
+    from reinforge.rm.label import label_steps
+    from reinforge.rollout.types import SamplingParams
+
+    engine = build_eval_engine("tiny-base", 0)
+    verify = resolve_verifier("exact_match")
+    tasks = [arithmetic_problem(i, 2, "+") for i in (1234, 5678, 4321)]
+    params = SamplingParams(max_new_tokens=8)
+    for hard in (False, True):
+        rows = label_steps(engine, verify, tasks, params, samples=2, rollouts=4, cut=CutSettings(4, "tokens", 1, 19),
+                           hard=hard)
+        assert len(rows) == 6
+        for row in rows:
+            task = next(t for t in tasks if t.id == row["task_id"])
+            assert len(row["labels"]) == len(row["completions"]) >= 1
+            assert row["labels"][-1] == float(verify(task, "".join(row["completions"])).correct)
+            allowed = {0.0, 1.0} if hard else {k / 4 for k in range(5)}
+            assert set(row["labels"][:-1]) <= allowed

@@ -59,7 +59,8 @@ def encode_steps(tokenizer: Any, prompt: str | Messages, completion: str, ends: 
 
 class PRMSettings(Settings):
     path: str = Field(description="the PRM: an AutoModelForTokenClassification directory (reinforge prm's model/)")
-    step_separator: str = Field("\n", description="what separates the steps in a completion")
+    step_separator: str = Field("\n", description="what separates the steps in a completion; '' makes every "
+                                "character a step (steps cut by tokens of a character-level model)")
     device: str = Field("cpu", description="where the PRM runs")
 
 
@@ -87,7 +88,7 @@ def _load_prm(path: str, device: str) -> tuple[Any, Any, threading.Lock]:
 )
 def prm_steps(task: Task, completion: str, cfg: PRMSettings) -> list[tuple[int, float]]:
     """A trained PRM's score for every step of the completion."""
-    pieces = completion.split(cfg.step_separator)
+    pieces = completion.split(cfg.step_separator) if cfg.step_separator else list(completion)
     ends, at = [], 0
     for k, piece in enumerate(pieces):
         at += (len(cfg.step_separator) if k else 0) + len(piece)

@@ -130,14 +130,37 @@ class StepColumns(_Strict):
     labels: str = Field("labels", description="one label per step: a bool or a number in [0, 1]")
 
 
+class MCLabelConfig(_Strict):
+    """Math-Shepherd's automatic step labels (``data.path: task``): the policy's own continuations."""
+
+    policy: str = Field("tiny-base", description="the model whose completions are cut into steps and continued")
+    tasks: int = Field(200, ge=1, description="training tasks labelled (the first of a seeded shuffle)")
+    heldout_tasks: int = Field(50, ge=1, description="held-out tasks labelled (from the task's held-out split)")
+    samples: int = Field(4, ge=1, description="completions per task")
+    rollouts: int = Field(8, ge=1, description="N: continuations from each step's end (the paper: 8)")
+    label: Literal["soft", "hard"] = Field("soft", description="soft: the share of continuations that are right; "
+                                           "hard: 1 if any is")
+    step_split: Literal["newline", "tokens"] = Field("newline", description="where steps end: lines, or every "
+                                                     "step_tokens tokens")
+    step_tokens: int = Field(1, ge=1, description="tokens per step with step_split: tokens")
+    max_steps: int = Field(20, ge=1, description="at most this many steps cut from a completion")
+    max_new_tokens: int = Field(8, ge=1, description="the policy's completion length")
+    temperature: float = Field(1.0, gt=0)
+
+
 class PRMDataConfig(_Strict):
-    path: str = Field(description="JSONL, CSV or Parquet file or datasets directory of step-labelled rows")
+    path: str = Field(description="JSONL, CSV or Parquet file or datasets directory of step-labelled rows; 'task': "
+                      "labels made from `task` by the policy's Monte Carlo continuations (`mc`, Math-Shepherd)")
+    task: ArithmeticTaskConfig = Field(default_factory=lambda: ArithmeticTaskConfig(kind="arithmetic"),
+                                       description="with path: task, the task whose problems are labelled")
+    mc: MCLabelConfig = Field(default_factory=MCLabelConfig)
     split: str | None = Field(None, description="split of a datasets directory")
     heldout_path: str | None = Field(None, description="held-out rows (default: whole prompts split off path)")
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="share of path's rows held out (by prompt)")
     heldout_max: int = Field(500, ge=1, description="at most this many held-out rows")
     columns: StepColumns = Field(default_factory=StepColumns)
-    step_separator: str = Field("\n", description="what joins the steps into the completion (as the policy writes it)")
+    step_separator: str = Field("\n", description="what joins the steps into the completion (as the policy writes "
+                                "it); '' for steps cut by tokens, which join with nothing")
 
 
 class PRMConfig(_Strict):

@@ -4,8 +4,9 @@ The model is an HF ``AutoModelForTokenClassification`` with one output: the scor
 logit at the token that ends the step, ``P(step is good) = sigmoid(logit)``, trained with
 Math-Shepherd's per-step binary cross entropy (``algo.reward_losses.prm_step_bce``). A run directory
 holds ``config.yaml``, ``metrics.jsonl``, ``eval.json`` (held-out step accuracy with its 95%
-bootstrap interval over steps, and the held-out loss) and ``model/``, which the ``prm`` step
-verifier (``reward.step_verifier``) loads.
+bootstrap interval over steps, and the share of the commoner label: what a constant answer scores) and ``model/``, which the ``prm`` step verifier
+(``reward.step_verifier``) loads. With ``data.path: task`` the labels are made first by the policy's
+Monte Carlo continuations (``rm/label.py``) and kept in the run directory.
 """
 
 from __future__ import annotations
@@ -85,8 +86,37 @@ def heldout_steps(model: torch.nn.Module, data: EncodedSteps, device: str, batch
     return np.concatenate(right)
 
 
-def _load(cfg: PRMConfig) -> tuple[list[StepExample], list[StepExample]]:
+def _mc_labelled(cfg: PRMConfig, run_dir: Path, console: Console) -> tuple[list[StepExample], list[StepExample]]:
+    """Math-Shepherd labels for ``data.task``'s problems (``rm/label.py``), written to the run directory
+    as ``labels_train.jsonl`` / ``labels_heldout.jsonl`` and read back as any file would be."""
+    from reinforge.data.sources import build_task_splits
+    from reinforge.eval.cli_eval import build_eval_engine
+    from reinforge.orchestrate.state_values import CutSettings
+    from reinforge.rewards.imported import resolve_verifier
+    from reinforge.rm.label import label_steps
+    from reinforge.rollout.types import SamplingParams
+
+    d, mc = cfg.data, cfg.data.mc
+    splits = build_task_splits(d.task)
+    engine = build_eval_engine(mc.policy, cfg.seed)
+    verifier = resolve_verifier(d.task.verifier)
+    params = SamplingParams(max_new_tokens=mc.max_new_tokens, temperature=mc.temperature)
+    cut = CutSettings(mc.rollouts, mc.step_split, mc.step_tokens, mc.max_steps - 1)
+    order = np.random.default_rng(cfg.seed).permutation(len(splits.train))[: mc.tasks]
+    out = []
+    for name, tasks in (("train", [splits.train[int(i)] for i in order]),
+                        ("heldout", [splits.heldout[i] for i in range(min(mc.heldout_tasks, len(splits.heldout)))])):
+        rows = label_steps(engine, verifier, tasks, params, mc.samples, mc.rollouts, cut, mc.label == "hard", console)
+        path = run_dir / f"labels_{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out.append(read_steps(str(path), d.columns))
+    return out[0], out[1]
+
+
+def _load(cfg: PRMConfig, run_dir: Path, console: Console) -> tuple[list[StepExample], list[StepExample]]:
     d = cfg.data
+    if d.path == "task":
+        return _mc_labelled(cfg, run_dir, console)
     examples = read_steps(d.path, d.columns, d.split)
     if d.heldout_path is not None:
         return examples, read_steps(d.heldout_path, d.columns, d.split)
@@ -100,9 +130,9 @@ def train_process_reward_model(cfg: PRMConfig, console: Console | None = None) -
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     begin = time.monotonic()
-    train_rows, held_rows = _load(cfg)
     run_dir = new_run_dir(Path(cfg.output_dir), cfg.name, "prm")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    train_rows, held_rows = _load(cfg, run_dir, console)
     console.print(f"process reward model: {len(train_rows)} training rows, {len(held_rows)} held-out rows -> {run_dir}",
                   highlight=False)
     torch.manual_seed(cfg.seed)
@@ -121,10 +151,12 @@ def train_process_reward_model(cfg: PRMConfig, console: Console | None = None) -
     model_dir = save_reward_model(model, tokenizer, run_dir / "model")
     right = heldout_steps(model, held, device)
     mean, low, high = bootstrap_ci(right, seed=cfg.seed)
+    positive = float(np.mean([y >= 0.5 for _, _, labels in held.rows for y in labels]))
+    majority = max(positive, 1 - positive)  # what always answering the commoner label scores
     (run_dir / "eval.json").write_text(json.dumps({"heldout": {
         "rows": len(held), "steps": int(len(right)), "step_accuracy": float(mean), "low": float(low),
-        "high": float(high)}}, indent=2))
+        "high": float(high), "positive_share": positive, "majority_baseline": majority}}, indent=2))
     seconds = time.monotonic() - begin
-    console.print(f"held-out step accuracy {mean:.3f} [{low:.3f}, {high:.3f}] over {len(right)} steps; {seconds:.0f}s",
-                  highlight=False)
+    console.print(f"held-out step accuracy {mean:.3f} [{low:.3f}, {high:.3f}] over {len(right)} steps (always "
+                  f"answering the commoner label: {majority:.3f}); {seconds:.0f}s", highlight=False)
     return PRMResult(run_dir, model_dir, float(mean), float(low), float(high), steps, seconds)
