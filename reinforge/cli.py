@@ -157,8 +157,7 @@ def prm(
         from reinforge.rm.prm import train_process_reward_model
 
         result = train_process_reward_model(load_prm_config(recipe, overrides))
-        typer.echo(f"\ndone after {result.steps} steps. process reward model: {result.model_dir}\n"
-                   f"run directory: {result.run_dir}")
+        typer.echo(f"\ndone after {result.steps} steps. process reward model: {result.model_dir}")
 
     _run_guarded(go)
 
