@@ -240,3 +240,31 @@ def _changed_options(kind: str, part: object) -> str:
     form = part.recipe_form() if hasattr(part, "recipe_form") else str(part)
     changed = {k: v for k, v in form.items() if k != "name" and v != defaults[k]} if isinstance(form, dict) else {}
     return f"{part} ({_options(changed)})" if changed else str(part)
+
+
+def print_listing(make_items, name: str | None, kind: str | None, word: str | None, as_markdown: bool) -> None:  # type: ignore[no-untyped-def]
+    """Print ``make_items()``, filtered by ``kind`` and ``word``: one entry in full, a Markdown table or a list."""
+    import difflib
+    import shutil
+
+    import typer
+
+    from reinforge.errors import ConfigError
+
+    items, width = make_items(), shutil.get_terminal_size((80, 24)).columns
+    if kind is not None:
+        kinds = list(dict.fromkeys(i.kind for i in items))
+        if kind not in kinds:
+            raise ConfigError(f"--kind {kind}: allowed: {', '.join(kinds)}")
+        items = [i for i in items if i.kind == kind]
+    items = search(items, word) if word else items
+    if name is not None:
+        found = [i for i in items if i.name == name]
+        if not found:
+            close = difflib.get_close_matches(name, [i.name for i in items], n=3)
+            raise ConfigError(f"no entry named {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        typer.echo("\n\n".join("\n".join(detail(i, width)) for i in found))
+    elif as_markdown:
+        typer.echo(markdown(items))
+    else:
+        typer.echo("\n".join(compact(items, width)) if items else "nothing matches")

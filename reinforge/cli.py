@@ -113,6 +113,12 @@ def sft(
     train([*recipe, *SFT_OVERRIDES, f"demonstrations.path={data}", *[a for a in args if "=" in a]], resume=None)
 
 
+def _listing():  # type: ignore[no-untyped-def]
+    from reinforge.catalogue import print_listing
+
+    return print_listing
+
+
 def _recipe_and_overrides(args: list[str] | None) -> tuple[str | None, list[str]]:
     recipes = [a for a in args or [] if "=" not in a]
     if len(recipes) > 1:
@@ -186,8 +192,12 @@ def eval_cmd(
     plot: Annotated[Path | None, typer.Option(help="pass@k curves of every --model on one PNG")] = None,
     engine: Annotated[str | None, typer.Option(help="rollout engine: torch, vllm, auto (default: the recipe's, "
                                                     "else torch)")] = None,
+    rerank: Annotated[Path | None, typer.Option(help="a reward model (reinforge rm) or process reward model "
+                                                     "(reinforge prm) directory: best-of-k of the samples")] = None,
+    rerank_steps: Annotated[str, typer.Option(help="a PRM's completion score: min or prod of its steps")] = "min",
 ) -> None:
-    """Greedy accuracy, mean@n, pass@k (unbiased, Chen et al. 2021) and maj@k with 95% bootstrap CIs."""
+    """Greedy accuracy, mean@n, pass@k (unbiased, Chen et al. 2021), maj@k and, with --rerank, best-of-k, with
+    95% bootstrap CIs."""
 
     def go() -> None:
         from reinforge.errors import ConfigError
@@ -198,7 +208,7 @@ def eval_cmd(
         except ValueError:
             raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}") from None
         result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed, k_list, plot,
-                          recipe=recipe, engine=engine)
+                          recipe=recipe, engine=engine, rerank={"path": rerank, "steps": rerank_steps} if rerank else None)
         out.write_text(json.dumps(result, indent=2) + "\n")
 
     _run_guarded(go)
@@ -336,7 +346,7 @@ def algos(name: NameArg = None, kind: KindOpt = None, search: SearchOpt = None, 
         return
     from reinforge.catalogue import ALGO_KINDS, part_items, preset_items
 
-    _run_guarded(_listing, lambda: preset_items() + part_items(ALGO_KINDS[1:]), name, kind, search, markdown)
+    _run_guarded(_listing(), lambda: preset_items() + part_items(ALGO_KINDS[1:]), name, kind, search, markdown)
 
 
 @app.command()
@@ -344,7 +354,7 @@ def envs(name: NameArg = None, search: SearchOpt = None, markdown: MarkdownOpt =
     """The environments (``env.name``) and rollout engines (``rollout.engine``); NAME shows one in full."""
     from reinforge.catalogue import part_items
 
-    _run_guarded(_listing, lambda: part_items(("env", "engine")), name, None, search, markdown)
+    _run_guarded(_listing(), lambda: part_items(("env", "engine")), name, None, search, markdown)
 
 
 @app.command()
@@ -352,7 +362,7 @@ def verifiers(name: NameArg = None, search: SearchOpt = None, markdown: Markdown
     """The verifiers (``task.verifier``, reward terms) and step verifiers; NAME shows one in full."""
     from reinforge.catalogue import part_items
 
-    _run_guarded(_listing, lambda: part_items(("verifier", "step_verifier")), name, None, search, markdown)
+    _run_guarded(_listing(), lambda: part_items(("verifier", "step_verifier")), name, None, search, markdown)
 
 
 @app.command()
@@ -360,35 +370,7 @@ def recipes(name: NameArg = None, search: SearchOpt = None, markdown: MarkdownOp
     """The shipped recipes (``reinforge train NAME``); NAME shows one in full."""
     from reinforge.catalogue import recipe_items
 
-    _run_guarded(_listing, recipe_items, name, None, search, markdown)
-
-
-def _listing(make_items, name: str | None, kind: str | None, word: str | None, markdown: bool) -> None:  # type: ignore[no-untyped-def]
-    """Print ``make_items()``, filtered by ``kind`` and ``word``: one entry in full, a Markdown table or a list."""
-    import difflib
-    import shutil
-
-    from reinforge.catalogue import compact, detail, search
-    from reinforge.catalogue import markdown as markdown_table
-    from reinforge.errors import ConfigError
-
-    items, width = make_items(), shutil.get_terminal_size((80, 24)).columns
-    if kind is not None:
-        kinds = list(dict.fromkeys(i.kind for i in items))
-        if kind not in kinds:
-            raise ConfigError(f"--kind {kind}: allowed: {', '.join(kinds)}")
-        items = [i for i in items if i.kind == kind]
-    items = search(items, word) if word else items
-    if name is not None:
-        found = [i for i in items if i.name == name]
-        if not found:
-            close = difflib.get_close_matches(name, [i.name for i in items], n=3)
-            raise ConfigError(f"no entry named {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
-        typer.echo("\n\n".join("\n".join(detail(i, width)) for i in found))
-    elif markdown:
-        typer.echo(markdown_table(items))
-    else:
-        typer.echo("\n".join(compact(items, width)) if items else "nothing matches")
+    _run_guarded(_listing(), recipe_items, name, None, search, markdown)
 
 
 def main() -> None:

@@ -129,3 +129,32 @@ def test_math_shepherd_labels_from_the_policys_continuations() -> None:
             assert row["labels"][-1] == float(verify(task, "".join(row["completions"])).correct)
             allowed = {0.0, 1.0} if hard else {k / 4 for k in range(5)}
             assert set(row["labels"][:-1]) <= allowed
+
+
+def test_best_of_k_picks_the_highest_scored_sample() -> None:
+    import numpy as np
+
+    from reinforge.eval.rerank import best_of
+
+    correct = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    scores = np.array([[0.1, 0.9, 0.5], [0.2, 0.2, 0.7]])
+    assert best_of(correct, scores, 1).tolist() == [0.0, 1.0]  # only the first sample
+    assert best_of(correct, scores, 2).tolist() == [1.0, 1.0]  # a tie goes to the first
+    assert best_of(correct, scores, 3).tolist() == [1.0, 0.0]
+
+
+def test_reinforge_eval_reranks_with_a_prm(tmp_path) -> None:
+    """--rerank with a PRM run's model: best-of-k lands in the results, its separator read from the run."""
+    from reinforge.eval.cli_eval import run_eval
+    from reinforge.rm.model import build_reward_model, save_reward_model
+
+    model, tok = build_reward_model("tiny-base", 1, per="token")
+    run = tmp_path / "prm-run"
+    save_reward_model(model, tok, run / "model")
+    (run / "config.yaml").write_text("data:\n  step_separator: ''\n")
+    result = run_eval(["tiny-base"], "arithmetic", None, samples=4, temperature=1.0, max_new_tokens=8,
+                      heldout_size=20, seed=0, ks=[1, 4], n_boot=50, rerank={"path": run / "model", "steps": "min"})
+    best = result["models"]["tiny-base"]["best_of_k"]
+    assert set(best) == {"1", "4"}
+    # an untrained PRM scores every step sigmoid(0): all ties, so best-of-k is the first sample, as is mean@1's
+    assert best["1"] == best["4"]

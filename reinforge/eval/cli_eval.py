@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from reinforge.assets import resolve_model_path
 from reinforge.config import config_from_dict, load_config
@@ -34,7 +35,7 @@ def resolve_eval_model(model: str) -> str:
 def run_eval(
     models: list[str], task: str, data: Path | None, samples: int, temperature: float, max_new_tokens: int,
     heldout_size: int, seed: int, ks: list[int] | None = None, plot: Path | None = None, n_boot: int = 2000,
-    recipe: str | None = None, engine: str | None = None,
+    recipe: str | None = None, engine: str | None = None, rerank: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate each model on the task's held-out split: print a table per model (with 95% bootstrap
     intervals over prompts), and plot their pass@k curves on one figure if ``plot`` is given."""
@@ -63,7 +64,8 @@ def run_eval(
         rollout_engine = build_eval_engine(path, seed, run_cfg, engine)
         with _recipe_player(run_cfg, rollout_engine, verifier) as player:
             result = evaluate(rollout_engine, splits.heldout, verifier, max_new_tokens, samples, temperature, ks=ks,
-                              system_prompt=task_cfg.system_prompt, confidence=True, n_boot=n_boot, player=player)
+                              system_prompt=task_cfg.system_prompt, confidence=True, n_boot=n_boot, player=player,
+                              rerank=_reranker(rerank))
         console.print(f"\n[bold]{path}[/] on {splits.name}: {result.num_prompts} held-out prompts, "
                       f"{samples} samples each at T={temperature}", highlight=False)
         console.print(result_table(result))
@@ -75,6 +77,27 @@ def run_eval(
                          title=f"pass@k on {splits.name} ({samples} samples, T={temperature})")
         console.print(f"pass@k curves: {plot}")
     return {"task": splits.name, "samples": samples, "temperature": temperature, "seed": seed, "models": results}
+
+
+def _reranker(options: dict[str, Any] | None) -> Any:
+    """``reinforge eval --rerank PATH``'s scorer (``eval/rerank.py``), or None."""
+    if not options:
+        return None
+    from functools import partial
+
+    from reinforge.eval.rerank import rerank_scores
+    from reinforge.rewards.reward_model import ensemble_members, reward_model_dir
+
+    path = str(Path(options["path"]).expanduser())
+    if ensemble_members(path) is None:
+        reward_model_dir(path, "--rerank")
+    from reinforge.eval.rerank import STEP_AGGREGATES
+
+    if options.get("steps", "min") not in STEP_AGGREGATES:
+        raise ConfigError(f"--rerank-steps: one of {', '.join(STEP_AGGREGATES)}, got {options['steps']!r}")
+    run_config = Path(path).parent / "config.yaml"  # a PRM from reinforge prm: its runs's step separator
+    data = (yaml.safe_load(run_config.read_text()) or {}).get("data", {}) if run_config.is_file() else {}
+    return partial(rerank_scores, path, step_separator=data.get("step_separator", "\n"), steps=options.get("steps", "min"))
 
 
 def build_eval_engine(path: str, seed: int, run_cfg: Any = None, engine: str | None = None) -> Any:
@@ -119,6 +142,7 @@ def result_table(result: EvalResult):
         rows.append((f"mean@{result.samples}", result.mean_at_n, f"mean@{result.samples}"))
     rows += [(f"pass@{k}", v, f"pass@{k}") for k, v in result.pass_at_k.items()]
     rows += [(f"maj@{k}", v, f"maj@{k}") for k, v in result.maj_at_k.items()]
+    rows += [(f"best-of-{k} (reranked)", v, f"best_of_{k}") for k, v in result.best_of_k.items()]
     for label, value, key in rows:
         lo, hi = result.intervals.get(key, (float("nan"), float("nan")))
         table.add_row(label, f"{value:.3f}", f"[{lo:.3f}, {hi:.3f}]")

@@ -5,7 +5,8 @@ Metrics, each with a percentile bootstrap confidence interval over prompts (``ev
 - greedy accuracy: one greedy completion per prompt;
 - mean@n: the mean correctness of the n sampled completions of a prompt, averaged over prompts;
 - pass@k: the unbiased estimator 1 - C(n - c, k) / C(n, k) of Chen et al. 2021 (c correct of n);
-- maj@k: the majority answer (as the verifier reads it) of the first k samples is correct.
+- maj@k: the majority answer (as the verifier reads it) of the first k samples is correct;
+- best-of-k (with a reranker, ``eval/rerank.py``): the reward model's favourite of the first k samples is correct.
 
 A completion counts only if it ended by itself (EOS or stop string), not by the length limit.
 Results are broken down by task metadata keys where the tasks carry them (e.g. ``difficulty``).
@@ -43,6 +44,7 @@ class EvalResult:
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     breakdown: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     pass_curve: dict[int, float] = field(default_factory=dict)
+    best_of_k: dict[int, float] = field(default_factory=dict)  # with a reranker (eval/rerank.py)
 
     def as_metrics(self, prefix: str = "eval/") -> dict[str, float]:
         out = {f"{prefix}heldout_acc": self.greedy_accuracy}
@@ -50,6 +52,7 @@ class EvalResult:
         if self.mean_at_n is not None:
             out[f"{prefix}mean@{self.samples}"] = self.mean_at_n
         out.update({f"{prefix}maj@{k}": v for k, v in self.maj_at_k.items()})
+        out.update({f"{prefix}best_of_{k}": v for k, v in self.best_of_k.items()})
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,6 +62,7 @@ class EvalResult:
             "maj_at_k": {str(k): v for k, v in self.maj_at_k.items()},
             "confidence_intervals_95": {k: list(v) for k, v in self.intervals.items()},
             "breakdown": self.breakdown, "pass_curve": {str(k): v for k, v in self.pass_curve.items()},
+            **({"best_of_k": {str(k): v for k, v in self.best_of_k.items()}} if self.best_of_k else {}),
         }
 
 
@@ -103,11 +107,15 @@ def majority_correct(correct: np.ndarray, answers: list[list[str | None]], k: in
 Player = Callable[[Sequence[Task], SamplingParams, int], tuple[np.ndarray, list[list[str | None]]]]
 
 
-def single_turn_player(engine, verifier: Verifier | VerifierPool, system_prompt: str | None) -> Player:
-    """One completion per sample, scored by ``verifier`` (see ``_score``)."""
+def single_turn_player(engine, verifier: Verifier | VerifierPool, system_prompt: str | None,
+                       texts: list[list[str]] | None = None) -> Player:
+    """One completion per sample, scored by ``verifier`` (see ``_score``); each call's completion texts
+    are appended to ``texts`` when given (what a reranker scores)."""
 
     def play(tasks: Sequence[Task], params: SamplingParams, per_task: int):
         gens = engine.generate(build_requests(tasks, engine.tokenizer, system_prompt), params)
+        if texts is not None:
+            texts.append([g.text for g in gens])
         return _score(tasks, gens, verifier, per_task)
 
     return play
@@ -125,15 +133,20 @@ def evaluate(
     confidence: bool = False,
     n_boot: int = 2000,
     player: Player | None = None,
+    rerank: Callable[[list[Task], list[str]], list[float]] | None = None,
 ) -> EvalResult:
     """Greedy accuracy on ``tasks``; with ``samples`` > 0 also mean@n, pass@k and maj@k (k <= samples) at
     ``temperature``; with ``confidence`` bootstrap intervals over prompts and the metadata breakdown.
-    ``player`` replaces the single-turn completion + ``verifier`` (e.g. multi-turn episodes)."""
+    ``player`` replaces the single-turn completion + ``verifier`` (e.g. multi-turn episodes). ``rerank``
+    scores the sampled completions for best-of-k (``eval/rerank.py``; single-turn only)."""
     tasks = list(tasks)
+    texts: list[list[str]] = []
     if player is None:
         if verifier is None:
             raise ValueError("evaluate needs a verifier or a player")
-        player = single_turn_player(engine, verifier, system_prompt)
+        player = single_turn_player(engine, verifier, system_prompt, texts)
+    elif rerank is not None:
+        raise ValueError("best-of-n reranking scores single-turn completions; this evaluation plays episodes")
     greedy = player(tasks, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), 1)[0][:, 0]
     per_prompt: dict[str, np.ndarray] = {"greedy_accuracy": greedy}
     result = EvalResult(float(greedy.mean()), {}, len(tasks), samples)
@@ -153,12 +166,28 @@ def evaluate(
                 maj = majority_correct(correct, answers, k)
                 per_prompt[f"maj@{k}"] = maj
                 result.maj_at_k[k] = float(maj.mean())
+        if rerank is not None:
+            per_prompt |= _best_of(tasks, correct, texts[-1], rerank, samples, ks, result)
     if confidence:
         names = list(per_prompt)
         _, low, high = bootstrap_ci(np.stack([per_prompt[n] for n in names], axis=1), n_boot=n_boot)
         result.intervals = {n: (float(lo), float(hi)) for n, lo, hi in zip(names, low, high, strict=True)}
         result.breakdown = _breakdown(tasks, per_prompt)
     return result
+
+
+def _best_of(tasks: Sequence[Task], correct: np.ndarray, texts: list[str], rerank: Callable, samples: int,
+             ks: Sequence[int], result: EvalResult) -> dict[str, np.ndarray]:
+    """Best-of-k for each k of ``ks``: the reranker's favourite of the first k samples (``eval/rerank.py``)."""
+    from reinforge.eval.rerank import best_of
+
+    scores = np.asarray(rerank([tasks[i // samples] for i in range(len(texts))], texts), dtype=float)
+    scores = scores.reshape(len(tasks), samples)
+    out = {}
+    for k in ks:
+        out[f"best_of_{k}"] = best_of(correct, scores, k)
+        result.best_of_k[k] = float(out[f"best_of_{k}"].mean())
+    return out
 
 
 def _breakdown(tasks: Sequence[Task], per_prompt: dict[str, np.ndarray]) -> dict[str, dict[str, dict[str, float]]]:
