@@ -252,3 +252,27 @@ def test_apo_run_keeps_groups_whole_in_micro_batches_and_rapo_runs(tmp_path, mon
     cfg = load_config(None, [f"output_dir={tmp_path / 'rapo'}", "preset=rapo", *SHORT])
     steps = [m for m in read_jsonl(train(cfg).run_dir / "metrics.jsonl") if "train/rapo_phi" in m]
     assert len(steps) == 2 and all(0.5 <= m["train/rapo_phi"] <= 1 and m["train/kl_fwd"] >= 0 for m in steps)
+
+
+def test_kl_measure_logs_the_kl_from_the_start_and_changes_nothing(tmp_path):
+    """algo.kl.measure with coef 0: train/kl_ref is logged (positive once the policy moves), and the
+    policy's weights after training are those of the same run without it (nothing penalised)."""
+    from safetensors.torch import load_file
+
+    from reinforge.algo.objective import loss_terms, required_inputs
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    measured = load_config(None, ["algo.kl.measure=true"]).algo
+    assert "ref_logp" in required_inputs(measured) and [t.coef for t in loss_terms(measured) if t.name == "kl"] == [0.0]
+    weights, logs = {}, {}
+    for name, extra in (("plain", []), ("measured", ["algo.kl.measure=true"])):
+        cfg = load_config(None, [f"output_dir={tmp_path}", f"name={name}", *SHORT, "checkpoint.every=2", *extra])
+        run_dir = train(cfg).run_dir
+        weights[name] = load_file(str(run_dir / "checkpoints" / "step_2" / "model.safetensors"))
+        logs[name] = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in m]
+    assert all("train/kl_ref" not in m for m in logs["plain"])
+    kls = [m["train/kl_ref"] for m in logs["measured"]]
+    assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 0
+    for key, value in weights["plain"].items():
+        assert torch.equal(value, weights["measured"][key]), key

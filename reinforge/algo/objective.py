@@ -161,12 +161,15 @@ def row_sets(n: int, demo: Tensor | None, group_index: Tensor | None = None) -> 
 
 def loss_terms(cfg: Any, kl_coef: float | None = None, controllers: dict[int, Any] | None = None) -> list[Term]:
     """The extra loss terms a run's ``AlgoConfig`` asks for: the KL penalty when ``kl.coef`` > 0 and it
-    is placed in the loss (coefficient ``kl_coef``, the adaptive controller's current value), the
+    is placed in the loss (coefficient ``kl_coef``, the adaptive controller's current value; with
+    ``kl.measure`` and coefficient 0 the term is there at 0, for its ``kl_ref`` metric), the
     entropy bonus when ``entropy_coef`` != 0, then every ``loss_terms`` entry of the recipe (its cfg:
     its settings, or its controller from ``controllers`` when it has one, see ``term_controllers``)."""
     terms = []
     if cfg.kl.coef > 0 and cfg.kl.placement == "loss":
         terms.append(Term("kl", cfg.kl.coef if kl_coef is None else kl_coef))
+    elif cfg.kl.coef == 0 and getattr(cfg.kl, "measure", False):  # measured, not penalised: coefficient 0
+        terms.append(Term("kl", 0.0))
     if cfg.entropy_coef != 0:
         terms.append(Term("entropy", cfg.entropy_coef))
     for i, t in enumerate(getattr(cfg, "loss_terms", ())):
@@ -219,6 +222,6 @@ def required_inputs(cfg: Any) -> frozenset[str]:
     needs = set(ADVANTAGES.needs(cfg.advantage)) | POLICY_LOSSES.needs(cfg.policy_loss)
     for term in loss_terms(cfg):
         needs |= LOSS_TERMS.needs(term.name)
-    if cfg.kl.coef > 0:  # in the loss (the kl term) or in the reward
+    if cfg.kl.coef > 0 or getattr(cfg.kl, "measure", False):  # in the loss (the kl term) or in the reward
         needs.add("ref_logp")
     return frozenset(needs)

@@ -28,6 +28,8 @@ class KLConfig(_Strict):
     )
     target: float = Field(0.0, ge=0, description="target KL of the adaptive controller (0 = fixed coefficient)")
     horizon: int = Field(10000, ge=1, description="adaptive controller horizon (Ziegler et al. 2019)")
+    measure: bool = Field(False, description="with coef 0: still load the reference and log train/kl_ref, the KL "
+                          "from the start (the x axis of a reward over-optimisation curve); nothing is penalised")
 
     @field_validator("estimator")
     @classmethod

@@ -70,7 +70,8 @@ class Figure:
 
 # Why a metric stays 0 for a whole run, from its resolved config (``_why_zero``): the part that would move it is off.
 ZERO_BECAUSE = {
-    "train/kl_ref": ("no KL term (algo.kl.coef is 0)", lambda c: _get(c, "algo.kl.coef", 0) == 0),
+    "train/kl_ref": ("no KL term (algo.kl.coef is 0)",
+                     lambda c: _get(c, "algo.kl.coef", 0) == 0 and not _get(c, "algo.kl.measure", False)),
     "train/approx_kl_old": ("one optimizer step per batch: the policy is still pi_old", lambda c: _one_update(c)),
     "train/clip_frac": ("one optimizer step per batch: the ratio is 1, nothing is clipped", lambda c: _one_update(c)),
     "train/dual_clip_frac": ("no dual clip, or nothing reached it", lambda c: True),
