@@ -13,6 +13,10 @@ whatever the tokenizer's ``padding_side`` (so real tokens keep positions 0..n-1 
 position embeddings too), and the model's own pooling reads the head at the last non-pad token.
 A sequence longer than ``max_length`` keeps its last ``max_length`` tokens (the completion's end).
 
+A model trained by ``reinforge rm`` with a reference template (``reinforge_rm.json``) is a
+reference-based reward model: the task's reference answer is put into the prompt it scores, as it
+was in training (``with_reference``).
+
 ``normalise="running"``: ``z = (s - mean) / (std + eps)``, where mean and (population) std are of
 every raw score seen so far including the current call's (Welford / Chan et al. updates;
 ``state_dict`` for checkpoints).
@@ -73,6 +77,32 @@ class RunningMeanStd:
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
+
+RM_CONFIG = "reinforge_rm.json"  # how ``reinforge rm`` trained a model: {"reference_template": ...}
+
+
+def with_reference(prompt: str | list[dict[str, str]], template: str | None, answer: str | None
+                   ) -> str | list[dict[str, str]]:
+    """A reference-based reward model's prompt (the VerifyRM design of Cooper, Hong et al. 2025,
+    arXiv:2508.05613): ``template`` formatted with the reference ``answer`` appended to the last user
+    message (or to a text prompt). No template: the prompt as it is."""
+    if template is None:
+        return prompt
+    if not answer:
+        raise ConfigError("a reference-based reward model scores against the task's reference answer; this task "
+                          "has none")
+    extra = template.format(answer=answer)
+    if isinstance(prompt, str):
+        return prompt + extra
+    last = max((i for i, m in enumerate(prompt) if m["role"] == "user"), default=len(prompt) - 1)
+    return [{**m, "content": m["content"] + extra} if i == last else m for i, m in enumerate(prompt)]
+
+
+def reference_template(path: str | Path) -> str | None:
+    """The reference template a model directory was trained with (its ``reinforge_rm.json``), else None."""
+    config = Path(path) / RM_CONFIG
+    return json.loads(config.read_text()).get("reference_template") if config.is_file() else None
 
 
 def reward_text_ids(tokenizer: Any, prompt: str | list[dict[str, str]], completion: str) -> list[int]:
@@ -150,10 +180,13 @@ class RewardModelScorer:
             raise ConfigError(f"reward model normalise must be 'none' or 'running', got {normalise!r}")
         if batch_size < 1:
             raise ConfigError(f"reward model batch_size must be >= 1, got {batch_size}")
+        self.reference_template: str | None = None
         if isinstance(path_or_model, str):
             model = _load(path_or_model, dtype)
             members = ensemble_members(path_or_model)
-            tokenizer = (str(members[0]) if members else path_or_model) if tokenizer is None else tokenizer
+            first = str(members[0]) if members else path_or_model
+            tokenizer = first if tokenizer is None else tokenizer
+            self.reference_template = reference_template(Path(first).expanduser())
         else:
             model = path_or_model
         if tokenizer is None:
@@ -201,8 +234,9 @@ class RewardModelScorer:
         return 2048
 
     def encode(self, task: Task, completion: str) -> list[int]:
-        """Token ids of the pair (before truncation); see ``reward_text_ids``."""
-        return reward_text_ids(self.tokenizer, task.prompt, completion)
+        """Token ids of the pair (before truncation); see ``reward_text_ids`` and ``with_reference``."""
+        prompt = with_reference(task.prompt, self.reference_template, task.answer)
+        return reward_text_ids(self.tokenizer, prompt, completion)
 
     def _truncate(self, ids: list[int]) -> list[int]:
         if len(ids) <= self.max_length:

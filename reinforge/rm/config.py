@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from reinforge.config.base import Part, PartRef, _Strict
 from reinforge.config.recipes import RECIPES_DIR, _format_validation_error, apply_overrides
@@ -16,6 +16,17 @@ from reinforge.config.task import ArithmeticTaskConfig
 from reinforge.errors import ConfigError
 
 RM_RECIPES_DIR = RECIPES_DIR / "rm"
+
+
+def _check_template(value: str | None) -> str | None:
+    if value is not None:
+        if "{answer}" not in value:
+            raise ValueError("must contain {answer}, where the reference answer goes")
+        try:
+            value.format(answer="")
+        except (IndexError, KeyError, ValueError) as e:
+            raise ValueError(f"is not a format string with only {{answer}} ({e})") from None
+    return value
 
 
 class RMModelConfig(_Strict):
@@ -32,6 +43,7 @@ class PairColumns(_Strict):
     chosen: str = Field("chosen", description="the preferred answer: text, or a conversation ending with it")
     rejected: str = Field("rejected", description="the other answer, in the same form")
     margin: str | None = Field(None, description="optional: each pair's margin for the margin loss")
+    reference: str | None = Field("reference", description="the reference answer (read with data.reference_template)")
 
 
 class RMDataConfig(_Strict):
@@ -45,6 +57,11 @@ class RMDataConfig(_Strict):
     task: ArithmeticTaskConfig = Field(default_factory=lambda: ArithmeticTaskConfig(kind="arithmetic"),
                                        description="with path: task, the arithmetic task whose splits make the pairs")
     pairs_per_task: int = Field(6, ge=1, le=6, description="with path: task, near misses per task (distinct offsets)")
+    _template = field_validator("reference_template")(_check_template)
+    reference_template: str | None = Field(
+        None, description="a reference-based reward model (Cooper's VerifyRM): this text, with {answer} the reference "
+        "answer, is appended to the prompt's last user message in training and, read from the model directory, in "
+        "scoring; e.g. ' {answer} '")
 
 
 class RMTrainConfig(_Strict):

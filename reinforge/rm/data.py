@@ -6,7 +6,8 @@ A row is ``{prompt, chosen, rejected}`` (column names from ``data.columns``), in
 - conversations (no prompt column needed): ``chosen`` and ``rejected`` are chat message lists that
   share every message but the last, an assistant answer (TRL's conversational form); the shared
   messages are the prompt.
-An optional ``margin`` column gives each pair's margin for the Bradley-Terry margin loss.
+An optional ``margin`` column gives each pair's margin for the Bradley-Terry margin loss, and an
+optional ``reference`` column the reference answer a reference-based reward model reads.
 
 ``path: task`` makes near-miss pairs from an arithmetic task: the reference answer over the answer
 plus one of ``OFFSETS`` (``data.preferences.wrong_answer``), ``pairs_per_task`` different offsets per
@@ -42,6 +43,7 @@ class PreferencePair:
     rejected: str
     where: str
     margin: float = 0.0
+    reference: str | None = None  # the reference answer, for a reference-based reward model
 
 
 def _answer(value: Any, column: str, where: str) -> str:
@@ -99,7 +101,10 @@ def row_pair(row: dict[str, Any], where: str, columns: Any) -> PreferencePair:
     if chosen_text == rejected_text:
         raise DataError(f"{where}: chosen and rejected are the same answer ({chosen_text[:80]!r}); "
                         "a pair must prefer one answer to a different one")
-    return PreferencePair(prompt, chosen_text, rejected_text, where, _margin(row, columns.margin, where))
+    reference = row.get(columns.reference) if columns.reference else None
+    if reference is not None and not isinstance(reference, str):
+        reference = str(reference)
+    return PreferencePair(prompt, chosen_text, rejected_text, where, _margin(row, columns.margin, where), reference)
 
 
 def read_pairs(path: str, columns: Any, split: str | None = None) -> list[PreferencePair]:
@@ -149,5 +154,6 @@ def near_miss_pairs(tasks: Iterable[Task], pairs_per_task: int) -> list[Preferen
         start = zlib.crc32(task.id.encode()) % len(OFFSETS)
         for k in range(pairs_per_task):
             offset = OFFSETS[(start + k) % len(OFFSETS)]
-            out.append(PreferencePair(task.prompt, task.answer, str(value + offset), f"task {task.id}"))
+            out.append(PreferencePair(task.prompt, task.answer, str(value + offset), f"task {task.id}",
+                                      reference=task.answer))
     return out

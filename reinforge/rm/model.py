@@ -10,6 +10,7 @@ are kept (continued training); its number of heads must match.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -76,14 +77,19 @@ def head_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return list(_score_head(model).parameters())
 
 
-def save_reward_model(model: torch.nn.Module, tokenizer: Any, out: Path) -> Path:
-    """``out`` as a Hugging Face directory (safetensors and tokenizer), written to a temporary sibling
-    and renamed into place, so a crash never leaves half a model at ``out``."""
+def save_reward_model(model: torch.nn.Module, tokenizer: Any, out: Path, trained: dict[str, Any] | None = None) -> Path:
+    """``out`` as a Hugging Face directory (safetensors and tokenizer, and ``trained``, how it was trained,
+    as ``reinforge_rm.json`` for the scorer), written to a temporary sibling and renamed into place, so
+    a crash never leaves half a model at ``out``."""
+    from reinforge.rewards.reward_model import RM_CONFIG
+
     tmp = out.with_name(f".tmp_{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    if trained:
+        (tmp / RM_CONFIG).write_text(json.dumps(trained, indent=2))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -27,8 +27,9 @@ from rich.console import Console
 
 from reinforge.algo.reward_losses import RM_LOSSES
 from reinforge.data.sources import build_task_splits
+from reinforge.errors import DataError
 from reinforge.orchestrate.run_dir import new_run_dir
-from reinforge.rewards.reward_model import reward_text_ids
+from reinforge.rewards.reward_model import reward_text_ids, with_reference
 from reinforge.rm.config import RMConfig
 from reinforge.rm.data import PreferencePair, near_miss_pairs, read_pairs, split_by_prompt
 from reinforge.rm.evaluate import PairEval, evaluate_pairs, plot_calibration
@@ -62,15 +63,19 @@ def load_pairs(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair
 class EncodedPairs:
     """Token ids of every pair's two sides, and right-padded batches of them."""
 
-    def __init__(self, pairs: list[PreferencePair], tokenizer: Any, max_length: int) -> None:
+    def __init__(self, pairs: list[PreferencePair], tokenizer: Any, max_length: int,
+                 reference_template: str | None = None) -> None:
+        self.template = reference_template
         self.chosen = [self._ids(tokenizer, p, p.chosen, max_length) for p in pairs]
         self.rejected = [self._ids(tokenizer, p, p.rejected, max_length) for p in pairs]
         self.margin = torch.tensor([p.margin for p in pairs], dtype=torch.float32)
         self.pad_id = int(tokenizer.pad_token_id)
 
-    @staticmethod
-    def _ids(tokenizer: Any, pair: PreferencePair, answer: str, max_length: int) -> list[int]:
-        ids = reward_text_ids(tokenizer, pair.prompt, answer)
+    def _ids(self, tokenizer: Any, pair: PreferencePair, answer: str, max_length: int) -> list[int]:
+        if self.template is not None and not pair.reference:
+            raise DataError(f"{pair.where}: data.reference_template is set but the pair has no reference answer "
+                            "(data.columns.reference)")
+        ids = reward_text_ids(tokenizer, with_reference(pair.prompt, self.template, pair.reference), answer)
         return ids[-max_length:]
 
     def __len__(self) -> int:
@@ -143,12 +148,14 @@ def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResul
         torch.manual_seed(cfg.seed + k)
         model, tokenizer = build_reward_model(cfg.model.path, cfg.model.heads, cfg.model.device)
         limit = _context_length(model)
-        train, held = EncodedPairs(train_pairs, tokenizer, limit), EncodedPairs(held_pairs, tokenizer, limit)
+        template = cfg.data.reference_template
+        train = EncodedPairs(train_pairs, tokenizer, limit, template)
+        held = EncodedPairs(held_pairs, tokenizer, limit, template)
         label = f"[member {k}] " if cfg.ensemble > 1 else ""
         steps = train_member(cfg, cfg.seed + k, train, held, model, sink, console, label)
         out = run_dir / "model" if cfg.ensemble == 1 else run_dir / "members" / str(k)
         out.parent.mkdir(parents=True, exist_ok=True)
-        members.append(save_reward_model(model, tokenizer, out))
+        members.append(save_reward_model(model, tokenizer, out, {"reference_template": template}))
         member_scores.append(heldout_scores(model, held, cfg.model.device))
         if cfg.combine == "warm":
             states.append({n: t.detach().clone() for n, t in model.state_dict().items()})
@@ -162,7 +169,7 @@ def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResul
         model.load_state_dict(average_weights(states))
         c, r = heldout_scores(model, held, cfg.model.device)
         result = evaluate_pairs(c.mean(-1), r.mean(-1), seed=cfg.seed)
-        members = [save_reward_model(model, tokenizer, run_dir / "model")]
+        members = [save_reward_model(model, tokenizer, run_dir / "model", {"reference_template": template})]
     _write_outputs(run_dir, cfg, result, members, evals)
     seconds = time.monotonic() - begin
     what = "WARM (weight-averaged) model" if cfg.combine == "warm" else "held-out"
