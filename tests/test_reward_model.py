@@ -102,9 +102,15 @@ def test_long_sequences_keep_their_end(tiny_tokenizer, caplog):
     assert scorer.truncated == 2 and len([r for r in caplog.records if "max_length" in r.getMessage()]) == 1
 
 
-def test_scalar_head_required_and_missing_pad_id_is_filled(tiny_tokenizer):
-    with pytest.raises(ConfigError, match="num_labels=1"):
-        RewardModelScorer(build("llama", tiny_tokenizer, num_labels=2), tiny_tokenizer)
+def test_several_heads_are_aggregated_and_missing_pad_id_is_filled(tiny_tokenizer):
+    two = build("llama", tiny_tokenizer, num_labels=2)
+    mean = RewardModelScorer(two, tiny_tokenizer).score(tasks(), COMPLETIONS)
+    low = RewardModelScorer(two, tiny_tokenizer, aggregate="min").score(tasks(), COMPLETIONS)
+    encoder = RewardModelScorer(two, tiny_tokenizer)
+    with torch.inference_mode():  # one pair at a time: no padding
+        heads = [two(input_ids=torch.tensor([encoder.encode(t, c)])).logits[0] for t, c in zip(tasks(), COMPLETIONS)]
+    assert mean == pytest.approx([float(h.mean()) for h in heads], abs=1e-5)
+    assert low == pytest.approx([float(h.min()) for h in heads], abs=1e-5)
     model = build("llama", tiny_tokenizer, pad_token_id=None)
     scorer = RewardModelScorer(model, tiny_tokenizer)
     assert model.config.pad_token_id == tiny_tokenizer.pad_token_id == scorer.pad_id
