@@ -108,7 +108,8 @@ def test_several_heads_are_aggregated_and_missing_pad_id_is_filled(tiny_tokenize
     low = RewardModelScorer(two, tiny_tokenizer, aggregate="min").score(tasks(), COMPLETIONS)
     encoder = RewardModelScorer(two, tiny_tokenizer)
     with torch.inference_mode():  # one pair at a time: no padding
-        heads = [two(input_ids=torch.tensor([encoder.encode(t, c)])).logits[0] for t, c in zip(tasks(), COMPLETIONS)]
+        heads = [two(input_ids=torch.tensor([encoder.encode(t, c)])).logits[0]
+                 for t, c in zip(tasks(), COMPLETIONS, strict=True)]
     assert mean == pytest.approx([float(h.mean()) for h in heads], abs=1e-5)
     assert low == pytest.approx([float(h.min()) for h in heads], abs=1e-5)
     model = build("llama", tiny_tokenizer, pad_token_id=None)
