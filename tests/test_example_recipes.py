@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from model_fixtures import long_context_model, tiny_reward_model
+from model_fixtures import long_context_model
 
 from reinforge.config import RECIPES_DIR, FileTaskConfig, load_config
 from reinforge.errors import ConfigError
@@ -248,20 +248,23 @@ def test_reasoning_gym_recipe(tmp_path):
 
 @pytest.mark.slow
 def test_reward_model_recipe(tmp_path):
-    """The shipped recipe with its reward-model path set by an override: each term is logged and the
-    reward is their weighted sum."""
+    """The shipped recipe runs as shipped, its reward model the shipped tiny-rm (reference-based): each
+    term is logged, the reward is their weighted sum, and tiny-rm scores the right answer above a near
+    miss. A path that is no model fails naming the term, the key and the value."""
+    from reinforge.data.arithmetic import arithmetic_problem
     from reinforge.rewards.build import build_reward
 
-    # the placeholder fails, naming the term, the key and its value
-    rm_cfg = load_config("reward_model")
-    with pytest.raises(ConfigError, match=r"reward term 'rm': reward_model.path 'path/to/reward-model': not a Hugging Face model directory"):
-        build_reward(rm_cfg.reward, rm_cfg.task.verifier)
     index = next(i for i, t in enumerate(load_config("reward_model").reward.terms) if t.reward_model is not None)
-    rm_path = tiny_reward_model(tmp_path)
     assert index == 1  # the override the recipe's comment and docs/recipes.md give
-    cfg, _, rows, _ = _run("reward_model", tmp_path, "task.heldout_size=10",
-                           f"reward.terms.{index}.reward_model.path={rm_path}")
-    assert cfg.reward.terms[index].reward_model.path == str(rm_path)
+    bad = load_config("reward_model", [f"reward.terms.{index}.reward_model.path=path/to/reward-model"])
+    with pytest.raises(ConfigError, match=r"reward term 'rm': reward_model.path 'path/to/reward-model': not a Hugging Face model directory"):
+        build_reward(bad.reward, bad.task.verifier)
+    shipped = build_reward(load_config("reward_model").reward, "exact_match")
+    task = arithmetic_problem(1234, 2, "+")  # 12+34=46
+    right, near = shipped(task, "46"), shipped(task, "47")
+    assert right.terms["rm"] > near.terms["rm"] and right.correct and not near.correct
+    cfg, _, rows, _ = _run("reward_model", tmp_path, "task.heldout_size=10")
+    assert cfg.reward.terms[index].reward_model.path == "tiny-rm"
     weights = {t.name: t.weight for t in cfg.reward.terms}
     assert set(weights) == {"correct", "rm"} and cfg.reward.terms[0].verifier == "exact_match"
     for m in rows:

@@ -1,12 +1,15 @@
 """Shipped assets: `tiny-base`, a small Llama-architecture model built by scripts/build_tiny_base.py,
 `tiny-agent`, its extension to tool calls and multi-turn games built by scripts/build_tiny_agent.py,
 `tiny-agent-tools`, tiny-agent continued by the same script on the `python` and `search` tools, and
-`tiny-agent-search`, tiny-agent-tools continued on the `search` tool with value-first passages."""
+`tiny-agent-search`, tiny-agent-tools continued on the `search` tool with value-first passages, and
+`tiny-rm`, a reference-based reward model for the addition task built from tiny-base by
+scripts/build_tiny_rm.py."""
 
 from pathlib import Path
 
 ASSETS_DIR = Path(__file__).resolve().parent
-SHIPPED_MODELS = {name: ASSETS_DIR / name for name in ("tiny-base", "tiny-agent", "tiny-agent-tools", "tiny-agent-search")}
+SHIPPED_MODELS = {name: ASSETS_DIR / name for name in ("tiny-base", "tiny-agent", "tiny-agent-tools", "tiny-agent-search",
+                                                          "tiny-rm")}
 
 
 def resolve_model_path(name_or_path: str) -> Path:

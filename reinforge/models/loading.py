@@ -35,6 +35,7 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.
     directory = _existing_model_dir(path)
     if is_adapter_dir(directory):  # a LoRA checkpoint: its base with the adapter merged
         return merge_adapter(load_model(str(adapter_base_path(Path(directory))), dtype, device), directory)
+    _refuse_reward_model(directory)
     hf_logging.disable_progress_bar()
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -44,6 +45,17 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.
         hf_logging.set_verbosity(previous)
     logging.getLogger(__name__).debug("loaded %s", directory)
     return model.to(device)
+
+
+def _refuse_reward_model(directory: str) -> None:
+    """A reward model (a sequence or token classifier, e.g. ``tiny-rm``) is no policy: say so."""
+    import json
+
+    config = Path(directory) / "config.json"
+    architectures = json.loads(config.read_text()).get("architectures") or [] if config.is_file() else []
+    if any(str(a).endswith(("ForSequenceClassification", "ForTokenClassification")) for a in architectures):
+        raise ConfigError(f"model.path: {directory} is a reward model ({architectures[0]}), not a causal LM; a reward "
+                          "model is named in reward.terms (reward_model.path) or reward.step_verifier")
 
 
 def _existing_model_dir(path: str) -> str:
