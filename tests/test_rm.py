@@ -196,9 +196,7 @@ def test_an_ensemble_run_is_scored_through_its_aggregate(tmp_path) -> None:
     from reinforge.rm.train import train_reward_model
     from reinforge.types import Task
 
-    rows = [{"prompt": f"{i}+{i}=", "chosen": f"{i}7", "rejected": f"{i}3"} for i in range(12)]
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = sevens(tmp_path, 12)
     cfg = load_rm_config(None, [f"data.path={data}", "train.steps=3", "train.batch_size=4", "train.eval_every=0",
                                 "ensemble=2", "model.heads=2", f"output_dir={tmp_path}", "name=ens"])
     result = train_reward_model(cfg)
@@ -220,6 +218,14 @@ def test_an_ensemble_run_is_scored_through_its_aggregate(tmp_path) -> None:
     assert scores["min"] < scores["mean"]  # four differently seeded heads disagree
 
 
+def sevens(tmp_path, n: int):
+    """A file of n pairs whose chosen answer ends in 7 and rejected one in 3 (text prompts)."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "chosen": f"{i}7", "rejected": f"{i}3"}) + "\n"
+                            for i in range(n)))
+    return data
+
+
 def yaml_value(text: str):
     import yaml
 
@@ -235,9 +241,7 @@ def test_warm_averages_the_members_weights(tmp_path) -> None:
     a, b = {"w": torch.tensor([1.0, 3.0]), "n": torch.tensor([7])}, {"w": torch.tensor([3.0, 5.0]), "n": torch.tensor([9])}
     avg = average_weights([a, b])
     assert avg["w"].tolist() == [2.0, 4.0] and avg["n"].tolist() == [7]
-    rows = [{"prompt": f"{i}+{i}=", "chosen": f"{i}7", "rejected": f"{i}3"} for i in range(12)]
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = sevens(tmp_path, 12)
     cfg = load_rm_config(None, [f"data.path={data}", "train.steps=3", "train.batch_size=4", "train.eval_every=0",
                                 "ensemble=2", "combine=warm", f"output_dir={tmp_path}", "name=warm"])
     result = train_reward_model(cfg)

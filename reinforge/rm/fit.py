@@ -1,13 +1,14 @@
 """The optimisation loop both reward-model trainers share (``reinforge rm`` and ``reinforge prm``):
-AdamW with a separate head learning rate, warmup then a constant or cosine schedule, gradient
+AdamW with a separate head learning rate, warmup then a constant or cosine schedule (the RL
+learner's ``learn.optim.lr_factor``), gradient
 clipping, shuffled epochs of examples, a metrics record every step, a held-out figure every
 ``eval_every`` steps, console lines and a time limit."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -15,24 +16,12 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
+from reinforge.learn.optim import lr_factor
 from reinforge.rm.model import head_parameters
 from reinforge.track.jsonl import JsonlSink
 
 LossOf = Callable[[np.ndarray], tuple[Tensor, dict[str, Tensor]]]
 HeldOut = Callable[[], tuple[str, float]]
-
-
-def lr_factor(train: Any) -> Callable[[int], float]:
-    """Linear warmup over ``warmup_steps``, then 1 (constant) or a cosine decay to 0 at ``steps``."""
-    def factor(step: int) -> float:
-        if step < train.warmup_steps:
-            return (step + 1) / train.warmup_steps
-        if train.lr_schedule == "cosine":
-            progress = (step - train.warmup_steps) / max(1, train.steps - train.warmup_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        return 1.0
-
-    return factor
 
 
 def optimizer_for(model: torch.nn.Module, train: Any) -> torch.optim.Optimizer:
@@ -49,7 +38,7 @@ def fit(model: torch.nn.Module, train: Any, examples: int, seed: int, loss_of: L
     """Train ``model`` in place: each step ``loss_of(indices)`` on ``train.batch_size`` examples of a
     seeded shuffle; returns the steps taken (``train.time_limit_s`` may stop it early)."""
     optimizer = optimizer_for(model, train)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(train))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, cfg=train))
     rng = np.random.default_rng(seed)
     order, cursor, start, step = rng.permutation(examples), 0, time.monotonic(), 0
     model.train()
