@@ -266,3 +266,18 @@ def test_a_reference_based_reward_model_tells_near_misses_apart(tmp_path) -> Non
     assert result.heldout.accuracy >= 0.9, result.heldout
     trained = json.loads((result.model_dirs[0] / "reinforge_rm.json").read_text())
     assert trained == {"reference_template": " {answer} "}
+
+
+def test_pairs_from_parquet_and_a_datasets_directory(tmp_path) -> None:
+    """The same rows as Parquet and as a saved ``datasets`` directory (a split of a DatasetDict)."""
+    import datasets
+
+    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "3", "reference": "2"},
+            {"prompt": "2+2=", "chosen": "4", "rejected": "5", "reference": "4"}]
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "pairs.parquet"))
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "pairs_ds"))
+    for path, split in ((tmp_path / "pairs.parquet", None), (tmp_path / "pairs_ds", "train")):
+        pairs = read_pairs(str(path), COLS, split)
+        assert [(p.prompt, p.chosen, p.rejected, p.reference) for p in pairs] == [
+            ("1+1=", "2", "3", "2"), ("2+2=", "4", "5", "4")]
