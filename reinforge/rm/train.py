@@ -61,29 +61,37 @@ def load_pairs(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair
 
 
 class EncodedPairs:
-    """Token ids of every pair's two sides, and right-padded batches of them."""
+    """Every pair's two sides as token ids, encoded when a batch first needs them (a run of S steps of B
+    pairs encodes at most S * B pairs, not the whole file), and right-padded batches of them."""
 
     def __init__(self, pairs: list[PreferencePair], tokenizer: Any, max_length: int,
                  reference_template: str | None = None) -> None:
-        self.template = reference_template
-        self.chosen = [self._ids(tokenizer, p, p.chosen, max_length) for p in pairs]
-        self.rejected = [self._ids(tokenizer, p, p.rejected, max_length) for p in pairs]
+        if reference_template is not None:
+            missing = next((p for p in pairs if not p.reference), None)
+            if missing is not None:
+                raise DataError(f"{missing.where}: data.reference_template is set but the pair has no reference "
+                                "answer (data.columns.reference)")
+        self.pairs, self.tokenizer, self.max_length, self.template = pairs, tokenizer, max_length, reference_template
+        self._ids: dict[int, tuple[list[int], list[int]]] = {}
         self.margin = torch.tensor([p.margin for p in pairs], dtype=torch.float32)
         self.pad_id = int(tokenizer.pad_token_id)
 
-    def _ids(self, tokenizer: Any, pair: PreferencePair, answer: str, max_length: int) -> list[int]:
-        if self.template is not None and not pair.reference:
-            raise DataError(f"{pair.where}: data.reference_template is set but the pair has no reference answer "
-                            "(data.columns.reference)")
-        ids = reward_text_ids(tokenizer, with_reference(pair.prompt, self.template, pair.reference), answer)
-        return ids[-max_length:]
+    def sides(self, i: int) -> tuple[list[int], list[int]]:
+        """(chosen ids, rejected ids) of pair ``i``, each keeping its last ``max_length`` tokens."""
+        if i not in self._ids:
+            p = self.pairs[i]
+            prompt = with_reference(p.prompt, self.template, p.reference)
+            self._ids[i] = (reward_text_ids(self.tokenizer, prompt, p.chosen)[-self.max_length:],
+                            reward_text_ids(self.tokenizer, prompt, p.rejected)[-self.max_length:])
+        return self._ids[i]
 
     def __len__(self) -> int:
-        return len(self.chosen)
+        return len(self.pairs)
 
     def batch(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, attention mask) of ``2 * len(index)`` rows: the chosen sides, then the rejected ones."""
-        rows = [self.chosen[i] for i in index] + [self.rejected[i] for i in index]
+        sides = [self.sides(int(i)) for i in index]
+        rows = [c for c, _ in sides] + [r for _, r in sides]
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
