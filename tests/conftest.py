@@ -32,13 +32,14 @@ def tiny_model():
 
 
 def pytest_collection_modifyitems(config, items):
-    """End-to-end runs (marked ``slow``) first, in their collected order. `make test` runs xdist with
+    """End-to-end runs (marked ``slow``) first, the longest of them (also ``heavy``) at the very front,
+    each in their collected order. `make test` runs xdist with
     ``--dist worksteal``: each worker starts on its share of the list and an idle worker takes half of
     the rest of a busy one's queue, from its end; with the long runs at the front they start early and
     the short tests fill the end, so the workers finish within about one short test of each other.
     (``--dist load`` hands out the first quarter of the list round-robin and never rebalances it: one
     worker was left running its half of the long runs alone for minutes.)"""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("heavy") is None))
     if os.environ.get("REINFORGE_TEST_DEVICE", "cuda").startswith("cuda") and not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU: scripts/device_check.py runs these on a GPU machine (docs/gpu.md)")
         for item in items:

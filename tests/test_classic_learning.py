@@ -13,6 +13,7 @@ pytest.importorskip("gymnasium")
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_cartpole_ppo_reaches_475(tmp_path):
     from reinforge.classic.config import load_classic_config
     from reinforge.classic.run import train_classic

@@ -19,6 +19,7 @@ import device_check  # noqa: E402
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_quick_cpu_check_runs_every_step_and_reports_its_figures(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "device_check.py"), "--quick", "--cpu",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=1500)

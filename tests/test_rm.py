@@ -254,6 +254,7 @@ def test_warm_averages_the_members_weights(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_reference_based_reward_model_tells_near_misses_apart(tmp_path) -> None:
     """The shipped arithmetic_verify recipe, shortened: from tiny-base, held-out pair accuracy on near-miss
     addition pairs (the reference answer over the answer +-1, +-2, +-10) of held-out problems reaches 0.9."""
