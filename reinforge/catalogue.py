@@ -17,7 +17,7 @@ PRESET, RECIPE = "preset", "recipe"
 # The listings of ``reinforge algos``: the algorithm's parts and the presets (the other kinds have their own).
 ALGO_KINDS = ("preset", "advantage", "policy_loss", "loss_agg", "loss_term", "kl_estimator", "mismatch",
               "mixing", "reward_shaper", "task_sampler", "group_sampler", "replay", "budget", "demo_guidance",
-              "classic_agent", "rm_loss", "rm_aggregate", "prm_loss")
+              "classic_agent", "rm_loss", "rm_aggregate", "rm_transform", "prm_loss")
 SUMMARY_LINES = 2  # a summary wraps onto at most this many lines
 _ARXIV = re.compile(r"arXiv:?\s*(\d{4}\.\d{4,5})", re.IGNORECASE)
 

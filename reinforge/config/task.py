@@ -254,6 +254,10 @@ class RewardModelConfig(_Strict):
     aggregate: Annotated[PartRef, Part("rm_aggregate")] = Field(
         "mean", validate_default=True, description="how several scores (k heads or k members) become one: mean, "
         "min, {name: uwo, coef: 0.5}")
+    transform: Annotated[PartRef, Part("rm_transform")] = Field(
+        "none", validate_default=True, description="how the score becomes the reward (algo/reward_transforms.py): "
+        "none, {name: clip, width: 1.0}, {name: par, k: 1.0} (reference rewards: the task's "
+        "metadata.reference_responses, else its answer)")
     batch_size: int = Field(16, ge=1)
     normalise: Literal["none", "running"] = "none"
     max_length: int | None = Field(None, ge=1)

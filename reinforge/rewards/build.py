@@ -85,7 +85,8 @@ def _term_verifier(term: RewardTermConfig, device: str) -> str | Verifier:
         reward_model_dir(first, f"reward term {term.name!r}: reward_model.path")  # before its tokenizer loads
         scorer = RewardModelScorer(path, load_tokenizer(first), batch_size=rm.batch_size, normalise=rm.normalise,
                                    max_length=rm.max_length, device=device, aggregate=rm.aggregate,
-                                   aggregate_cfg=rm.aggregate.settings)
+                                   aggregate_cfg=rm.aggregate.settings, transform=rm.transform,
+                                   transform_cfg=rm.transform.settings)
         return RewardModelVerifier(scorer, threshold=rm.threshold)
     assert term.judge is not None  # exactly one source, checked by RewardTermConfig
     return build_judge(term.judge)

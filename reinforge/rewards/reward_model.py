@@ -17,7 +17,11 @@ A model trained by ``reinforge rm`` with a reference template (``reinforge_rm.js
 reference-based reward model: the task's reference answer is put into the prompt it scores, as it
 was in training (``with_reference``).
 
-``normalise="running"``: ``z = (s - mean) / (std + eps)``, where mean and (population) std are of
+``transform`` (``algo.reward_transforms``: none, clip, par) turns the score into the reward: ``clip`` reads
+the running statistics of the raw scores, ``par`` each task's reference rewards (the scores of its
+``reference_responses``, computed at the task's first sight and kept).
+
+``normalise="running"`` (after the transform): ``z = (s - mean) / (std + eps)``, where mean and (population) std are of
 every raw score seen so far including the current call's (Welford / Chan et al. updates;
 ``state_dict`` for checkpoints).
 """
@@ -175,7 +179,8 @@ class RewardModelScorer:
 
     def __init__(self, path_or_model: str | torch.nn.Module, tokenizer: Any = None, *, batch_size: int = 16,
                  normalise: Normalise = "none", max_length: int | None = None, device: str = "cpu",
-                 dtype: str = "float32", eps: float = 1e-6, aggregate: str = "mean", aggregate_cfg: Any = None) -> None:
+                 dtype: str = "float32", eps: float = 1e-6, aggregate: str = "mean", aggregate_cfg: Any = None,
+                 transform: str = "none", transform_cfg: Any = None) -> None:
         if normalise not in ("none", "running"):
             raise ConfigError(f"reward model normalise must be 'none' or 'running', got {normalise!r}")
         if batch_size < 1:
@@ -199,17 +204,21 @@ class RewardModelScorer:
             raise ConfigError(f"a reward model needs a score head (num_labels >= 1); this one has "
                               f"num_labels={getattr(model.config, 'num_labels', None)}")
         from reinforge.algo.reward_ensembles import RM_AGGREGATES
+        from reinforge.algo.reward_transforms import RM_TRANSFORMS
 
         self.heads = _heads(model)
         self.aggregate = RM_AGGREGATES.entry(aggregate)
-        self.aggregate_cfg = aggregate_cfg if aggregate_cfg is not None or self.aggregate.settings is None \
-            else self.aggregate.settings()
+        self.aggregate_cfg = _settings(self.aggregate, aggregate_cfg)
+        self.transform = RM_TRANSFORMS.entry(transform)
+        self.transform_cfg = _settings(self.transform, transform_cfg)
         self.model = model.to(device).eval()
         self.tokenizer, self.device = tokenizer, device
         self.batch_size, self.normalise, self.eps = batch_size, normalise, eps
         self.pad_id = self._pad_id()
         self.max_length = max_length or self._context_length()
-        self.norm = RunningMeanStd()
+        self.norm = RunningMeanStd()  # of the rewards (``normalise: running``)
+        self.raw_stats = RunningMeanStd()  # of the raw scores (a transform's ``mean`` and ``std``)
+        self.reference_scores: dict[str, list[float]] = {}  # task id -> its reference responses' raw scores
         self.truncated = 0
         self._lock = threading.Lock()
 
@@ -277,20 +286,71 @@ class RewardModelScorer:
         return entry.fn(logits, self.aggregate_cfg) if "cfg" in entry.params else entry.fn(logits)
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[float]:
-        """Raw scores, or running-normalised ones with ``normalise="running"``."""
-        raw = self.raw_scores(tasks, completions)
+        """The rewards: raw scores through the transform, then running-normalised with ``normalise="running"``."""
+        rewards = self.transformed(tasks, self.raw_scores(tasks, completions))
         if self.normalise == "none":
-            return raw
+            return rewards
         with self._lock:
-            self.norm.update(raw)
+            self.norm.update(rewards)
             mean, std = self.norm.mean, self.norm.std
-        return [(s - mean) / (std + self.eps) for s in raw]
+        return [(s - mean) / (std + self.eps) for s in rewards]
+
+    def transformed(self, tasks: Sequence[Task], raw: list[float]) -> list[float]:
+        """``raw`` through the transform (``algo.reward_transforms``), given what it reads: the running
+        statistics of the raw scores (this call's included) and the tasks' reference rewards."""
+        params = self.transform.params
+        inputs: dict[str, Any] = {"scores": torch.tensor(raw, dtype=torch.float64)}
+        if "mean" in params or "std" in params:
+            with self._lock:
+                self.raw_stats.update(raw)
+                inputs["mean"], inputs["std"] = self.raw_stats.mean, self.raw_stats.std
+        if "reference" in params:
+            inputs["reference"] = self._reference_tensor(tasks)
+        if "cfg" in params:
+            inputs["cfg"] = self.transform_cfg
+        return self.transform.fn(**{p: inputs[p] for p in params}).tolist()
+
+    def _reference_tensor(self, tasks: Sequence[Task]) -> torch.Tensor:
+        """``[len(tasks), M]``: each task's reference rewards (scored once per task id and kept), NaN-padded."""
+        missing = {t.id: t for t in tasks if t.id not in self.reference_scores}
+        if missing:
+            pairs = [(t, r) for t in missing.values() for r in reference_responses(t)]
+            scores = iter(self.raw_scores([t for t, _ in pairs], [r for _, r in pairs]))
+            found = {tid: [next(scores) for _ in reference_responses(t)] for tid, t in missing.items()}
+            with self._lock:
+                self.reference_scores.update(found)
+        rows = [self.reference_scores[t.id] for t in tasks]
+        out = torch.full((len(rows), max(map(len, rows))), float("nan"), dtype=torch.float64)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.float64)
+        return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"normaliser": self.norm.state_dict()}
+        return {"normaliser": self.norm.state_dict(), "raw_stats": self.raw_stats.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.norm.load_state_dict(state["normaliser"])
+        if "raw_stats" in state:
+            self.raw_stats.load_state_dict(state["raw_stats"])
+
+
+def reference_responses(task: Task) -> list[str]:
+    """The responses a task's reward is centred on (``par``): ``metadata["reference_responses"]`` (e.g. the
+    starting policy's samples, as Fu et al. 2025 use), else its reference answer alone."""
+    given = task.metadata.get("reference_responses")
+    if given:
+        if not isinstance(given, list) or not all(isinstance(r, str) and r for r in given):
+            raise ConfigError(f"task {task.id}: metadata.reference_responses must be a list of non-empty strings")
+        return given
+    if not task.answer:
+        raise ConfigError(f"task {task.id}: a reward centred on reference responses needs "
+                          "metadata.reference_responses or a reference answer; it has neither")
+    return [task.answer]
+
+
+def _settings(entry: Any, given: Any) -> Any:
+    """The part's settings as configured, else its defaults (None for a part without settings)."""
+    return given if given is not None or entry.settings is None else entry.settings()
 
 
 class RewardModelVerifier:
