@@ -251,6 +251,9 @@ def test_warm_averages_the_members_weights(tmp_path) -> None:
         assert torch.allclose(weights[2][name], (weights[0][name] + weights[1][name]) / 2, atol=1e-6)
     report = json.loads((tmp_path / "warm" / "eval.json").read_text())
     assert set(report["accuracy_of"]) == {"member_0", "member_1", "prediction_ensemble"}
+    from reinforge.rewards.reward_model import ensemble_members
+
+    assert ensemble_members(str(tmp_path / "warm")) == [tmp_path / "warm" / "members" / str(k) for k in (0, 1)]
 
 
 @pytest.mark.slow

@@ -248,6 +248,18 @@ def task_config(data: dict[str, Any]) -> TaskConfigBase:
     return _TASK_ADAPTER.validate_python(data)
 
 
+class CoEvolveConfig(_Strict):
+    """The reward model keeps training on the policy's samples labelled by a rule verifier (Cooper;
+    rewards/co_evolve.py)."""
+
+    verifier: str = Field(description="the rule verifier that labels the samples (a registered name or "
+                          "module:function), e.g. exact_match")
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the reward model")
+    pairs_per_group: int = Field(1, ge=1, description="(correct, incorrect) pairs drawn per prompt of a batch")
+    batch_size: int = Field(16, ge=1, description="pairs per optimizer step")
+    seed: int = Field(0, description="seed of the pair draws")
+
+
 class RewardModelConfig(_Strict):
     path: str = Field(description="HF AutoModelForSequenceClassification directory, or an ensemble directory "
                       "(ensemble.json) written by `reinforge rm`")
@@ -262,6 +274,7 @@ class RewardModelConfig(_Strict):
     normalise: Literal["none", "running"] = "none"
     max_length: int | None = Field(None, ge=1)
     threshold: float = Field(0.0, description="correct = score > threshold")
+    co_evolve: CoEvolveConfig | None = Field(None, description="keep training the reward model during RL (Cooper)")
 
 
 JUDGE_PLACEHOLDERS = {"pointwise": ("completion",), "group": ("completions",),

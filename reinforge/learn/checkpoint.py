@@ -3,7 +3,8 @@
 ``checkpoints/step_N/`` holds the model and tokenizer (``save_pretrained``; for a LoRA policy
 the adapter alone, ``adapter_config.json`` + ``adapter_model.safetensors``), ``trainer.pt``
 (optimizer, scheduler, learner state), ``rng.pt`` (python, numpy, torch and rollout generator
-states), ``state.json`` (step, data position, policy version) and, written last, ``manifest.json``
+states), ``reward.pt`` (the reward's state, where it keeps one: a reward model's running normaliser, a
+co-evolving reward model's weights and optimizer), ``state.json`` (step, data position, policy version) and, written last, ``manifest.json``
 (every file's size and SHA-256). It is written to a hidden temporary directory and renamed into
 place, so a crash never leaves a half-written checkpoint; only the last ``keep`` are kept. On
 resume, ``latest_valid_checkpoint`` checks the manifest and falls back to the previous checkpoint
@@ -59,6 +60,7 @@ def save_checkpoint(
     rollout_generator: torch.Generator,
     state: dict[str, Any],
     keep: int,
+    reward_state: dict[str, Any] | None = None,
 ) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -66,7 +68,7 @@ def save_checkpoint(
     tmp = root / f".tmp_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write_files(tmp, step, model, tokenizer, trainer_state, rollout_generator, state)
+        _write_files(tmp, step, model, tokenizer, trainer_state, rollout_generator, state, reward_state)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno != errno.ENOSPC:
@@ -86,7 +88,8 @@ def save_checkpoint(
 
 
 def _write_files(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, trainer_state: dict[str, Any],
-                 rollout_generator: torch.Generator, state: dict[str, Any]) -> None:
+                 rollout_generator: torch.Generator, state: dict[str, Any],
+                 reward_state: dict[str, Any] | None = None) -> None:
     """Every file of a checkpoint into ``tmp``, the manifest last, each fsynced."""
     tmp.mkdir()
     if is_lora_model(model):
@@ -95,6 +98,8 @@ def _write_files(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, t
         model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save(trainer_state, tmp / "trainer.pt")
+    if reward_state:
+        torch.save(reward_state, tmp / REWARD_STATE)
     torch.save(
         {
             "python": random.getstate(),
@@ -111,6 +116,13 @@ def _write_files(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, t
 
 
 MANIFEST = "manifest.json"
+REWARD_STATE = "reward.pt"  # the reward's state, where it has one (a normaliser, a co-evolving reward model)
+
+
+def load_reward_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``reward.pt`` (empty when the reward keeps no state)."""
+    f = path / REWARD_STATE
+    return torch.load(f, weights_only=False) if f.is_file() else {}
 
 
 def _sha256(path: Path) -> str:

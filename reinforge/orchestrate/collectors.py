@@ -108,6 +108,10 @@ class SingleTurn:
         t0 = time.perf_counter()
         trajectories = score_single_turn(tasks, generations, params.n, self.pool, group_offset=group_offset)
         metrics, steps = dict(counters), self.pool.steps  # a step verifier's (reward.step_verifier)
+        if not independent:  # training batches only (evaluations and value estimates draw independently)
+            done = [i for i, t in enumerate(trajectories) if not t.continues]
+            metrics |= self.pool.observe([tasks[i // params.n] for i in done],  # a reward that learns from them
+                                         [trajectories[i].completion_text for i in done])
         if steps is not None:  # process rewards: per-token rewards at the steps' ends
             metrics |= steps.apply([tasks[i // params.n] for i in range(len(trajectories))], trajectories,
                                   self.engine.tokenizer.decode, [len(g.prompt_ids) for g in generations])

@@ -267,7 +267,7 @@ class Loop:
             return
         save_checkpoint(
             self.run_dir, step, model, c.tokenizer, trainer_state, c.engine.generator,
-            self.checkpoint_state(), keep=self.cfg.checkpoint.keep,
+            self.checkpoint_state(), keep=self.cfg.checkpoint.keep, reward_state=c.reward_pool.state_dict(),
         )
 
     def checkpoint_state(self) -> dict[str, Any]:

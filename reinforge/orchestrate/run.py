@@ -20,6 +20,7 @@ from reinforge.learn.checkpoint import (
     latest_valid_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    load_reward_state,
 )
 from reinforge.orchestrate.collectors import Collector
 from reinforge.orchestrate.components import Components, build_components, resolve_config
@@ -94,6 +95,7 @@ def _restore(c: Components, run_dir: Path) -> tuple[int, dict[str, Any]]:
     trainer_state, state = load_checkpoint(ckpt, c.engine.generator)
     c.learner.load_state_dict(trainer_state)
     c.sampler.load_state_dict(state["sampler"])
+    c.reward_pool.load_state_dict(load_reward_state(ckpt))
     c.engine.update_weights(c.learner.model, state["policy_version"])
     step = int(state["step"])
     for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl") if distributed.is_main() else ():

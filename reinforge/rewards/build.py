@@ -87,6 +87,12 @@ def _term_verifier(term: RewardTermConfig, device: str) -> str | Verifier:
                                    max_length=rm.max_length, device=device, aggregate=rm.aggregate,
                                    aggregate_cfg=rm.aggregate.settings, transform=rm.transform,
                                    transform_cfg=rm.transform.settings)
+        if rm.co_evolve is not None:
+            from reinforge.rewards.co_evolve import CoEvolvingRewardModel
+
+            co = rm.co_evolve
+            return CoEvolvingRewardModel(scorer, resolve_verifier(co.verifier), threshold=rm.threshold, lr=co.lr,
+                                         pairs_per_group=co.pairs_per_group, batch_size=co.batch_size, seed=co.seed)
         return RewardModelVerifier(scorer, threshold=rm.threshold)
     assert term.judge is not None  # exactly one source, checked by RewardTermConfig
     return build_judge(term.judge)

@@ -104,6 +104,26 @@ class CompositeReward:
         """Some term scores a whole group in one call (it has ``score_group``: the group and pairwise judges)."""
         return any(callable(getattr(fn, "score_group", None)) for _, fn in self._fns)
 
+    def observe(self, tasks: Sequence[Task], completions: Sequence[str]) -> dict[str, float]:
+        """A scored training batch to each term that learns from it (``observe``); their metrics, each
+        under ``reward/<metric>/<term>``."""
+        metrics: dict[str, float] = {}
+        for term, fn in self._fns:
+            observe = getattr(fn, "observe", None)
+            if observe is not None:
+                seen = observe([self._call_task(term, t) for t in tasks], completions)
+                metrics |= {f"reward/{key}/{term.name}": value for key, value in seen.items()}
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each stateful term's state (``state_dict``), by term name."""
+        return {term.name: fn.state_dict() for term, fn in self._fns if callable(getattr(fn, "state_dict", None))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for term, fn in self._fns:
+            if term.name in state:
+                fn.load_state_dict(state[term.name])
+
     def __call__(self, task: Task, completion: str) -> CompositeRewardResult:
         return self.score_group(task, [completion])[0] if self.scores_groups else self._combine(
             [self._sample_term(term, fn, task, completion) for term, fn in self._fns])

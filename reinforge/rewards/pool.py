@@ -30,7 +30,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from reinforge.errors import ReinforgeError
 from reinforge.rewards.pool_backends import CompletionGroup, OnError, _ProcessBackend, _Raw, _ThreadBackend
@@ -111,6 +111,21 @@ class VerifierPool:
         self._on_error = value
         if hasattr(self.verifier, "on_error"):  # process workers get the policy with each call
             self.verifier.on_error = value
+
+    def observe(self, tasks: Sequence[Task], completions: Sequence[str]) -> dict[str, float]:
+        """A training batch, once scored (never a held-out one), to a verifier that learns from the policy's
+        samples (``observe``: a co-evolving reward model, rewards/co_evolve.py); its metrics."""
+        observe = getattr(self.verifier, "observe", None)
+        return observe(tasks, completions) if observe is not None else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The verifier's state for checkpoints (a reward model's normaliser, a co-evolving one's weights)."""
+        state = getattr(self.verifier, "state_dict", None)
+        return state() if state is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.verifier.load_state_dict(state)
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[VerifierOutcome]:
         """One outcome per (task, completion), in order. A verifier that ``scores_groups`` (a composite

@@ -28,6 +28,7 @@ every raw score seen so far including the current call's (Welford / Chan et al. 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -221,6 +222,8 @@ class RewardModelScorer:
         self.reference_scores: dict[str, list[float]] = {}  # task id -> its reference responses' raw scores
         self.truncated = 0
         self._lock = threading.Lock()
+        # held around each forward; a lock only while the model also trains (rewards/co_evolve.py)
+        self.model_lock: Any = contextlib.nullcontext()
 
     def _pad_id(self) -> int:
         """The model pools at its last non-``pad_token_id`` token, so we pad with that id; a model
@@ -267,16 +270,21 @@ class RewardModelScorer:
         scores = [0.0] * len(encoded)
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
-            width = max(len(encoded[i]) for i in rows)
-            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for r, i in enumerate(rows):
-                ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
-                mask[r, : len(encoded[i])] = 1
-            logits = at_least_float32(self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits)
+            with self.model_lock:
+                logits = self.logits([encoded[i] for i in rows])
             for r, value in zip(rows, self._one_score(logits).tolist(), strict=True):
                 scores[r] = value
         return scores
+
+    def logits(self, encoded: Sequence[list[int]]) -> torch.Tensor:
+        """``[len(encoded), heads]`` (at least float32): the sequences right-padded into one forward."""
+        width = max(len(ids) for ids in encoded)
+        ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for r, row in enumerate(encoded):
+            ids[r, : len(row)] = torch.tensor(row)
+            mask[r, : len(row)] = 1
+        return at_least_float32(self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits)
 
     def _one_score(self, logits: torch.Tensor) -> torch.Tensor:
         """``[batch, heads]`` -> ``[batch]``: a single head as it is, several through the aggregate."""
@@ -363,3 +371,9 @@ class RewardModelVerifier:
     def __call__(self, task: Task, completion: str) -> RewardResult:
         value = self.scorer.score([task], [completion])[0]
         return RewardResult(value, value > self.threshold, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scorer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scorer.load_state_dict(state)

@@ -5,8 +5,8 @@ score gap and mean every step; held-out accuracy every ``train.eval_every``), ``
 pair accuracy with its 95% bootstrap interval, calibration bins), ``calibration.png`` and the reward
 model: ``model/`` (one model) or ``members/<i>/`` plus ``ensemble.json`` (``ensemble: k``), each an
 HF ``AutoModelForSequenceClassification`` directory the ``reward_model`` reward term loads as it is.
-``combine: warm`` averages the k members' weights into ``model/`` (WARM), keeping the members and
-recording each one's held-out accuracy and that of their averaged predictions in ``eval.json``.
+``combine: warm`` averages the k members' weights into ``model/`` (WARM), keeping the members (the run
+directory is still their ensemble, for comparison) and recording each one's held-out accuracy and that of their averaged predictions in ``eval.json``.
 
 Each pair is encoded as the scorer encodes (``rewards.reward_model.reward_text_ids``: the RM
 tokenizer's chat template over prompt + answer), keeping the last tokens that fit the model's context.
@@ -177,8 +177,10 @@ def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResul
         model.load_state_dict(average_weights(states))
         c, r = heldout_scores(model, held, cfg.model.device)
         result = evaluate_pairs(c.mean(-1), r.mean(-1), seed=cfg.seed)
+        _write_outputs(run_dir, cfg, result, members, evals)  # the members stay an ensemble beside the WARM model
         members = [save_reward_model(model, tokenizer, run_dir / "model", {"reference_template": template})]
-    _write_outputs(run_dir, cfg, result, members, evals)
+    else:
+        _write_outputs(run_dir, cfg, result, members, evals)
     seconds = time.monotonic() - begin
     what = "WARM (weight-averaged) model" if cfg.combine == "warm" else "held-out"
     console.print(f"{what} pair accuracy {result.accuracy:.3f} [{result.low:.3f}, {result.high:.3f}] over "
@@ -209,4 +211,4 @@ def _write_outputs(run_dir: Path, cfg: RMConfig, result: PairEval, members: list
     if len(members) > 1:
         (run_dir / "ensemble.json").write_text(json.dumps(
             {"members": [str(m.relative_to(run_dir)) for m in members], "aggregate": "mean"}, indent=2))
-    plot_calibration(result, run_dir / "calibration.png")
+    plot_calibration(result, run_dir / "calibration.png")  # with WARM: the averaged model's
