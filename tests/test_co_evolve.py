@@ -107,3 +107,10 @@ def build_dir():
     from reinforge.assets import resolve_model_path
 
     return resolve_model_path("tiny-rm")
+
+
+def test_a_co_evolving_reward_model_needs_a_synchronous_single_turn_run(tmp_path) -> None:
+    from reinforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="co_evolve: the reward model learns from the batches the training process"):
+        _cfg(tmp_path, "x", "orchestrate.mode=async")

@@ -344,6 +344,10 @@ class RunConfig(_Strict):
             if self.env.multi_turn and term.judge is not None and term.judge.mode != "pointwise":
                 raise ValueError(f"reward.terms.{i}.judge.mode: a {term.judge.mode} judge scores the samples of a "
                                  f"prompt together; env.name={self.env.name} scores each episode alone: use pointwise")
+            co_evolve = term.reward_model is not None and term.reward_model.co_evolve is not None
+            if co_evolve and (self.env.multi_turn or self.orchestrate.mode == "async"):
+                raise ValueError(f"reward.terms.{i}.reward_model.co_evolve: the reward model learns from the batches "
+                                 "the training process scores itself: single-turn, orchestrate.mode=sync")
         return self
 
     @model_validator(mode="after")
