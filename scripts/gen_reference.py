@@ -39,6 +39,10 @@ KINDS = {
     "env": ("Environments", "environments.md"),
     "verifier": ("Verifiers", "rewards.md"),
     "step_verifier": ("Step verifiers", "rewards.md"),
+    "rm_loss": ("Reward-model losses", "rewards.md"),
+    "rm_aggregate": ("Reward-model ensembles", "rewards.md"),
+    "rm_transform": ("Reward-model transforms", "rewards.md"),
+    "prm_loss": ("Process-reward-model losses", "rewards.md"),
     "engine": ("Rollout engines", "rollout.md"),
     "classic_agent": ("Classic RL agents", "classic.md"),
 }

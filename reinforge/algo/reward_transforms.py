@@ -29,7 +29,7 @@ RM_TRANSFORMS: Registry = kind("rm_transform", Registry(
 _PAPER = "Fu et al. 2025, Reward Shaping to Mitigate Reward Hacking in RLHF (arXiv:2502.18770)"
 
 
-@RM_TRANSFORMS.register("none", formula="R = r", paper="(no shaping: the score is the reward)")
+@RM_TRANSFORMS.register("none", formula="R = r", paper=_PAPER + ": the unshaped baseline")
 def no_transform(scores: Tensor) -> Tensor:
     """The score as it is."""
     return scores
