@@ -122,6 +122,17 @@ def reward_text_ids(tokenizer: Any, prompt: str | list[dict[str, str]], completi
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
+def right_padded(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) ``[len(rows), longest]``: each row at the left, ``pad_id`` after it."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for k, r in enumerate(rows):
+        ids[k, : len(r)] = torch.tensor(r)
+        mask[k, : len(r)] = 1
+    return ids, mask
+
+
 def reward_model_dir(path: str, label: str = "reward model") -> Path:
     """``path`` as a Hugging Face model directory, or a ConfigError starting with ``label``."""
     directory = Path(path).expanduser()
@@ -278,12 +289,7 @@ class RewardModelScorer:
 
     def logits(self, encoded: Sequence[list[int]]) -> torch.Tensor:
         """``[len(encoded), heads]`` (at least float32): the sequences right-padded into one forward."""
-        width = max(len(ids) for ids in encoded)
-        ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(encoded), width), dtype=torch.long)
-        for r, row in enumerate(encoded):
-            ids[r, : len(row)] = torch.tensor(row)
-            mask[r, : len(row)] = 1
+        ids, mask = right_padded(encoded, self.pad_id)
         return at_least_float32(self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits)
 
     def _one_score(self, logits: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from reinforge.algo.reward_losses import RM_LOSSES
 from reinforge.data.sources import build_task_splits
 from reinforge.errors import DataError
 from reinforge.orchestrate.run_dir import new_run_dir
-from reinforge.rewards.reward_model import reward_text_ids, with_reference
+from reinforge.rewards.reward_model import reward_text_ids, right_padded, with_reference
 from reinforge.rm.config import RMConfig
 from reinforge.rm.data import PreferencePair, near_miss_pairs, read_pairs, split_by_prompt
 from reinforge.rm.evaluate import PairEval, evaluate_pairs, plot_calibration
@@ -91,14 +91,7 @@ class EncodedPairs:
     def batch(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, attention mask) of ``2 * len(index)`` rows: the chosen sides, then the rejected ones."""
         sides = [self.sides(int(i)) for i in index]
-        rows = [c for c, _ in sides] + [r for _, r in sides]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for k, r in enumerate(rows):
-            ids[k, : len(r)] = torch.tensor(r)
-            mask[k, : len(r)] = 1
-        return ids, mask
+        return right_padded([c for c, _ in sides] + [r for _, r in sides], self.pad_id)
 
 
 def pair_scores(model: torch.nn.Module, data: EncodedPairs, index: np.ndarray, device: str
