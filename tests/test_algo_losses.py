@@ -68,6 +68,20 @@ def test_ppo_clip_symmetric_vs_asymmetric():
     assert_close(loss_def, torch.tensor([0.85], dtype=torch.float64))
 
 
+def test_ppo_clip_bounds_the_log_ratio_before_exp_as_verl_does():
+    """|log rho| = 100 overflows exp in float32 (an infinite loss, the run stopped as diverged); clamped
+    to 20, the loss is finite and equals the clipped surrogate at rho = e^20 (A < 0) or 1 + clip_high."""
+    logp = torch.tensor([100.0, -100.0, 100.0], requires_grad=True)
+    old = torch.zeros(3)
+    adv = torch.tensor([-1.0, 1.0, 1.0])
+    assert torch.isinf(torch.exp(logp.detach() - old)[0])  # what the bound prevents
+    loss, metrics = ppo_clip_loss(logp, old, adv, CFG)
+    assert torch.isfinite(loss).all() and torch.isfinite(metrics["approx_kl_old"]).all()
+    assert_close(loss, torch.tensor([math.exp(20.0), -math.exp(-20.0), -1.28]), rtol=1e-6, atol=0)
+    loss.sum().backward()
+    assert torch.equal(logp.grad, torch.zeros(3))  # beyond the bound (and clipped): no gradient
+
+
 def test_ppo_clip_approx_kl_old():
     # log_ratio = log 2 -> k3 = 1/2 - 1 + log 2; log_ratio = 0 -> 0
     _, _, metrics = _ppo([2.0, 1.0], [1.0, 1.0])
@@ -114,19 +128,20 @@ M = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
 
 
 def test_aggnorm_of():
-    norm = AggNorm.of(M, 4.0)
-    assert (norm.num_tokens, norm.num_seqs, norm.max_len) == (5.0, 3.0, 4.0)
+    norm = AggNorm.of(M, 4.0)  # M's third row has no loss token: no sequence of the mean
+    assert (norm.num_tokens, norm.num_seqs, norm.max_len) == (5.0, 2.0, 4.0)
+    assert AggNorm.of(M, rows=torch.tensor([False, True, True])).num_seqs == 1.0
     empty = AggNorm.of(torch.zeros(2, 3))
-    assert (empty.num_tokens, empty.num_seqs, empty.max_len) == (1.0, 2.0, 1.0)
+    assert (empty.num_tokens, empty.num_seqs, empty.max_len) == (1.0, 1.0, 1.0)
 
 
 @pytest.mark.parametrize(
     ("name", "fn", "expected"),
     [
         ("token_mean", token_mean, 18.0 / 5.0),
-        ("seq_mean_token_sum", seq_mean_token_sum, 18.0 / 3.0),
-        ("seq_mean_token_mean", seq_mean_token_mean, (1.5 + 5.0 + 0.0) / 3.0),
-        ("seq_mean_token_sum_norm", seq_mean_token_sum_norm, 18.0 / (3.0 * 4.0)),
+        ("seq_mean_token_sum", seq_mean_token_sum, 18.0 / 2.0),  # the empty third row is not counted
+        ("seq_mean_token_mean", seq_mean_token_mean, (1.5 + 5.0) / 2.0),
+        ("seq_mean_token_sum_norm", seq_mean_token_sum_norm, 18.0 / (2.0 * 4.0)),
     ],
 )
 def test_aggregation_hand_values(name, fn, expected):
@@ -134,6 +149,23 @@ def test_aggregation_hand_values(name, fn, expected):
     out = fn(V, M, AggNorm.of(M, 4.0))
     assert out.dim() == 0
     assert_close(out, torch.tensor(expected), atol=1e-6, rtol=0)
+
+
+def test_sequence_means_leave_out_rows_without_loss_tokens_as_verl_and_openrlhf_do():
+    """A batch with an overlong-filtered row (no loss token): the sequence means equal the peers'
+    masked means over the rows that have tokens; counting the empty row would scale the loss down."""
+    torch.manual_seed(0)
+    values = torch.randn(4, 5)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.float32)
+    kept = mask.sum(-1) > 0
+    per_seq_sum = (values * mask).sum(-1)
+    peer_sum = per_seq_sum[kept].mean()  # verl: masked_mean(seq_losses, seq_mask)
+    peer_mean = (per_seq_sum / mask.sum(-1).clamp(min=1))[kept].mean()
+    norm = AggNorm.of(mask, 5.0)
+    assert_close(seq_mean_token_sum(values, mask, norm), peer_sum)
+    assert_close(seq_mean_token_mean(values, mask, norm), peer_mean)
+    assert_close(seq_mean_token_sum_norm(values, mask, norm), peer_sum / 5.0)
+    assert not torch.isclose(peer_sum, per_seq_sum.mean())  # the old denominator (4 rows) differs
 
 
 def test_aggregations_differ_on_unequal_lengths():

@@ -11,6 +11,7 @@ Aggregation signature (registered in ``LOSS_AGG``)::
 
     fn(values: Tensor[N,T], mask: Tensor[N,T], norm: AggNorm) -> Tensor (scalar)
 
+The sequence means count only the rows with a loss token (N above; ``sequences_with_tokens``).
 ``AggNorm`` holds denominators computed once over the whole optimizer mini-batch, so summing
 the aggregated loss of its micro-batches gives exactly the loss (and gradient) of the whole
 mini-batch however it is split. An aggregation's settings (``seq_mean_token_sum_norm``'s
@@ -42,9 +43,18 @@ class AggNorm:
 
     @classmethod
     def of(cls, mask: Tensor, max_len: float = 1.0, rows: Tensor | None = None) -> AggNorm:
-        """The denominators of ``mask``'s tokens and of its sequences (every row, or the ``rows`` [N] bool)."""
-        seqs = float(rows.sum()) if rows is not None else float(mask.shape[0])
+        """The denominators of ``mask``'s tokens and of its sequences: the rows (every row, or the ``rows``
+        [N] bool) with at least one masked token (``sequences_with_tokens``)."""
+        seqs = float(sequences_with_tokens(mask, rows).sum())
         return cls(num_tokens=max(float(mask.sum()), 1.0), num_seqs=max(seqs, 1.0), max_len=max_len)
+
+
+def sequences_with_tokens(mask: Tensor, rows: Tensor | None = None) -> Tensor:
+    """[N] bool: the rows (of ``rows``, else all) that have a loss token. A row without one (a filtered
+    overlong answer, a turn-less episode) adds nothing to a sequence mean, so it is no sequence of its
+    denominator either, as in verl's and OpenRLHF's aggregations."""
+    has = mask.sum(-1) > 0
+    return has & rows.bool() if rows is not None else has
 
 
 AggFn = Callable[[Tensor, Tensor, AggNorm], Tensor]

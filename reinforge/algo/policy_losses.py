@@ -98,6 +98,16 @@ def dual_clip_cap(loss: Tensor, advantages: Tensor, c: float) -> tuple[Tensor, T
     return torch.where(on_cap, cap.to(loss.dtype), loss), on_cap
 
 
+LOG_RATIO_BOUND = 20.0  # |log rho| beyond this is clamped before exp (verl's bound): e^20 is finite in float32
+
+
+def bounded_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
+    """``clamp(log pi - log pi_old, -20, 20)``: unbounded, ``exp`` overflows float32 past |log rho| = 88.7
+    (an infinite loss) and dwarfs every other token's term well before (e^50 = 5e21); bounded, a token
+    that far off weighs at most e^20 and gets no gradient beyond the bound, as in verl."""
+    return (logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
 @POLICY_LOSSES.register(
     "ppo_clip",
     formula=(
@@ -115,7 +125,7 @@ def ppo_clip_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with separate lower and upper clip ranges (clip-higher) and optional dual clip.
 
-    rho_t = exp(log pi(a_t) - log pi_old(a_t));
+    rho_t = exp(clamp(log pi(a_t) - log pi_old(a_t), -20, 20)) (``bounded_log_ratio``, as verl bounds it);
     L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high)).
     Dual clip (``cfg.dual_clip`` = c > 1, 0 = off): for A_t < 0 the loss above grows without bound
     with rho_t (the unclipped term is active when rho_t > 1 + clip_high), so it is capped:
@@ -128,7 +138,7 @@ def ppo_clip_loss(
     dual = float(getattr(cfg, "dual_clip", 0.0) or 0.0)
     if 0.0 < dual <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or 0 to disable), got {dual}")
-    log_ratio = logp - old_logp
+    log_ratio = bounded_log_ratio(logp, old_logp)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)

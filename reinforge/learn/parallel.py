@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from reinforge.algo.aggregation import AggNorm
+from reinforge.algo.aggregation import AggNorm, sequences_with_tokens
 from reinforge.algo.value import explained_variance
 from reinforge.learn import distributed
 from reinforge.learn.critic import value_mask
@@ -36,7 +36,7 @@ class DataParallel:
 
     def norm(self, mask: Tensor | None, max_len: float, rows: Tensor | None = None) -> AggNorm:
         """``AggNorm.of(mask, rows=rows)`` over every rank's rows of the mini-batch (None: no rows on this rank)."""
-        seqs = float(rows.sum()) if rows is not None else float(mask.shape[0]) if mask is not None else 0.0
+        seqs = float(sequences_with_tokens(mask, rows).sum()) if mask is not None else 0.0
         tokens, seqs = distributed.all_reduce([float(mask.sum()) if mask is not None else 0.0, seqs])
         return AggNorm(num_tokens=max(tokens, 1.0), num_seqs=max(seqs, 1.0), max_len=max_len)
 
