@@ -11,8 +11,9 @@ clipping, and a co-evolving reward model (Cooper). The ensemble is ``--ensemble`
 (members of seeds 0-2; member 0 is tiny-rm's recipe and seed; ``model/`` is WARM's average).
 Per step the run logs ``reward/term/rm`` (proxy), ``reward/term/gold`` (gold, the mean correctness of
 the step's samples) and ``train/kl_ref``; the proxy of a transformed reward (par, clip) is on the
-transform's scale. Writes ``DIR/overoptimisation.json`` (every run's per-step series and its last
-held-out accuracy), ``DIR/overoptimisation.png`` (gold against KL, one panel per variant beside none)
+transform's scale. A run whose directory ``DIR/runs/<variant>-s<seed>`` holds it finished is read back,
+not trained again. Writes ``DIR/overoptimisation.json`` (every run's per-step series and its held-out
+accuracy before and after), ``DIR/overoptimisation.png`` (gold against KL, one panel per variant beside none)
 and prints a Markdown table. As Gao et al. 2023 ("Scaling Laws for Reward Model Overoptimization",
 arXiv:2210.10760) measure it, with the KL from the start on the x axis. ``--jobs`` runs that many at
 once, one thread each.
@@ -55,22 +56,34 @@ def build_ensemble(path: Path) -> None:
 
 
 def run_one(variant: str, seed: int, steps: int, out: Path, ensemble: Path, threads: int) -> dict[str, Any]:
+    """Train one run (unless ``out/<variant>-s<seed>`` already holds it, finished) and read its series."""
     import torch
 
     from reinforge.config import load_config
     from reinforge.orchestrate.run import train
+
+    run_dir = out / f"{variant}-s{seed}"
+    if not run_dir.exists():
+        torch.set_num_threads(threads)
+        overrides = [o.replace("{ensemble}", str(ensemble)) for o in VARIANTS[variant]]
+        cfg = load_config("rlhf_arithmetic", [f"seed={seed}", f"train.steps={steps}", f"output_dir={out}",
+                                              f"name={variant}-s{seed}", "eval.every=0", "log.report=false",
+                                              "train.time_limit_s=0", *overrides])
+        run_dir = train(cfg).run_dir
+    return read_run(run_dir, steps)
+
+
+def read_run(run_dir: Path, steps: int) -> dict[str, Any]:
+    """A finished run's per-step proxy, gold and KL, and its held-out accuracy before and after."""
     from reinforge.track.jsonl import read_jsonl
 
-    torch.set_num_threads(threads)
-    overrides = [o.replace("{ensemble}", str(ensemble)) for o in VARIANTS[variant]]
-    cfg = load_config("rlhf_arithmetic", [f"seed={seed}", f"train.steps={steps}", f"output_dir={out}",
-                                          f"name={variant}-s{seed}", "eval.every=0", "log.report=false", "train.time_limit_s=0",
-                                          *overrides])
-    records = list(read_jsonl(train(cfg).run_dir / "metrics.jsonl"))
+    records = list(read_jsonl(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else []
     rows = [m for m in records if "reward/term/rm" in m]
+    heldout = [m["eval/heldout_acc"] for m in records if "eval/heldout_acc" in m]
+    if len(rows) != steps or len(heldout) < 2:
+        raise SystemExit(f"{run_dir}: not a finished run of {steps} steps; delete it to run it again")
     series: dict[str, Any] = {k: [float(m.get(src, np.nan)) for m in rows] for k, src in
                               (("proxy", "reward/term/rm"), ("gold", "reward/term/gold"), ("kl", "train/kl_ref"))}
-    heldout = [m["eval/heldout_acc"] for m in records if "eval/heldout_acc" in m]
     series["heldout"] = [float(heldout[0]), float(heldout[-1])]
     return series
 
@@ -143,19 +156,17 @@ def main() -> None:
             raise SystemExit(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
     if any("{ensemble}" in o for v in variants for o in VARIANTS[v]):
         build_ensemble(ensemble)
-    saved = out / "overoptimisation.json"
-    results: dict[str, dict[int, dict[str, Any]]] = json.loads(saved.read_text()) if saved.is_file() else {}
-    results = {v: {int(k): s for k, s in seeds.items()} for v, seeds in results.items()}
-    todo = [(v, int(seed)) for v in variants for seed in args.seeds.split(",") if int(seed) not in results.get(v, {})]
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    todo = [(v, int(seed)) for v in variants for seed in args.seeds.split(",")]
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:  # a finished run is read back
         futures = {pool.submit(run_one, v, seed, args.steps, out / "runs", ensemble, args.threads): (v, seed)
                    for v, seed in todo}
         for future in as_completed(futures):
             variant, seed = futures[future]
             results.setdefault(variant, {})[seed] = future.result()
-            saved.write_text(json.dumps(results))  # each finished run kept: a rerun does only the rest
             print(f"done: {variant} seed {seed}", flush=True)
     chosen = {v: dict(sorted(results[v].items())) for v in variants if v in results}
+    (out / "overoptimisation.json").write_text(json.dumps(chosen))
     plot(chosen, args.window, out / "overoptimisation.png")
     print(table(chosen, args.window))
     print(f"figure: {out / 'overoptimisation.png'}")
