@@ -13,7 +13,7 @@ Per step the run logs ``reward/term/rm`` (proxy), ``reward/term/gold`` (gold, th
 the step's samples) and ``train/kl_ref``; the proxy of a transformed reward (par, clip) is on the
 transform's scale. A run whose directory ``DIR/runs/<variant>-s<seed>`` holds it finished is read back,
 not trained again. Writes ``DIR/overoptimisation.json`` (every run's per-step series and its held-out
-accuracy before and after), ``DIR/overoptimisation.png`` (gold against KL, one panel per variant beside none)
+accuracy before and after), ``DIR/overoptimisation.png`` (gold and proxy against KL, a panel per variant, none's gold beside)
 and prints a Markdown table. As Gao et al. 2023 ("Scaling Laws for Reward Model Overoptimization",
 arXiv:2210.10760) measure it, with the KL from the start on the x axis. ``--jobs`` runs that many at
 once, one thread each.
@@ -94,7 +94,8 @@ def smooth(values: list[float], window: int) -> np.ndarray:
 
 
 def plot(results: dict[str, dict[int, dict[str, Any]]], window: int, path: Path) -> None:
-    """Gold against KL, a panel per variant (its seeds in colour, the unmitigated runs in grey)."""
+    """A panel per variant against the KL from the start: its gold (solid, left axis; the unmitigated
+    runs' in grey) and its proxy (dashed, right axis: each variant's reward on its own scale)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,19 +104,23 @@ def plot(results: dict[str, dict[int, dict[str, Any]]], window: int, path: Path)
     variants = [v for v in results if v != "none"] or list(results)
     cols = min(4, len(variants))
     rows = -(-len(variants) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.9 * cols, 3.1 * rows), sharey=True, squeeze=False)
     for ax, variant in zip(axes.flat, variants, strict=False):
-        for name, style in (("none", {"color": "0.6"}), (variant, {})):
-            for k, series in enumerate(results.get(name, {}).values()):
-                ax.plot(smooth(series["kl"], window), smooth(series["gold"], window), alpha=0.85,
-                        label=f"{name}" if k == 0 else None, **(style or {"color": f"C{k}"}))
-        ax.set_title(variant)
-        ax.set_xlabel("KL from the start")
-        ax.legend(fontsize=7)
+        proxy_ax = ax.twinx()
+        for series in results.get("none", {}).values():
+            ax.plot(smooth(series["kl"], window), smooth(series["gold"], window), color="0.65", lw=1)
+        for k, series in enumerate(results[variant].values()):
+            kl = smooth(series["kl"], window)
+            ax.plot(kl, smooth(series["gold"], window), color=f"C{k}", lw=1.6)
+            proxy_ax.plot(kl, smooth(series["proxy"], window), color=f"C{k}", lw=1, ls="--", alpha=0.7)
+        ax.set_title(f"{variant} (grey: none)", fontsize=10)
+        ax.set_xlabel("KL from the start", fontsize=8)
+        proxy_ax.tick_params(labelsize=7)
     for ax in axes[:, 0]:
-        ax.set_ylabel("gold (exact match)")
+        ax.set_ylabel("gold: exact match (solid)", fontsize=8)
     for ax in list(axes.flat)[len(variants):]:
         ax.axis("off")
+    fig.suptitle("gold (solid, left) and proxy (dashed, right: the reward the policy sees) per seed", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -114,3 +114,14 @@ def test_a_co_evolving_reward_model_needs_a_synchronous_single_turn_run(tmp_path
 
     with pytest.raises(ConfigError, match="co_evolve: the reward model learns from the batches the training process"):
         _cfg(tmp_path, "x", "orchestrate.mode=async")
+
+
+def test_a_sample_the_labeller_fails_on_makes_no_pair(tiny_tokenizer) -> None:
+    def labeller(task, text):
+        if text == "boom":
+            raise ValueError("cannot parse")
+        return resolve_verifier("exact_match")(task, text)
+
+    rm = CoEvolvingRewardModel(RewardModelScorer(build("llama", tiny_tokenizer), tiny_tokenizer), labeller)
+    assert rm.pairs([A, A, A], ["boom", "2", "3"]) == [(A, "2", "3")]
+    assert rm.counts["label_errors"] == 1

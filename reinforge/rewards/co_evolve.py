@@ -7,7 +7,8 @@ verifier (``co_evolve.verifier``, e.g. ``exact_match``: precise where it says "c
 prompt's samples, up to ``pairs_per_group`` pairs of a correct sample over an incorrect one (drawn with a
 seeded generator) join a buffer; every ``batch_size`` buffered pairs make one AdamW step (gradient norm
 clipped at 1) of the Bradley-Terry loss ``-log sigmoid(r_w - r_l)`` (``algo.reward_losses.bradley_terry``;
-every head or ensemble member on every pair). Prompts whose samples are all right or all wrong give no pair.
+every head or ensemble member on every pair). Prompts whose samples are all right or all wrong give no pair;
+a sample the rule verifier fails on (an exception) gives none either (a warning; ``counts["label_errors"]``).
 
 Choices (Cooper's paper leaves them open or differs):
 - Cooper's negatives are correct responses rewritten into wrong ones by an assistant LLM; here they are
@@ -22,6 +23,7 @@ every checkpoint (``reward.pt``) and restored on resume.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +35,7 @@ from reinforge.rewards.reward_model import RewardModelScorer, RewardModelVerifie
 from reinforge.rewards.verifiers import Verifier
 from reinforge.types import Task
 
+log = logging.getLogger(__name__)
 Pair = tuple[Task, str, str]  # (task, chosen = a correct sample, rejected = an incorrect one)
 
 
@@ -72,7 +75,14 @@ class CoEvolvingRewardModel(RewardModelVerifier):
         groups: dict[str, tuple[Task, list[str], list[str]]] = {}
         for task, text in zip(tasks, completions, strict=True):
             _, right, wrong = groups.setdefault(task.id, (task, [], []))
-            (right if self.labeller(task, text).correct else wrong).append(text)
+            try:
+                correct = self.labeller(task, text).correct
+            except Exception as exc:  # an unlabelled sample makes no pair; the RL reward is not affected
+                self.counts["label_errors"] = self.counts.get("label_errors", 0) + 1
+                log.warning("co_evolve: the labelling verifier failed on task %s (%s); the sample makes no pair",
+                            task.id, exc)
+                continue
+            (right if correct else wrong).append(text)
         out: list[Pair] = []
         for task, right, wrong in groups.values():
             if not right or not wrong:
