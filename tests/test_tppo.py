@@ -164,6 +164,9 @@ def test_the_batch_source_puts_held_generations_first(tmp_path):
             from reinforge.rewards.pool import VerifierOutcome
             return [VerifierOutcome(1.0, "ok") for _ in ts]
 
+        def observe(self, ts, texts):  # a VerifierPool's: nothing learns from the batch here
+            return {}
+
     from reinforge.envs.single_turn import SingleTurnEnv
     collector = SingleTurn(engine, lambda: SingleTurnEnv(None), Pool(), cfg.rollout.group_sampler)
     params = SP(max_new_tokens=6, n=2, ignore_eos=True)

@@ -313,15 +313,13 @@ class RewardModelScorer:
         """``raw`` through the transform (``algo.reward_transforms``), given what it reads: the running
         statistics of the raw scores (this call's included) and the tasks' reference rewards."""
         params = self.transform.params
-        inputs: dict[str, Any] = {"scores": torch.tensor(raw, dtype=torch.float64)}
-        if "mean" in params or "std" in params:
-            with self._lock:
-                self.raw_stats.update(raw)
-                inputs["mean"], inputs["std"] = self.raw_stats.mean, self.raw_stats.std
-        if "reference" in params:
+        with self._lock:  # every transform may read them; kept whatever the transform (a few floats)
+            self.raw_stats.update(raw)
+            mean, std = self.raw_stats.mean, self.raw_stats.std
+        inputs: dict[str, Any] = {"scores": torch.tensor(raw, dtype=torch.float64), "mean": mean, "std": std,
+                                  "cfg": self.transform_cfg}
+        if "reference" in params:  # scored only for a transform that reads them
             inputs["reference"] = self._reference_tensor(tasks)
-        if "cfg" in params:
-            inputs["cfg"] = self.transform_cfg
         return self.transform.fn(**{p: inputs[p] for p in params}).tolist()
 
     def _reference_tensor(self, tasks: Sequence[Task]) -> torch.Tensor:
