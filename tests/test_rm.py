@@ -260,10 +260,12 @@ def test_warm_averages_the_members_weights(tmp_path) -> None:
 @pytest.mark.heavy
 def test_a_reference_based_reward_model_tells_near_misses_apart(tmp_path) -> None:
     """The shipped arithmetic_verify recipe, shortened: from tiny-base, held-out pair accuracy on near-miss
-    addition pairs (the reference answer over the answer +-1, +-2, +-10) of held-out problems reaches 0.9."""
+    addition pairs (the reference answer over the answer +-1, +-2, +-10) of held-out problems reaches 0.9
+    (0.970 in 450 steps of 16 pairs, about 80 s on one core; 32 pairs a step: 0.964 in 140 s)."""
     from reinforge.rm.train import train_reward_model
 
-    cfg = load_rm_config("arithmetic_verify", ["train.steps=450", "train.head_lr=3e-3", "train.eval_every=0",
+    cfg = load_rm_config("arithmetic_verify", ["train.steps=450", "train.batch_size=16", "train.head_lr=3e-3",
+                                               "train.eval_every=0",
                                                f"output_dir={tmp_path}", "name=verify"])
     result = train_reward_model(cfg)
     assert result.heldout.pairs == 3000
