@@ -4,6 +4,7 @@ steps as a fast one until the time limit stops it, and then says it was cut (met
 import time
 
 from reinforge.config import load_config
+from reinforge.orchestrate import loop as loop_module
 from reinforge.orchestrate.loop import Loop
 from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
@@ -24,20 +25,32 @@ def _deterministic(record):
     return {k: v for k, v in record.items() if not k.startswith(MACHINE_DEPENDENT)}
 
 
+class _SlowClock:
+    """The loop's ``time`` module as a machine ``lag_s`` slower per step would see it."""
+
+    def __init__(self) -> None:
+        self.lag = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.lag
+
+
 def test_slow_machine_makes_the_same_steps_until_the_time_limit_says_it_cut(tmp_path, monkeypatch):
     fast = train(_cfg(tmp_path, "fast", "train.time_limit_s=0"))
-    step = Loop.train_step
+    step, clock = Loop.train_step, _SlowClock()
 
-    def slow_step(self, n):  # a machine about 100x slower than this one
-        time.sleep(1.0)
+    def slow_step(self, n):  # each step really waits a little and, on the loop's clock, 1000 s more
+        time.sleep(0.2)
+        clock.lag += 1000.0
         return step(self, n)
 
     monkeypatch.setattr(Loop, "train_step", slow_step)
-    # the limit: the fast run's whole time (this machine's speed now, however loaded) + 2.5 s, which
-    # the slowed run (1 s more per step) reaches between step 3 (s per step ~0) and 7 (~3 s per step)
+    monkeypatch.setattr(loop_module, "time", clock)
+    # the limit: the fast run's whole time + 2500 s, which the slowed run passes after step 3 (3000 s
+    # of lag) and not after step 2 however loaded this machine is (the fast run's real time cancels)
     fast_s = read_jsonl(fast.run_dir / "metrics.jsonl")[-1]["time/elapsed_s"]
-    slow = train(_cfg(tmp_path, "slow", f"train.time_limit_s={fast_s + 2.5}"))
-    assert fast.steps == 8 and 2 <= slow.steps < 8
+    slow = train(_cfg(tmp_path, "slow", f"train.time_limit_s={fast_s + 2500}"))
+    assert fast.steps == 8 and slow.steps == 3
     a = read_jsonl(fast.run_dir / "metrics.jsonl")
     b = read_jsonl(slow.run_dir / "metrics.jsonl")
     assert [r["step"] for r in b] == list(range(slow.steps + 1))
