@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from reinforge.track.jsonl import read_jsonl
 
-STEPS = 10
+STEPS = 8
 MACHINE_DEPENDENT = ("time/", "perf/", "memory/", "async/wait_s", "async/worker_generate_s", "async/worker_reward_s",
                      "async/worker_env_s")
 COMMON = [f"train.steps={STEPS}", "checkpoint.every=2", "checkpoint.keep=10", "rollout.prompts_per_step=4",
