@@ -54,7 +54,7 @@ PRESET_OPTIONS = {
     "rloo": ({"name": "rloo", "gamma": 1.0}, REINFORCE, "seq_mean_token_sum"),
     "bapo": (GRPO, {"name": "bapo", "pos_share": 0.4, "clip_low_start": 0.6, "clip_low_max": 0.9, "clip_low_step": 0.02,
                     "clip_high_start": 1.2, "clip_high_max": 3.0, "clip_high_step": 0.05}, "token_mean"),
-    "dcpo": (GRPO, {"name": "dcpo", "clip_low": 0.16, "clip_high": 0.2, "max_ratio": 10.0}, "seq_sum_token_mean"),
+    "dcpo": ({"name": "dcpo_sas", "gamma": 1.0, "history_scale": 1.0}, {"name": "dcpo", "clip_low": 0.16, "clip_high": 0.2, "max_ratio": 10.0}, "seq_sum_token_mean"),
     "aspo": (GRPO, {"name": "aspo", "clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0}, "token_mean"),
     "m2po": (GRPO, {"name": "m2po", "m2_threshold": 0.04}, "token_mean"),
     "gtpo": ({"name": "gtpo", "gamma": 1.0, "adv_eps": 1e-6, "alpha1": 1.0, "alpha2": 0.1},

@@ -47,7 +47,7 @@ def test_every_issue_preset_ships_and_validates():
     ("astar_po", ("grpo", "astar_po", "seq_mean_token_mean", 0.0, "loss")),
     ("pacs", ("grpo", "pacs", "seq_mean_token_mean", 0.0, "loss")),
     ("bapo", ("grpo", "bapo", "token_mean", 0.0, "loss")),
-    ("dcpo", ("grpo", "dcpo", "seq_sum_token_mean", 0.0, "loss")),
+    ("dcpo", ("dcpo_sas", "dcpo", "seq_sum_token_mean", 0.0, "loss")),
     ("aspo", ("grpo", "aspo", "token_mean", 0.001, "loss")),
     ("m2po", ("grpo", "m2po", "token_mean", 0.0, "loss")),
     ("gtpo", ("gtpo", "ppo_clip", "token_mean", 0.0, "loss")),

@@ -25,12 +25,12 @@ CLIPPED_PRESETS = ["dapo", "gspo", "cispo", "ppo", "reinforce_pp", "bapo", "dcpo
 @pytest.fixture(scope="module")
 def demo_batch(tmp_path_factory):
     """One rollout batch of the demo's shape (16 prompts x 8 samples), every group kept, with a
-    per-sequence baseline so that ReMax's estimator has one."""
+    per-sequence baseline so that ReMax's estimator has one and a prompt key per group so that DCPO's SAS has one."""
     out = tmp_path_factory.mktemp("presets")
     c = build_components(load_config(None, [f"output_dir={out}", "algo.skip_equal_reward_groups=false", *DEMO_SCALE]))
     _, batch = _rollout_batch(c)
     assert batch.rewards.min() < batch.rewards.max()
-    return dataclasses.replace(batch, baseline=torch.full_like(batch.rewards, 0.5))
+    return dataclasses.replace(batch, baseline=torch.full_like(batch.rewards, 0.5), prompt_key=batch.group_index.clone())
 
 
 def _learner(name: str, tmp_path) -> Learner:
