@@ -1,7 +1,7 @@
 """Agent RL when the environment takes time: steps/s with environment calls one at a time, concurrent
 (synchronous RL), and concurrent under asynchronous RL, at several latencies per environment step.
 
-    python benchmarks/bench_agent_latency.py [--latencies 0.05,0.2,1.0] [--steps 4] [--repeats 3]
+    python benchmarks/bench_agent_latency.py [--latencies 0.05,0.2,1.0] [--steps 4] [--repeats 3] [--settings sequential,async]
     python benchmarks/bench_agent_latency.py --recipe agent_calculator --set env.max_tool_calls=2 ...
 
 Every run trains ``--recipe`` (default: ``agent_calculator``, the shipped tiny-agent calling the
@@ -83,14 +83,20 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="async: rollout worker processes")
     p.add_argument("--staleness", type=int, default=2)
+    p.add_argument("--settings", default=",".join(SETTINGS), help="which settings to run, comma-separated "
+                   "(sequential is the baseline of the ratios and always runs)")
     p.add_argument("--set", action="append", default=[], help="an override for every run (key=value)")
     args = p.parse_args()
     latencies = [float(x) for x in args.latencies.split(",")]
+    unknown = set(args.settings.split(",")) - set(SETTINGS)
+    if unknown:
+        p.error(f"--settings: unknown {sorted(unknown)}; choose from {', '.join(SETTINGS)}")
+    settings = [s for s in SETTINGS if s in args.settings.split(",") or s == SETTINGS[0]]
     results: dict[tuple[str, float], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for latency in latencies:
-                for setting in SETTINGS:
+                for setting in settings:
                     r = run(setting, latency, args, Path(tmp), repeat)
                     results.setdefault((setting, latency), []).append(r)
                     print(f"repeat {repeat} latency {latency} {setting}: {r['steps_per_s']:.3f} steps/s "
@@ -100,7 +106,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for latency in latencies:
         base = [r["steps_per_s"] for r in results["sequential", latency]]
-        for setting in SETTINGS:
+        for setting in settings:
             runs = results[setting, latency]
             ratios = [r["steps_per_s"] / b for r, b in zip(runs, base, strict=True)]
             print(f"| {latency * 1000:.0f} ms | {setting} | {_spread([r['steps_per_s'] for r in runs])} | "

@@ -13,8 +13,9 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 SMOKE = {
+    # concurrent differs from sequential only in env.concurrency, which the async run uses too
     "bench_agent_latency.py": ["--latencies", "0.01", "--steps", "2", "--repeats", "1", "--prompts", "1", "--group", "2",
-                               "--workers", "1"],
+                               "--workers", "1", "--settings", "sequential,async"],
     "bench_classic_impala.py": ["--actors", "0", "--updates", "3", "--warmup", "1", "--repeats", "1"],
     "bench_memory.py": ["--quick", "--repeats", "1"],
     "bench_lm_head.py": ["--vocab", "1000", "--hidden", "16", "--positions", "64", "--chunks", "0,16", "--repeats", "1"],
