@@ -81,9 +81,9 @@ def conciser_length(rewards: Tensor, lengths: Tensor, group_index: Tensor, max_n
     unused; any group with a wrong rollout is untouched (accuracy first). L_max = ``cfg.max_length``
     or ``max_new_tokens``.
 
-    Reconstructed from the paper's abstract (length is optimised only once all rollouts of a sample are
-    correct) and its stage-2 description (the reward grows with the remaining length budget): the
-    method section could not be read here, so the linear form and the weight ``alpha`` are this
+    Reconstructed: the paper's method section could not be read for this implementation. From its
+    abstract: length is optimised only once all rollouts of a sample are correct; the bonus growing
+    with the remaining length budget, its linear form and the weight ``alpha`` are this
     implementation's. With GRPO's std-scaled group advantages every positive ``alpha`` (and any added
     constant, e.g. a reward of 1 replaced by 1 + bonus) gives the same advantages in an all-correct
     group: only the ordering by length and its linear spacing matter. Lengths over L_max (multi-turn
