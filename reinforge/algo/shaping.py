@@ -22,13 +22,15 @@ from reinforge.registry import Registry, kind
 class ShapeInputs:
     """Per sequence of a rollout batch: ``rewards`` [N] (float64), ``lengths`` [N] (generated tokens),
     ``truncated`` [N] (bool: stopped by a length limit), ``group_index`` [N]; the batch's
-    ``max_new_tokens``."""
+    ``max_new_tokens``; ``correct`` [N] (bool: the verifier's verdict, ``Trajectory.metadata['correct']``;
+    None: not known, and a shaper that needs it reads ``rewards > 0``)."""
 
     rewards: Tensor
     lengths: Tensor
     truncated: Tensor
     group_index: Tensor
     max_new_tokens: int
+    correct: Tensor | None = None
 
 
 @dataclass(frozen=True)

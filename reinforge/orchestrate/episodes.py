@@ -91,6 +91,7 @@ def shape_rewards(trajs: list[Trajectory], shapers: Sequence[RewardShaperConfig]
             truncated=torch.tensor([t.truncated for t in trajs]),
             group_index=torch.tensor([t.group_id for t in trajs]),
             max_new_tokens=max_new_tokens,
+            correct=torch.tensor([bool(t.metadata.get("correct", t.reward > 0)) for t in trajs]),
         )
         shaping = REWARD_SHAPERS.call(shaper.name, inputs, shaper.settings())
         if shaping.reward is not None:
