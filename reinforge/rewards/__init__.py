@@ -3,6 +3,7 @@
 from reinforge.rewards import code as _code  # noqa: F401  (code_tests)
 from reinforge.rewards import composite as _composite  # noqa: F401  (length_penalty)
 from reinforge.rewards import format as _format  # noqa: F401  (think_answer_format)
+from reinforge.rewards import label_free as _label_free  # noqa: F401  (majority_vote, restrain_vote, truthrl_ternary, ...)
 from reinforge.rewards import math as _math  # noqa: F401  (math_verify, regex, multiple_choice)
 from reinforge.rewards import reasoning_gym as _reasoning_gym  # noqa: F401  (reasoning_gym)
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult
