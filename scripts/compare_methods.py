@@ -1,0 +1,124 @@
+"""One family of methods against its baseline at equal samples: every variant over the same seeds, steps
+and batch shape, then held-out greedy accuracy with bootstrap intervals over seeds, the quantity the
+family targets (mean over the last ``--window`` steps), and `reinforge compare` across the variants.
+
+    python scripts/compare_methods.py FAMILY [--seeds 0,1,2] [--steps 100] [--jobs 2] [--out DIR]
+
+Families (``FAMILIES``): ``length`` (the length shapers against GRPO; tokens per answer), ``label_free``
+(the label-free rewards against the gold verifier; the training samples' accuracy graded against the gold
+answer, ``reward/accuracy``, and held-out accuracy, which is always graded against it). A finished run in
+``--out`` is read back, not trained again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+COMMON = ["rollout.prompts_per_step=16", "rollout.group_size=8", "task.heldout_size=300", "eval.every=0",
+          "checkpoint.every=0", "log.samples_per_step=0", "eval.final_samples=0", "log.report=false",
+          "train.time_limit_s=0", "train.lr_schedule=constant"]
+LENGTH_BASE = ["task.verifier=numeric_match", "rollout.max_new_tokens=12"]  # + the budget phrase: 63 of 64 positions
+VOTE_TERM = "reward.terms=[{{name: r, verifier: {name}, params: {{gold_verifier: exact_match}}}}]"
+FAMILIES: dict[str, dict[str, Any]] = {
+    "length": {
+        "base": LENGTH_BASE, "metric": ("tokens per answer", "response/length_mean"),
+        "variants": {
+            "grpo": [],
+            "kimi_length": ["algo.reward_shapers=[{name: kimi_length}]"],
+            "conciser_length": ["algo.reward_shapers=[{name: conciser_length}]"],
+            "hbpo_budget": ["algo.reward_shapers=[{name: hbpo_budget}]", "rollout.group_sampler={name: hbpo_budgets}"],
+        },
+    },
+    "label_free": {
+        "base": [], "metric": ("training samples correct (gold)", "reward/accuracy"),
+        "variants": {
+            "gold": [],
+            "majority_vote": [VOTE_TERM.format(name="majority_vote")],
+            "restrain_vote": [VOTE_TERM.format(name="restrain_vote")],
+        },
+    },
+}
+
+
+def run_one(family: str, variant: str, seed: int, steps: int, out: Path, threads: int) -> dict[str, Any]:
+    """Train one run (unless ``out/<variant>-s<seed>`` holds a finished one) and read it back."""
+    import torch
+
+    from reinforge.config import load_config
+    from reinforge.orchestrate.run import train
+
+    spec = FAMILIES[family]
+    run_dir = out / f"{variant}-s{seed}"
+    if not (run_dir / "metrics.jsonl").is_file():
+        torch.set_num_threads(threads)
+        cfg = load_config(None, [*COMMON, *spec["base"], *spec["variants"][variant], f"seed={seed}",
+                                 f"train.steps={steps}", f"output_dir={out}", f"name={variant}-s{seed}"])
+        run_dir = train(cfg).run_dir
+    return {"dir": str(run_dir)}
+
+
+def summary(run_dir: str, metric: str, window: int) -> tuple[float, float, float]:
+    """Held-out accuracy after, the metric's mean over the last ``window`` steps (nan where absent), samples."""
+    from reinforge.track.jsonl import read_jsonl
+
+    records = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    rows = [m for m in records if "reward/mean" in m]
+    heldout = [m["eval/heldout_acc"] for m in records if "eval/heldout_acc" in m]
+    tail = [m[metric] for m in rows[-window:] if metric in m]
+    return heldout[-1], (statistics.fmean(tail) if tail else float("nan")), sum(m["rollout/sampled"] for m in rows)
+
+
+def report(family: str, runs: dict[str, list[dict]], window: int) -> str:
+    from reinforge.eval.compare import compare_runs, format_table
+    from reinforge.eval.runs import load_run
+
+    label, metric = FAMILIES[family]["metric"]
+    result = compare_runs({v: [load_run(r["dir"]) for r in rs] for v, rs in runs.items()})
+    lines = [f"| variant | held-out greedy after, mean over seeds [95% CI] | per seed | {label} (last {window} "
+             "steps, mean over seeds) | samples / run |", "|---|---|---|---|---|"]
+    for variant, rs in runs.items():
+        rows = [summary(r["dir"], metric, window) for r in rs]
+        lines.append(f"| {variant} | {result.groups[variant].estimates['mean']} | "
+                     f"{', '.join(f'{a:.3f}' for a, _, _ in rows)} | {statistics.fmean(m for _, m, _ in rows):.3f} | "
+                     f"{statistics.median(s for _, _, s in rows):.0f} |")
+    return "\n".join(lines) + "\n\n" + format_table(result)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("family", choices=sorted(FAMILIES))
+    parser.add_argument("--variants", default="", help="comma-separated (default: the family's every variant)")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--window", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (each with --threads threads)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None, help="default: runs/compare/<family>")
+    args = parser.parse_args()
+    known = FAMILIES[args.family]["variants"]
+    variants = [v for v in args.variants.split(",") if v] or list(known)
+    for v in variants:
+        if v not in known:
+            raise SystemExit(f"--variants: unknown {v!r} for {args.family}; known: {', '.join(known)}")
+    out = Path(args.out or f"runs/compare/{args.family}")
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [(v, int(s)) for s in args.seeds.split(",") for v in variants]  # seeds outermost, as run_presets.py
+    runs: dict[str, dict[int, dict]] = {}
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_one, args.family, v, s, args.steps, out, args.threads): (v, s) for v, s in todo}
+        for future in as_completed(futures):
+            v, s = futures[future]
+            runs.setdefault(v, {})[s] = future.result()
+            print(f"done: {v} seed {s}", flush=True)
+    ordered = {v: [runs[v][s] for s in sorted(runs[v])] for v in variants}
+    print(f"\n{args.family}: {args.steps} steps x 16 prompts x 8 samples, seeds {args.seeds}, runs in {out}\n")
+    print(report(args.family, ordered, args.window))
+
+
+if __name__ == "__main__":
+    main()
