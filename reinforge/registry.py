@@ -90,6 +90,7 @@ NEEDS: dict[str, str] = {
     "prompt_key": "a hash of each sequence's task, for state kept per prompt across steps",
     "state_values": "Monte Carlo values of intermediate states (VinePPO's re-rollouts)",
     "teacher_logp_vocab": "a frozen teacher's full next-token distributions (algo.teacher)",
+    "old_vocab_mean": "pi_old's mean log-probability over the vocabulary at each position, from its no-grad pass",
     "demonstrations": "rows given, not sampled (demonstrations.path); the part trains on them",
     "whole_groups": "a loss computed per group: micro-batches keep groups whole",
     "ungrouped": "the estimator's baseline is not its group's: equal-reward groups are kept",

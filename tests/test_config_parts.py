@@ -63,6 +63,7 @@ PRESET_OPTIONS = {
                {**PPO_CLIP, "clip_high": 0.28}, "token_mean"),
     "aepo": ({**GRPO, "name": "aepo", "alpha": 0.3}, {"name": "aepo", "clip_low": 0.2, "clip_high": 0.28}, "token_mean"),
     "repo": (GRPO, {"name": "repo", "clip_low": 0.2, "clip_high": 0.2}, "seq_mean_token_mean"),
+    "rover": (GRPO, {"name": "rover", "rho": 1.0, "next_q_scale": 1.0, "clip": 0.0}, "token_mean"),
 }
 
 

@@ -19,7 +19,7 @@ from reinforge.errors import ConfigError
 
 EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "remax", "opo", "ppo", "online_dpo", "apo",
             "rapo", "astar_po", "pacs", "bapo", "dcpo", "aspo", "m2po",
-            "gtpo", "grpo_s", "aepo", "repo"}
+            "gtpo", "grpo_s", "aepo", "repo", "rover"}
 
 
 def test_every_issue_preset_ships_and_validates():
@@ -53,6 +53,7 @@ def test_every_issue_preset_ships_and_validates():
     ("gtpo", ("gtpo", "ppo_clip", "token_mean", 0.0, "loss")),
     ("grpo_s", ("grpo_s", "ppo_clip", "token_mean", 0.0, "loss")),
     ("aepo", ("aepo", "aepo", "token_mean", 0.0, "loss")),
+    ("rover", ("grpo", "rover", "token_mean", 0.0, "loss")),
 ])
 def test_preset_parts(name, parts):
     a = config_from_dict({"preset": name}).algo

@@ -33,7 +33,9 @@ class Context:
     Log-probabilities [N, T]: ``logp`` (current policy, with gradient), ``old_logp`` (pi_old, the
     proximal policy of the PPO ratio), ``sampling_logp`` (the rollout engine's, the behaviour
     policy), ``ref_logp`` (the frozen reference), ``entropy`` (per-token entropy of the current
-    policy; with gradient when a part reads it).
+    policy; with gradient when a part reads it). ``old_vocab_mean`` [N, T]: pi_old's mean log-probability
+    over the vocabulary at each position, (1/V) sum_a log pi_old(a | y_<t), from its no-grad pass (a part
+    declares the need ``old_vocab_mean``; ROVER's value of a state under the uniform policy).
 
     Full next-token distributions [N, T, V] (V: the vocabulary), computed only when a part reads
     them, rows of zeros off the loss mask: ``logp_vocab`` (log pi(. | y_<t) of the current policy,
@@ -71,6 +73,7 @@ class Context:
     sampling_logp: Tensor | None = None
     ref_logp: Tensor | None = None
     entropy: Tensor | None = None
+    old_vocab_mean: Tensor | None = None
     logp_vocab: Tensor | None = None
     teacher_logp_vocab: Tensor | None = None
     values: Tensor | None = None

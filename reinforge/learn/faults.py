@@ -16,7 +16,7 @@ from reinforge.errors import TrainingDiverged
 from reinforge.types import Batch, Trajectory
 
 BATCH_TENSORS = ("rewards", "baseline", "sampling_logprobs", "old_logprobs", "ref_logprobs", "values",
-                 "token_rewards", "returns", "advantages", "teacher_logprobs")
+                 "token_rewards", "returns", "advantages", "teacher_logprobs", "old_vocab_mean")
 
 
 def check_rewards(trajs: Sequence[Trajectory]) -> None:

@@ -33,8 +33,9 @@ from reinforge.learn.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch, declares_stage
 
 # What the two stages write into the batch record (docs/architecture.md's step table; a test records them).
-PREPARE_WRITES = ("old_logprobs", "ref_logprobs", "values", "teacher_logprobs", "token_rewards")
+PREPARE_WRITES = ("old_logprobs", "ref_logprobs", "values", "teacher_logprobs", "token_rewards", "old_vocab_mean")
 ADVANTAGE_WRITES = ("advantages", "returns")
+OLD_VOCAB_MEAN = "old_vocab_mean"  # the need (registry.NEEDS) served by pi_old's pass
 
 
 class PreparesBatches:
@@ -51,7 +52,8 @@ class PreparesBatches:
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
         recompute_old = (t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
-                         or bool({"old_logp", "entropy"} & ADVANTAGES.needs(self.algo.advantage)))
+                         or bool({"old_logp", "entropy"} & ADVANTAGES.needs(self.algo.advantage))
+                         or OLD_VOCAB_MEAN in self.needs)
         self._prepared = (batch, MetricSums(), offset)
         self._passes(batch, self._prepared[1], recompute_old, offset)
 
@@ -80,6 +82,7 @@ class PreparesBatches:
         values = torch.zeros(n, width, dtype=dtype) if self.critic is not None else None
         teacher: Tensor | None = None  # [n, width, V], allocated at the first micro-batch
         ent = torch.zeros(n, width, dtype=dtype) if "entropy" in ADVANTAGES.needs(algo.advantage) else None
+        vocab_mean = torch.zeros(n, width, dtype=dtype) if OLD_VOCAB_MEAN in self.needs else None
         passes = old is not None or ref is not None or values is not None or self.teacher is not None
         micros = self._micro_batches(batch) if passes else []
         if old is not None:
@@ -89,7 +92,7 @@ class PreparesBatches:
                 mb = batch.select(rows).to(self._device)  # the batch stays where it was built, its passes run here
                 cols = mb.input_ids.shape[1]
                 if old is not None:
-                    logp, h = self._logprobs(self.model, mb, entropy=ent is not None)
+                    logp, h = self._old_pass(mb, ent is not None, vocab_mean, rows, cols)
                     old[rows, :cols] = logp.cpu()
                     if ent is not None:
                         ent[rows, :cols] = (h * mb.loss_mask).cpu()
@@ -103,13 +106,23 @@ class PreparesBatches:
                     teacher = dist.new_zeros(n, width, dist.shape[-1]) if teacher is None else teacher
                     teacher[rows, :cols] = dist
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
-        batch.teacher_logprobs = teacher
+        batch.teacher_logprobs, batch.old_vocab_mean = teacher, vocab_mean
         self._old_entropy = ent
         if ref is not None and algo.kl.placement == "reward":
             kl = self.kl_estimator(old, ref) * batch.loss_mask
             given = batch.token_rewards  # e.g. a step verifier's process rewards: the KL penalty adds to them
             batch.token_rewards = -self.kl_ctl.value * kl + (given.to(kl.dtype) if given is not None else 0.0)
             stats.add_tokens("kl_ref", kl, batch.loss_mask)
+
+    def _old_pass(self, mb: Batch, entropy: bool, vocab_mean: Tensor | None, rows: Tensor, cols: int
+                  ) -> tuple[Tensor, Tensor | None]:
+        """pi_old's log-probs (and entropies) of ``mb``; with ``vocab_mean``, also its mean log-probability over
+        the vocabulary at each position into ``vocab_mean[rows, :cols]`` (the full rows of this micro-batch only)."""
+        if vocab_mean is None:
+            return self._logprobs(self.model, mb, entropy=entropy)
+        logp, h, dist = self._vocab_logprobs(self.model, mb, entropy=entropy)
+        vocab_mean[rows, :cols] = dist.mean(-1).cpu()
+        return logp, h
 
     def _fill_advantages(self, batch: Batch | None, offset: int) -> None:
         if batch is None:
