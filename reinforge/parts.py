@@ -22,6 +22,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.data.spo_sampler  # noqa: F401  (spo task sampler)
     import reinforge.envs.registry  # noqa: F401
     import reinforge.orchestrate.guidance_rules  # noqa: F401  (every_group, failed_groups)
+    import reinforge.orchestrate.hints  # noqa: F401  (ghpo, guide hint parts)
     import reinforge.orchestrate.replay  # noqa: F401  (RePO's replay strategies)
     import reinforge.rewards  # noqa: F401
     import reinforge.rewards.prm  # noqa: F401  (the prm step verifier: a trained process reward model)

@@ -34,6 +34,13 @@ class BudgetConfig(PartConfig):
     KIND: ClassVar[str] = "budget"
 
 
+class HintsConfig(PartConfig):
+    """Guidance by hints: the groups whose samples all failed sampled again with part of the reference
+    solution as a hint (a registered hint part, e.g. ``ghpo``, ``guide``; docs/strategies.md)."""
+
+    KIND: ClassVar[str] = "hints"
+
+
 class RolloutConfig(_Strict):
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=1, description="samples per prompt (G)")
@@ -43,6 +50,8 @@ class RolloutConfig(_Strict):
                                         "(RePO): {name: recent|highest|random|max_variance|all, <option>: value, ...}")
     budget: BudgetConfig | None = Field(None, description="per-prompt group sizes under a total (Knapsack RL): "
                                         "{name: knapsack, <option>: value, ...}; none: group_size for every prompt")
+    hints: HintsConfig | None = Field(None, description="sample the groups that all failed again with a hint "
+                                      "(part of the reference solution): {name: ghpo|guide, <option>: value, ...}")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)

@@ -1,7 +1,7 @@
 """The stages a step runs on its rollout after collection, in the learner's process, the same for
 every batch source (``LocalBatches`` in this process, ``WorkerBatches`` over rollout workers):
 
-    collect -> shape -> budget -> replay -> prompt values -> state values -> demonstrations or guidance
+    collect -> shape -> budget -> hints -> replay -> prompt values -> state values -> demonstrations or guidance
     -> (build, prepare, advantages, update, publish)
 
 Each stage declares the rollout fields it reads and writes and owns its state (``state_dict`` /
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from reinforge.data.budgets import BudgetPart, build_budget
 from reinforge.orchestrate.demo_batches import demonstration_stage
+from reinforge.orchestrate.hint_stage import hint_stage
 from reinforge.orchestrate.replay import ReplayBuffer
 from reinforge.orchestrate.rollouts import Rollout
 from reinforge.orchestrate.state_values import StateValues, state_value_stage
@@ -174,6 +175,9 @@ def build_stages(c: Components, collector: Collector, resumed: Mapping[str, Any]
     stages: list[RolloutStage] = []
     if cfg.rollout.budget is not None:
         stages.append(BudgetStage(build_budget(cfg.rollout.budget.name, cfg.rollout.budget.settings())))
+    hints = hint_stage(c, collector)  # before replay and values: they see the groups as hinted
+    if hints is not None:
+        stages.append(hints)
     if cfg.rollout.replay is not None:
         stages.append(ReplayStage(ReplayBuffer(cfg.rollout.replay.name, cfg.rollout.replay.settings(), cfg.seed)))
     values = prompt_values(c)
