@@ -89,6 +89,9 @@ NEEDS: dict[str, str] = {
     "subgroups": "the nested groups a group sampler made (tree rollouts)",
     "prompt_key": "a hash of each sequence's task, for state kept per prompt across steps",
     "state_values": "Monte Carlo values of intermediate states (VinePPO's re-rollouts)",
+    "answer_probs": "multi-turn: the policy's teacher-forced probability of the gold answer before each turn (IGPO)",
+    "search_steps": "multi-turn search: each turn's information gain of its retrieved documents against the "
+                    "task's gold evidence and their redundancy (StepSearch)",
     "teacher_logp_vocab": "a frozen teacher's full next-token distributions (algo.teacher)",
     "old_vocab_mean": "pi_old's mean log-probability over the vocabulary at each position, from its no-grad pass",
     "demonstrations": "rows given, not sampled (demonstrations.path); the part trains on them",

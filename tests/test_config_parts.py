@@ -114,7 +114,7 @@ def test_a_former_flat_key_says_where_it_moved(option):
 def test_moved_key_message_names_the_part_and_the_recipes_own_part(tmp_path):
     assert "algo.clip_high: moved: use algo.policy_loss: {name: ppo_clip, clip_high: 0.28}" in _error(
         "algo.clip_high=0.28")
-    assert "use algo.advantage: {name: gae, lam: 0.9} (an option of egae, gae, vtrace)" in _error("algo.lam=0.9")
+    assert "use algo.advantage: {name: gae, lam: 0.9} (an option of egae, gae, stepsearch, vtrace)" in _error("algo.lam=0.9")
     assert "use algo.loss_agg: {name: seq_mean_token_sum_norm, max_len_norm: 512}" in _error("algo.max_len_norm=512")
     recipe = _recipe(tmp_path, {"policy_loss": "gspo", "clip_high": 4e-4})
     with_clip_high = sorted(n for n in POLICY_LOSSES.names() if "clip_high" in POLICY_LOSSES.entry(n).options())

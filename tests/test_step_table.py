@@ -14,6 +14,7 @@ from reinforge.config import load_config
 from reinforge.data.budgets import build_budget
 from reinforge.learn.learner import Learner
 from reinforge.learn.prepare import ADVANTAGE_WRITES, PREPARE_WRITES
+from reinforge.orchestrate.answer_probs import AnswerProbs, AnswerProbStage
 from reinforge.orchestrate.batch_fields import PRODUCERS, produce_fields
 from reinforge.orchestrate.batch_sources import Rollout, Round, Rounds, sample_round
 from reinforge.orchestrate.collectors import Collected
@@ -25,6 +26,7 @@ from reinforge.orchestrate.demo_batches import (
 )
 from reinforge.orchestrate.episodes import build_batch
 from reinforge.orchestrate.replay import ReplayBuffer
+from reinforge.orchestrate.search_steps import SearchStepStage
 from reinforge.orchestrate.stages import (
     BudgetStage,
     PromptValueStage,
@@ -132,6 +134,31 @@ class StateCollector:
         return SimpleNamespace(rewards=[[0.5] * params.n for _ in tasks], tokens_generated=0, reward_s=0.0)
 
 
+class _Uniform(torch.nn.Module):
+    """Uniform next-token logits over 4 tokens (the answer-probabilities stage's model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(4))
+
+    def forward(self, input_ids, attention_mask):
+        return SimpleNamespace(logits=self.w.expand(*input_ids.shape, 4))
+
+
+def test_the_search_steps_stage_writes_what_it_declares():
+    log = Log()
+    rows = []
+    for g in range(2):
+        t = _traj(log, "a", g, 1.0, turn_spans=[(2, 3), (3, 4)])
+        t.__dict__["metadata"] = RecordingMetadata(log, {"observations": [["doc one"], ["doc one"]]})
+        rows.append(t)
+    rollout = RecordingRollout(sampled=rows, kept=list(rows))
+    rollout.__dict__["_log"] = log
+    stage = SearchStepStage(0.6, True, True)
+    stage.run(rollout, {"a": Task("a", "q", "one", {"evidence": ["doc one"]})}, 1)
+    assert log.reads <= set(stage.reads) | set(stage.writes) and log.writes == set(stage.writes)
+
+
 def test_every_stage_after_collection_reads_and_writes_what_it_declares():
     tasks = {"a": Task("a", "1+1=", "2"), "b": Task("b", "2+2=", "4")}
     budget = load_config(None, ["rollout.budget={name: knapsack, min_per_prompt: 1}"]).rollout.budget
@@ -141,6 +168,8 @@ def test_every_stage_after_collection_reads_and_writes_what_it_declares():
     values = OptimalValues(ValueCollector(), ValueSettings(2, 0.5))
     _check(PromptValueStage(values, PARAMS), tasks)
     _check(StateValueStage(StateValues(StateCollector(), CutSettings(2, "tokens", 1, 2)), PARAMS), tasks)
+    engine = SimpleNamespace(model=_Uniform(), pad_id=0, tokenizer=SimpleNamespace(encode=lambda s, **_: [1] * len(s)))
+    _check(AnswerProbStage(AnswerProbs(engine, "{answer}"), PARAMS), tasks)
     demo = Trajectory([1, 2, 9], [0, 0, 1], [0.0, 0.0, 0.0], 0, -1, "a", completion_text="9", demonstration=True)
     _check(DemonstrationStage(DemonstrationBatches([demo], per_step=2, seed=0)), tasks, baseline=[0.5] * 4)
     guidance = GroupGuidance([demo], list(tasks.values()), lambda ts, texts: [1.0] * len(texts))

@@ -124,7 +124,9 @@ def corpus(countries: int = 200, corpus_seed: int = 0, names: str = "syllables",
 
 def search_task(index: int, countries: int, corpus_seed: int, hops: int, relations: tuple[str, ...],
                 names: str = "syllables", layout: str = "value_last") -> Task:
-    """Question ``index``: country ``index // len(relations)``, relation ``relations[index % len(relations)]``."""
+    """Question ``index``: country ``index // len(relations)``, relation ``relations[index % len(relations)]``.
+    ``metadata["evidence"]``: the gold passages that answer it (with ``hops=2`` the leader's passage first),
+    e.g. for StepSearch's information gain of retrieved documents (orchestrate/search_steps.py)."""
     country_index, r = divmod(index, len(relations))
     country, relation = corpus(countries, corpus_seed, names)[0][country_index], relations[r]
     subject = country.name if hops == 1 else f"the land led by {country.leader}"
@@ -133,7 +135,8 @@ def search_task(index: int, countries: int, corpus_seed: int, hops: int, relatio
         prompt=[{"role": "user", "content": f"{relation} of {subject}?"}],
         answer=getattr(country, relation),
         metadata={"countries": countries, "corpus_seed": corpus_seed, "names": names, "layout": layout, "hops": hops,
-                  "relation": relation, "country": country.name, "leader": country.leader},
+                  "relation": relation, "country": country.name, "leader": country.leader,
+                  "evidence": [passage(country, r, layout) for r in (("leader",) if hops == 2 else ()) + (relation,)]},
     )
 
 

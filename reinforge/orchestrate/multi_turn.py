@@ -19,6 +19,9 @@ episode the same way (``"env_error"``), as ``reward.on_error`` does for reward c
 Limits: ``max_turns`` model turns, ``max_total_tokens`` for the whole sequence (prompt included),
 ``max_turn_tokens`` per model turn. An episode stopped by a limit is truncated: ``finish_reason``
 "length" and ``metadata["truncated"]`` names the limit.
+Each trajectory's ``metadata["observations"]`` keeps, per turn, the texts of the messages the environment
+answered with (empty after the last turn), for the parts that read what an environment returned
+(StepSearch's retrieved documents, orchestrate/search_steps.py).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class _Episode:
     turn_rewards: list[float] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     turn_states: list[str] = field(default_factory=list)
+    observations: list[list[str]] = field(default_factory=list)  # per turn: the texts the environment answered
     state: str = ""  # the key of the state the next turn acts from (``state_key``)
     texts: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -243,6 +247,7 @@ def _advance(ep: _Episode, gen: Generation, outcome: EnvOutcome, limit: int, las
         return
     result = outcome.value
     ep.turn_rewards.append(float(result.reward))
+    ep.observations.append([str(m.get("content") or "") for m in result.observation or []])
     ep.info.update(result.info)
     if result.done:
         ep.end()
@@ -281,6 +286,7 @@ def _trajectory(ep: _Episode, group_offset: int, tokenizer) -> Trajectory:
         metadata={"correct": bool(ep.info.get("correct", False)), "turns": len(ep.turn_rewards),
                   "truncated": ep.truncated, "reward_status": "ok",
                   "final_text": ep.texts[-1].strip() if ep.texts and not ep.truncated else None,
+                  "observations": ep.observations,
                   **{k: v for k, v in ep.info.items() if k != "correct" and isinstance(v, int | float | str | bool)}},
         token_versions=ep.versions,
     )

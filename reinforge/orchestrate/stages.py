@@ -1,8 +1,8 @@
 """The stages a step runs on its rollout after collection, in the learner's process, the same for
 every batch source (``LocalBatches`` in this process, ``WorkerBatches`` over rollout workers):
 
-    collect -> shape -> budget -> hints -> replay -> prompt values -> state values -> demonstrations or guidance
-    -> (build, prepare, advantages, update, publish)
+    collect -> shape -> budget -> hints -> replay -> prompt values -> state values -> answer probabilities
+    -> search steps -> demonstrations or guidance -> (build, prepare, advantages, update, publish)
 
 Each stage declares the rollout fields it reads and writes and owns its state (``state_dict`` /
 ``load_state_dict``, under its ``key`` in a checkpoint's ``state.json``); the run builds the stages its
@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reinforge.data.budgets import BudgetPart, build_budget
+from reinforge.orchestrate.answer_probs import answer_prob_stage
 from reinforge.orchestrate.demo_batches import demonstration_stage
 from reinforge.orchestrate.hint_stage import hint_stage
 from reinforge.orchestrate.replay import ReplayBuffer
 from reinforge.orchestrate.rollouts import Rollout
+from reinforge.orchestrate.search_steps import search_step_stage
 from reinforge.orchestrate.state_values import StateValues, state_value_stage
 from reinforge.orchestrate.value_estimates import STATE_KEY, OptimalValues, prompt_values
 from reinforge.rollout.types import SamplingParams
@@ -186,6 +188,9 @@ def build_stages(c: Components, collector: Collector, resumed: Mapping[str, Any]
     states = state_value_stage(cfg.algo, collector)
     if states is not None:
         stages.append(StateValueStage(states, params))
+    for turn_stage in (answer_prob_stage(cfg.algo, c.engine, params), search_step_stage(cfg.algo)):
+        if turn_stage is not None:  # IGPO's answer probabilities, StepSearch's search steps
+            stages.append(turn_stage)
     demonstrations = demonstration_stage(c, collector)  # last: in-group guidance reads the prompt values
     if demonstrations is not None:
         stages.append(demonstrations)

@@ -8,16 +8,19 @@ reads and writes."""
 from __future__ import annotations
 
 from reinforge.learn.learner import Learner
+from reinforge.orchestrate.answer_probs import AnswerProbStage
 from reinforge.orchestrate.batch_fields import PRODUCERS
 from reinforge.orchestrate.batch_sources import Rounds, sample_round
 from reinforge.orchestrate.demo_batches import DemonstrationStage, GuidanceStage
 from reinforge.orchestrate.episodes import build_batch
 from reinforge.orchestrate.hint_stage import HintStage
 from reinforge.orchestrate.loop import Loop
+from reinforge.orchestrate.search_steps import SearchStepStage
 from reinforge.orchestrate.stages import BudgetStage, PromptValueStage, ReplayStage, StateValueStage
 from reinforge.types import StepStage
 
-AFTER_COLLECTION = (BudgetStage, HintStage, ReplayStage, PromptValueStage, StateValueStage, DemonstrationStage, GuidanceStage)
+AFTER_COLLECTION = (BudgetStage, HintStage, ReplayStage, PromptValueStage, StateValueStage, AnswerProbStage,
+                    SearchStepStage, DemonstrationStage, GuidanceStage)
 
 
 def step_stages() -> list[StepStage]:
