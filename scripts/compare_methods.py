@@ -4,7 +4,10 @@ family targets (mean over the last ``--window`` steps), and `reinforge compare` 
 
     python scripts/compare_methods.py FAMILY [--seeds 0,1,2] [--steps 100] [--jobs 2] [--out DIR]
 
-Families (``FAMILIES``): ``length`` (the length shapers against GRPO; tokens per answer), ``label_free``
+Families (``FAMILIES``): ``length`` (the length shapers against GRPO; tokens per answer), ``rec`` (REC, REP and
+RED-Weight against PPO's clipped surrogate, 4 updates a batch; the tokens out of range), ``hints`` (GHPO and
+Guide against GRPO; the failed groups a hint solved), ``turn_credit`` (IGPO against ``grpo_turn`` on the
+guessing game), ``label_free``
 (the label-free rewards against the gold verifier; the training samples' accuracy graded against the gold
 answer, ``reward/accuracy``, and held-out accuracy, which is always graded against it). A finished run in
 ``--out`` is read back, not trained again.
@@ -24,6 +27,8 @@ COMMON = ["rollout.prompts_per_step=16", "rollout.group_size=8", "task.heldout_s
           "train.time_limit_s=0", "train.lr_schedule=constant"]
 LENGTH_BASE = ["task.verifier=numeric_match", "rollout.max_new_tokens=12"]  # + the budget phrase: 63 of 64 positions
 VOTE_TERM = "reward.terms=[{{name: r, verifier: {name}, params: {{gold_verifier: exact_match}}}}]"
+OFF_POLICY = ["train.minibatches=4", "train.lr=2.5e-5", "algo.advantage=dr_grpo", "algo.loss_agg=token_mean",
+              "algo.kl.coef=0", "algo.skip_equal_reward_groups=true"]  # 4 updates a batch: the clip acts
 FAMILIES: dict[str, dict[str, Any]] = {
     "length": {
         "base": LENGTH_BASE, "metric": ("tokens per answer", "response/length_mean"),
@@ -42,6 +47,35 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "restrain_vote": [VOTE_TERM.format(name="restrain_vote")],
         },
     },
+    "rec": {
+        "base": OFF_POLICY, "metric": ("tokens out of range", "train/clip_frac"),
+        "variants": {
+            "ppo_clip": ["algo.policy_loss=ppo_clip"],
+            "reinforce": ["algo.policy_loss={name: rec, clip_mode: none}"],
+            "rec_oneside_nois": ["algo.policy_loss={name: rec, clip_mode: one_side}"],
+            "rec_ring_nois": ["algo.policy_loss={name: rec, clip_mode: ring}"],
+            "rep_opmd": ["algo.policy_loss={name: rec, clip_mode: none, regularizer: k2, regularizer_coef: 0.1}"],
+            "rep_asymre": ["algo.policy_loss={name: rec, clip_mode: none, regularizer: forward_kl, "
+                           "regularizer_coef: 0.1}"],
+            "red_weight": ["algo.policy_loss={name: rec, clip_mode: none, weight: advantage}"],
+        },
+    },
+    "hints": {
+        "base": [], "metric": ("failed groups a hint solved", "hints/solved_groups"),
+        "variants": {
+            "grpo": [],
+            "ghpo": ["rollout.hints={name: ghpo, placement: response}"],
+            "guide": ["rollout.hints={name: guide, placement: response}", "algo.policy_loss={name: guide}"],
+        },
+    },
+    "turn_credit": {
+        "recipe": "agent_guessing", "base": ["task.heldout_size=192", "eval.final_samples=0"],
+        "metric": ("episodes solved (training)", "reward/accuracy"),
+        "variants": {
+            "grpo_turn": ["algo.advantage=grpo_turn"],
+            "igpo": ["algo.advantage=igpo"],
+        },
+    },
 }
 
 
@@ -56,7 +90,7 @@ def run_one(family: str, variant: str, seed: int, steps: int, out: Path, threads
     run_dir = out / f"{variant}-s{seed}"
     if not (run_dir / "metrics.jsonl").is_file():
         torch.set_num_threads(threads)
-        cfg = load_config(None, [*COMMON, *spec["base"], *spec["variants"][variant], f"seed={seed}",
+        cfg = load_config(spec.get("recipe"), [*COMMON, *spec["base"], *spec["variants"][variant], f"seed={seed}",
                                  f"train.steps={steps}", f"output_dir={out}", f"name={variant}-s{seed}"])
         run_dir = train(cfg).run_dir
     return {"dir": str(run_dir)}
