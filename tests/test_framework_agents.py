@@ -71,8 +71,9 @@ def test_framework_agent_episodes_are_token_exact(module, proxy_url, monkeypatch
 def test_framework_agent_trains_through_the_proxy(module, tmp_path, monkeypatch):
     _agent_module(module, monkeypatch)
     result = train(load_config("agent_calculator", [
-        f"output_dir={tmp_path}", "env.name=agent", f"env.agent={module}:agent", "env.agent_workers=16",
-        "train.steps=2", "rollout.prompts_per_step=8", "rollout.group_size=8", "task.heldout_size=8", "eval.every=0",
+        f"output_dir={tmp_path}", "env.name=agent", f"env.agent={module}:agent", "env.agent_workers=8",
+        "train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "algo.skip_equal_reward_groups=false",
+        "task.heldout_size=4", "eval.every=0",
         "eval.final_samples=0", "checkpoint.every=0", "train.time_limit_s=0", "log.report=false"]))
     rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
     assert [m["policy_version"] for m in rows] == [1, 2] and all(m["batch/sequences"] > 0 for m in rows)
