@@ -1,4 +1,4 @@
-"""Knapsack RL budgets (issue 18): the value, the exact knapsack, the fallback, per-prompt group sizes.
+"""Knapsack RL budgets (issue 18): the value, the exact knapsack, the authors' fallback, per-prompt group sizes.
 
 Hand-solved knapsacks are worked out in the comments; larger ones are checked against enumeration."""
 
@@ -17,6 +17,7 @@ from reinforge.data.budgets import (
     KnapsackSettings,
     build_budget,
     fallback,
+    reserved_samples,
     solve_knapsack,
     task_value,
 )
@@ -63,10 +64,35 @@ def test_the_knapsack_is_optimal_against_enumeration(seed):
     assert math.isclose(sum(values[i, s - low] for i, s in enumerate(sizes)), best, rel_tol=1e-12)
 
 
-def test_fallback_gives_the_rest_to_unsolved_then_solved_prompts():
-    # 3 prompts at 2 of a budget of 12: 6 left; the unsolved one (p = 0) takes up to 5, then the solved one
-    assert fallback([2, 2, 2], [0.5, 0.0, 1.0], 12, high=5) == [2, 5, 5]
-    assert fallback([2, 2, 2], [0.5, 0.0, 0.0], 9, high=8) == [2, 4, 3]  # in turn: 1, 2, 1, 2, 1
+def test_reserved_samples_by_hand():
+    # alpha = 0.9: floor(ln 0.1 / ln max(p, 1 - p)); ln 0.1 = -2.302585
+    assert reserved_samples(0.5, 128, 0.9) == 3  # / ln 0.5 = -0.693147: 3.32
+    assert reserved_samples(0.25, 128, 0.9) == reserved_samples(0.75, 128, 0.9) == 8  # / ln 0.75 = -0.287682: 8.004
+    assert reserved_samples(0.9, 128, 0.9) == 21  # / ln 0.9 = -0.105361: 21.85
+    assert reserved_samples(0.01, 128, 0.9) == 128 and reserved_samples(0.01, 16, 0.9) == 16  # 229.1, capped at N_up
+    assert reserved_samples(0.5, 128, 0.99) == 6  # ln 0.01 / ln 0.5 = 6.64
+
+
+def test_fallback_follows_the_authors_rule():
+    cfg = KnapsackSettings(min_per_prompt=2, max_per_prompt=16)
+    # 26 left beyond [2, 2, 2, 8]; p = 0.5 is reserved 3, the other 23 go to the unsolved prompt (no cap)
+    sizes = [2, 2, 2, 8]
+    assert fallback(sizes, [0.5, 0.0, 1.0, None], 40, cfg) == (3, 23) and sizes == [2, 25, 2, 8]
+    # no unsolved prompt: the 8 - 3 = 5 go evenly to every prompt outside the knapsack, unseen included (3, 2)
+    sizes = [2, 2, 8]
+    assert fallback(sizes, [0.5, 1.0, None], 20, cfg) == (3, 5) and sizes == [2, 5, 10]
+    # reserves 8 + 8 = 16 >= 14 left: no fallback, the knapsack divides all 14
+    sizes = [2, 2, 2]
+    assert fallback(sizes, [0.25, 0.75, 0.0], 20, cfg) == (14, 0) and sizes == [2, 2, 2]
+    # nothing to value: what is left (7) to the unsolved prompts, 4 + 3; with none of them, the uniform split
+    sizes = [2, 2, 2]
+    assert fallback(sizes, [0.0, 0.0, 1.0], 13, cfg) == (0, 7) and sizes == [6, 5, 2]
+    sizes = [2, 8]
+    assert fallback(sizes, [1.0, None], 16, cfg) == (0, 6) and sizes == [8, 8]  # 16 - 10 = 6 handed out
+    # switched off: the knapsack gets everything that is left
+    sizes = [2, 2, 2, 8]
+    off = KnapsackSettings(min_per_prompt=2, max_per_prompt=16, fallback=False)
+    assert fallback(sizes, [0.5, 0.0, 1.0, None], 40, off) == (26, 0) and sizes == [2, 2, 2, 8]
 
 
 def tasks(*ids: str) -> list[Task]:
@@ -84,24 +110,29 @@ def test_allocation_sums_to_the_budget_keeps_the_minimum_and_resumes():
     assert b.allocate(ts, 8) == [8] * 5  # nothing observed: the uniform allocation
     observe(b, {"easy": [1, 1, 1, 0], "hard": [1, 0, 0, 0], "mid": [1, 0, 1, 0], "solved": [1, 1, 1, 1]})
     sizes = b.allocate(ts, 8)
-    assert sum(sizes) == 40 and sizes[4] == 8 and min(sizes) >= 2  # the unseen prompt keeps the group size
-    assert sizes[3] == 2  # p = 1: no value, the minimum
-    # the knapsack over the 32 samples left for the 4 seen prompts, against enumeration
+    # B = 40; 2 each for the 4 seen prompts and 8 for the new one leave 24. Reserves: easy and hard
+    # (p = 0.75, 0.25) 8 each, mid (0.5) 3: 19 < 24, so the 5 others go to the prompts outside the knapsack
+    # (no unsolved one): solved 2 + 3, new 8 + 2; the knapsack divides 3 x 2 + 19 = 25 over the three
+    assert sum(sizes) == 40 and sizes[3:] == [5, 10] and b.metrics()["budget/fallback_samples"] == 5
     n = np.arange(2, 17)
-    p = [0.75, 0.25, 0.5, 1.0]
-    best = max((c for c in itertools.product(n, repeat=4) if sum(c) <= 32),
+    p = [0.75, 0.25, 0.5]
+    best = max((c for c in itertools.product(n, repeat=3) if sum(c) <= 25),
                key=lambda c: (round(sum(float(task_value(np.array([s]), q)[0]) for s, q in zip(c, p, strict=True)), 12),
-                                  -sum(c)))
+                              -sum(c)))
+    assert sum(sizes[:3]) == 25 and sizes[:3] == list(best)
     assert math.isclose(b.metrics()["budget/value"],
                         sum(float(task_value(np.array([s]), q)[0]) for s, q in zip(best, p, strict=True)),
                         rel_tol=1e-9)
     assert sizes[1] > sizes[0]  # p(1 - p)^2 favours the hard prompt (0.14) over the easy one (0.047)
-    assert b.metrics()["budget/valued_prompts"] == 3 and b.metrics()[f"budget/hist/{sizes[4]}"] >= 1
+    assert b.metrics()["budget/valued_prompts"] == 3 and b.metrics()["budget/hist/10"] == 1
     again = KnapsackBudget(KnapsackSettings(min_per_prompt=2, max_per_prompt=16))
     again.load_state_dict(json.loads(json.dumps(b.state_dict())))
     assert again.allocate(ts, 8) == sizes
     observe(b, {"hard": [0] * 6})
     assert b.rate("hard") == 0.0 and b.stats.get("hard").success_rate == 0.1  # last group vs all 10 samples
+    # now hard is unsolved: reserves 8 + 3 = 11 of 24, and the other 13 all go to it
+    sizes = b.allocate(ts, 8)
+    assert sizes[1] == 2 + 13 and sizes[3:] == [2, 8] and sum(sizes) == 40
 
 
 def test_budget_settings_are_checked():

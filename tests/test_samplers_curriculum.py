@@ -190,9 +190,14 @@ def test_insight_information_and_score_on_hand_computed_posteriors():
     #   = (11/6) - (2/3)(3/2) - (1/3)(1) = 1/2  ->  I = 0.136514
     info = beta_binomial_information(np.array([1.0, 2.0]), np.array([1.0, 1.0]), 1)
     assert info.tolist() == pytest.approx([math.log(2) - 0.5, 0.636514 - 0.5], abs=1e-6)
-    # w(2/3) = exp(-(1/6)^2 / (2 * 0.2^2)) = exp(-0.347222) = 0.706648; score = 0.706648 * 0.136514 = 0.096468
-    score = insight_scores(np.array([2.0]), np.array([1.0]), 1, 0.5, 0.2)
-    assert score.item() == pytest.approx(0.096468, abs=1e-6)
+    # the paper's Eq. 15 at target 0.3, eta 3: w(2/3) = (2/3)(1/3) exp(-3 (11/30)^2) = (2/9) exp(-0.403333)
+    #   = 0.222222 * 0.668089 = 0.148464; score = 0.148464 * 0.136514 = 0.020267
+    score = insight_scores(np.array([2.0]), np.array([1.0]), 1, 0.3, 3.0)
+    assert score.item() == pytest.approx(0.020267, abs=1e-6)
+    # mu = 1/2 at target 1/2: w = 1/4, the variance filter alone; Beta(1, 1), k = 1: 0.25 * 0.193147 = 0.048287
+    assert insight_scores(np.array([1.0]), np.array([1.0]), 1, 0.5, 3.0).item() == pytest.approx(0.048287, abs=1e-6)
+    # a prompt the belief says is always solved or never solved has weight 0 however little evidence it has
+    assert insight_scores(np.array([1e-9, 1.0]), np.array([1.0, 1e-9]), 8, 0.3, 3.0) == pytest.approx([0, 0], abs=1e-6)
     # digamma: psi(1) = -gamma, psi(1/2) = -gamma - 2 ln 2, psi(10) = H_9 - gamma
     gamma = 0.5772156649015329
     assert digamma(np.array([1.0, 0.5, 10.0])).tolist() == pytest.approx(
@@ -212,6 +217,9 @@ def test_insight_information_and_score_on_hand_computed_posteriors():
 
 def test_insight_posterior_update_and_selection():
     tasks = [Task(f"t{i}", "", "") for i in range(6)]
+    defaults = InsightSettings()  # the paper's runs (Appendix D.2; mu* = 0.3 from its Section 7.3)
+    assert (defaults.prior_alpha, defaults.prior_beta, defaults.decay) == (1.0, 1.0, 1.0)
+    assert (defaults.target, defaults.sharpness, defaults.pool) == (0.3, 3.0, 16.0)
     sampler = InsightSampler(tasks, 0, InsightSettings(decay=0.5, pool=10))
     # from Beta(1, 1), 3 right of 4 with lam = 1/2: a = 0.5 + 0.5 + 3 = 4, b = 0.5 + 0.5 + 1 = 2
     sampler.observe(group("t0", 0, [1, 1, 1, 0]))

@@ -1,24 +1,23 @@
 """InSight: prompts chosen by a weighted mutual-information score over Beta posteriors of their success.
 
 Zhou et al. 2026, "Efficient RLVR Training via Weighted Mutual Information Data Selection"
-(arXiv:2603.01907). What this implements, and where it chose (only the abstract and a public review
-of the paper could be read here, not its method section, so the exact score is reconstructed from
-them; see docs/strategies.md):
+(arXiv:2603.01907), as its Sections 3 and 5 and Appendix D.2 give it (docs/strategies.md says what was
+checked):
 
-* each prompt x has a latent success rate p_x with a Beta(a_x, b_x) belief (prior Beta(a0, b0));
+* each prompt x has a latent success rate p_x with a Beta(a_x, b_x) belief (prior Beta(a0, b0), (1, 1));
   a group of k samples with s successes updates it to a <- lam * a + (1 - lam) * a0 + s,
-  b <- lam * b + (1 - lam) * b0 + (k - s) (``decay`` lam < 1 forgets old evidence as the policy
-  moves: the exponential decay the review mentions; lam = 1 is the plain conjugate update);
-* the evidence term is the mutual information between p_x and the outcome of the next group of k
-  rollouts ("naturally extends to multi-rollout settings"), in closed form for the Beta-Binomial:
-  I_k(a, b) = H[BetaBin(k, a, b)] - E_{p ~ Beta(a, b)} H[Bin(k, p)] (nats), large for prompts with
+  b <- lam * b + (1 - lam) * b0 + (k - s) (the paper's Eq. 6, "temporal discounting"; its runs use
+  lam = 1, the plain conjugate update);
+* the evidence term (Eq. 13) is the mutual information between p_x and the number of successes of the
+  next group of k rollouts, I_k = H(p) - E_s H(p | s); it is computed here by the symmetry of mutual
+  information as H[BetaBin(k, a, b)] - E_{p ~ Beta(a, b)} H[Bin(k, p)] (nats), large for prompts with
   little evidence and shrinking as a + b grows;
-* the difficulty term weighs it by a Gaussian of the posterior *mean* mu = a / (a + b) ("the mean
-  belief of datapoints' success rather than noisy sampled outcomes", unlike Thompson-sampling
-  selectors): w(mu) = exp(-(mu - target)^2 / (2 sigma^2)), target 0.5 by default (GRPO's gradient
-  vanishes at p = 0 and 1);
-* score(x) = w(mu_x) * I_k(a_x, b_x); each batch is the n best-scoring prompts of a candidate pool
-  of ceil(pool * n) prompts drawn uniformly without replacement (the whole split when smaller).
+* the difficulty term (Eq. 15) weighs it at the posterior *mean* mu = a / (a + b):
+  w(mu) = mu (1 - mu) exp(-eta (mu - target)^2), a variance filter times a bias towards the success
+  rate ``target`` (the paper's mu*, 0.3 in its runs) with sharpness eta (3.0);
+* score(x) = w(mu_x) * I_k(a_x, b_x) (Eq. 16); each batch is the n best-scoring prompts (Eq. 17) of a
+  candidate pool of ceil(pool * n) prompts drawn uniformly without replacement (16 n in the paper; the
+  whole split when smaller).
 """
 
 from __future__ import annotations
@@ -40,17 +39,20 @@ from reinforge.types import Task
 class InsightSettings(Settings):
     prior_alpha: float = Field(1.0, gt=0, description="a0 of the Beta prior over a prompt's success rate")
     prior_beta: float = Field(1.0, gt=0, description="b0 of the Beta prior")
-    decay: float = Field(0.9, ge=0, le=1, description="lam: old evidence is kept with weight lam per observed "
-                         "group (1: never forgotten)")
-    target: float = Field(0.5, gt=0, lt=1, description="the success rate the difficulty weight peaks at")
-    width: float = Field(0.2, gt=0, description="sigma of the Gaussian difficulty weight")
+    decay: float = Field(1.0, ge=0, le=1, description="lam: old evidence is kept with weight lam per observed "
+                         "group (1, the paper's: never forgotten)")
+    target: float = Field(0.3, gt=0, lt=1, description="the paper's mu*: the success rate the difficulty bias "
+                          "exp(-eta (mu - mu*)^2) favours")
+    sharpness: float = Field(3.0, gt=0, description="the paper's eta: how sharply the difficulty bias falls away "
+                             "from the target")
     rollouts: int | None = Field(None, ge=1, description="k, the rollouts per prompt the information is about "
                                  "(default: the group size last observed, 1 before any)")
-    pool: float = Field(4.0, ge=1, description="candidates per batch slot, drawn uniformly before scoring")
+    pool: float = Field(16.0, ge=1, description="candidates per batch slot, drawn uniformly before scoring (the "
+                        "paper's M^ = 16 M)")
 
     @model_validator(mode="after")
     def _finite(self) -> InsightSettings:
-        for name in ("prior_alpha", "prior_beta", "width", "pool"):
+        for name in ("prior_alpha", "prior_beta", "sharpness", "pool"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be finite")
         return self
@@ -95,16 +97,16 @@ def beta_binomial_information(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarra
     return entropy + (pmf * expected_log_lik).sum(-1)
 
 
-def insight_scores(a: np.ndarray, b: np.ndarray, k: int, target: float, width: float) -> np.ndarray:
-    """w(mu) * I_k(a, b) with w(mu) = exp(-(mu - target)^2 / (2 width^2)), mu = a / (a + b)."""
+def insight_scores(a: np.ndarray, b: np.ndarray, k: int, target: float, sharpness: float) -> np.ndarray:
+    """w(mu) * I_k(a, b) with w(mu) = mu (1 - mu) exp(-sharpness (mu - target)^2), mu = a / (a + b)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     mu = a / (a + b)
-    return np.exp(-((mu - target) ** 2) / (2 * width**2)) * beta_binomial_information(a, b, k)
+    return mu * (1 - mu) * np.exp(-sharpness * (mu - target) ** 2) * beta_binomial_information(a, b, k)
 
 
 @TASK_SAMPLERS.register(
     "insight",
-    formula="score(x) = exp(-(mu_x - target)^2 / (2 sigma^2)) * I(p_x; y_{1:k}), p_x ~ Beta(a_x, b_x), "
+    formula="score(x) = mu_x (1 - mu_x) exp(-eta (mu_x - target)^2) * I(p_x; y_{1:k}), p_x ~ Beta(a_x, b_x), "
             "mu_x = a_x / (a_x + b_x); top-n of a uniform candidate pool",
     paper="2603.01907", settings=InsightSettings)
 class InsightSampler(StatsSampler):
@@ -128,7 +130,7 @@ class InsightSampler(StatsSampler):
         pool = rng.choice(len(self.tasks), size=size, replace=False)
         candidates = [self.tasks[int(i)] for i in pool]
         ab = np.array([self.posterior(t.id) for t in candidates], dtype=np.float64)
-        scores = insight_scores(ab[:, 0], ab[:, 1], self.rollouts(), self.cfg.target, self.cfg.width)
+        scores = insight_scores(ab[:, 0], ab[:, 1], self.rollouts(), self.cfg.target, self.cfg.sharpness)
         best = np.argsort(-scores, kind="stable")[:n].tolist()  # ties: the pool's (random) order
         out = [candidates[i] for i in best]
         while len(out) < n:  # a split smaller than the batch: the ranking again, as the uniform sampler repeats
