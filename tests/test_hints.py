@@ -119,7 +119,9 @@ def test_ghpo_stage_raises_the_hint_stage_by_stage_until_the_group_is_solved():
     metrics = stage.run(rollout, tasks, step=1)
     # group 0: "ab" (2 chars) fails, "abcd" (4) solves: two stages; group 1 had a correct row
     assert [c[0] for c in collector.calls] == ["Q:ab", "Q:abcd"] and all(c[2] for c in collector.calls)
-    assert metrics == {"hints/groups": 1.0, "hints/fraction": 0.5, "hints/solved_groups": 1.0, "hints/reward": 1.0}
+    # two stages of group 0's 2 rows: 4 rows generated again
+    assert metrics == {"hints/groups": 1.0, "hints/fraction": 0.5, "hints/solved_groups": 1.0, "hints/reward": 1.0,
+                       "hints/samples": 4.0}
     assert [t.group_id for t in rollout.kept] == [0, 0, 1, 1] and rollout.kept[2:] == kept[2:]
     assert all(t.metadata["hint_fraction"] == 0.5 and not t.metadata.get("hinted") for t in rollout.kept[:2])
     assert len(shaped) == 4  # both stages' rows were reward-shaped

@@ -55,16 +55,18 @@ class HintStage:
         kept = list(rollout.kept)
         todo = failed_groups(kept)
         hinted: dict[int, float] = {}
+        resampled = 0  # the rows generated again with a hint, over every stage (the hints' extra samples)
         for fraction in self.plan.fractions:
             if not todo:
                 break
+            resampled += sum(len(idx) for idx in todo.values())
             for g, rows in zip(todo, self._resample(kept, todo, fraction, tasks, step), strict=True):
                 for i, row in zip(todo[g], rows, strict=True):
                     kept[i] = row
                 hinted[g] = fraction
             todo = {g: idx for g, idx in todo.items() if not any(is_correct(kept[i]) for i in idx)}
         rollout.kept = kept
-        return self._metrics(kept, hinted)
+        return {**self._metrics(kept, hinted), "hints/samples": float(resampled)}
 
     def _resample(self, kept: list[Trajectory], groups: dict[int, list[int]], fraction: float,
                   tasks: Mapping[str, Task], step: int) -> list[list[Trajectory]]:
