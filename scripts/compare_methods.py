@@ -58,6 +58,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "rep_asymre": ["algo.policy_loss={name: rec, clip_mode: none, regularizer: forward_kl, "
                            "regularizer_coef: 0.1}"],
             "red_weight": ["algo.policy_loss={name: rec, clip_mode: none, weight: advantage}"],
+            "red_drop": ["algo.advantage=red_drop", "algo.policy_loss={name: rec, clip_mode: none}"],
         },
     },
     "hints": {

@@ -65,3 +65,18 @@ def test_one_side_with_importance_weights_has_ppo_clips_gradient():
         fn(logp, old, adv, cfg)[0].sum().backward()
         grads.append(logp.grad)
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_red_drop_balances_each_group_by_hand():
+    from reinforge.algo.rec import REDDropSettings, red_drop_advantage
+
+    # group 0: 1,0,0,0 (mean 0.25: 1 positive, 3 negatives): the first 2 negatives dropped; kept 1, 0: mean 0.5
+    # group 1: 1,1,0 (mean 0.667: 2 positives, 1 negative): nothing dropped
+    # group 2: one row: A = r
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.7])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2])
+    adv = red_drop_advantage(r, groups, torch.ones(8, 1), REDDropSettings())[:, 0]
+    assert adv.tolist() == pytest.approx([0.5, 0.0, 0.0, -0.5, 1 / 3, 1 / 3, -2 / 3, 0.7], abs=1e-6)
+    # with the kept rows' population std: group 0's 0.5, group 1's sqrt(2/9) = 0.471405, group 2's 1
+    adv = red_drop_advantage(r, groups, torch.ones(8, 1), REDDropSettings(scale_by_std=True))[:, 0]
+    assert adv.tolist() == pytest.approx([1.0, 0.0, 0.0, -1.0, 0.707107, 0.707107, -1.414214, 0.7], abs=1e-5)

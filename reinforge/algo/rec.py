@@ -31,7 +31,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from reinforge.algo.advantage_estimators import ADVANTAGES, NormSettings, group_mean_std
 from reinforge.algo.policy_losses import POLICY_LOSSES
+from reinforge.algo.returns import _per_token
 from reinforge.registry import Settings
 
 
@@ -101,3 +103,56 @@ def rec_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: RECSetting
     with torch.no_grad():
         metrics = {"clip_frac": (~keep).to(logp.dtype), "ratio": rho}
     return loss, metrics
+
+
+# ------------------------------------------------------------------------------------------------ RED-Drop
+
+
+class REDDropSettings(NormSettings):
+    """RED-Drop: the advantage of the kept rows, optionally divided by their std."""
+
+    scale_by_std: bool = Field(False, description="divide by the kept rows' population std + eps (the examples' "
+                               "std_normalize: false)")
+
+
+def red_drop_keep(r: Tensor, group_index: Tensor) -> Tensor:
+    """Which rows RED-Drop keeps: in a group with more negatives (r < the group's mean) than positives
+    (r >= it), the first ``negatives - positives`` negatives in row order are dropped."""
+    mean, _, _ = group_mean_std(r, group_index)
+    neg = r < mean
+    same = group_index[:, None] == group_index[None, :]
+    pos_count = (same & ~neg[None, :]).sum(-1)
+    neg_count = (same & neg[None, :]).sum(-1)
+    earlier = torch.tril(torch.ones(len(r), len(r), dtype=torch.bool), diagonal=-1)
+    neg_rank = (same & neg[None, :] & earlier).sum(-1)  # negatives of the same group before this row
+    return ~(neg & (neg_rank < (neg_count - pos_count).clamp(min=0)))
+
+
+@ADVANTAGES.register(
+    "red_drop",
+    formula="in a group with more negatives (r < mean_g r) than positives, the first (negatives - positives) "
+            "negatives get A = 0; A_i = r_i - mean of the kept rows [/ (their population std + eps)]; "
+            "a group with one kept row: A = r",
+    paper="Yao et al. 2025, RED-Drop (arXiv:2509.24203; authors' code, rec_advantage.py drop: balance)",
+    settings=REDDropSettings,
+)
+def red_drop_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: REDDropSettings,
+                       token_rewards: Tensor | None = None) -> Tensor:
+    """RED-Drop's balanced advantage (the authors' ``RECGroupedAdvantage`` with ``drop: balance``): surplus
+    negatives are dropped (advantage 0) so a group trains on as many below-mean rows as above-mean ones, and
+    the baseline is the kept rows' mean. Departure: the code drops a random choice of the surplus; here the
+    first ones in row order (the samples of a group are exchangeable, and the estimator stays a pure function
+    of the batch, so a resumed run repeats it)."""
+    r = rewards.to(torch.float64)
+    keep = red_drop_keep(r, group_index)
+    n_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, keep.to(torch.float64))
+    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, torch.where(keep, r, 0.0))
+    several = count[group_index] > 1
+    mean = torch.where(several, total[group_index] / count[group_index].clamp(min=1), torch.zeros_like(r))
+    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, torch.where(keep, (r - mean) ** 2, 0.0))
+    std = torch.where(several, (sq[group_index] / count[group_index].clamp(min=1)).sqrt(), torch.ones_like(r))
+    adv = r - mean
+    if cfg.scale_by_std:
+        adv = adv / (std + cfg.adv_eps)
+    return _per_token(torch.where(keep, adv, torch.zeros_like(adv)), mask, token_rewards, cfg)
