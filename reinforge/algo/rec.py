@@ -32,6 +32,7 @@ from pydantic import Field
 from torch import Tensor
 
 from reinforge.algo.advantage_estimators import ADVANTAGES, NormSettings, group_mean_std
+from reinforge.algo.groups import dense_groups, rank_in_group
 from reinforge.algo.policy_losses import POLICY_LOSSES
 from reinforge.algo.returns import _per_token
 from reinforge.registry import Settings
@@ -120,12 +121,14 @@ def red_drop_keep(r: Tensor, group_index: Tensor) -> Tensor:
     (r >= it), the first ``negatives - positives`` negatives in row order are dropped."""
     mean, _, _ = group_mean_std(r, group_index)
     neg = r < mean
-    same = group_index[:, None] == group_index[None, :]
-    pos_count = (same & ~neg[None, :]).sum(-1)
-    neg_count = (same & neg[None, :]).sum(-1)
-    earlier = torch.tril(torch.ones(len(r), len(r), dtype=torch.bool), diagonal=-1)
-    neg_rank = (same & neg[None, :] & earlier).sum(-1)  # negatives of the same group before this row
-    return ~(neg & (neg_rank < (neg_count - pos_count).clamp(min=0)))
+    n_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
+    negatives = torch.bincount(group_index[neg], minlength=n_groups)
+    surplus = (2 * negatives - torch.bincount(group_index, minlength=n_groups)).clamp(min=0)  # neg - pos
+    keep = torch.ones_like(neg)
+    gid, n = dense_groups(group_index[neg])
+    rank, _ = rank_in_group(gid, n)  # each negative's place among its group's negatives
+    keep[neg] = rank >= surplus[group_index[neg]]
+    return keep
 
 
 @ADVANTAGES.register(
@@ -145,14 +148,12 @@ def red_drop_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: 
     of the batch, so a resumed run repeats it)."""
     r = rewards.to(torch.float64)
     keep = red_drop_keep(r, group_index)
-    n_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
-    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, keep.to(torch.float64))
-    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, torch.where(keep, r, 0.0))
-    several = count[group_index] > 1
-    mean = torch.where(several, total[group_index] / count[group_index].clamp(min=1), torch.zeros_like(r))
-    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, torch.where(keep, (r - mean) ** 2, 0.0))
-    std = torch.where(several, (sq[group_index] / count[group_index].clamp(min=1)).sqrt(), torch.ones_like(r))
-    adv = r - mean
+    mean, std, count = group_mean_std(r[keep], group_index[keep])  # over the kept rows; std unbiased
+    several = count > 1
+    centred = torch.where(several, r[keep] - mean, r[keep])  # one kept row: mean 0, std 1 (the code's)
     if cfg.scale_by_std:
-        adv = adv / (std + cfg.adv_eps)
-    return _per_token(torch.where(keep, adv, torch.zeros_like(adv)), mask, token_rewards, cfg)
+        population = std * ((count - 1) / count.clamp(min=1)).sqrt()
+        centred = centred / (torch.where(several, population, torch.ones_like(std)) + cfg.adv_eps)
+    adv = torch.zeros_like(r)
+    adv[keep] = centred
+    return _per_token(adv, mask, token_rewards, cfg)

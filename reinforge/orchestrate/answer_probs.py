@@ -36,7 +36,7 @@ from reinforge.algo.objective import required_inputs
 from reinforge.config import AlgoConfig
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.batch_fields import produces
-from reinforge.orchestrate.rollouts import Rollout
+from reinforge.orchestrate.rollouts import KeptRowsStage
 from reinforge.rollout.types import SamplingParams
 from reinforge.types import Task, Trajectory
 
@@ -103,10 +103,13 @@ class AnswerProbs:
         t0 = time.perf_counter()
         index: dict[tuple[int, ...], int] = {}
         states, appended, spans, where = [], [], [], []
+        pieces: dict[str, tuple[list[int], list[int]]] = {}  # the answer's tokens, once per task (a group shares its task)
         for t in trajectories:
             if t.demonstration:
                 continue
-            tail, span = answer_pieces(self.engine.tokenizer, self.template, tasks[t.task_id].answer)
+            if t.task_id not in pieces:
+                pieces[t.task_id] = answer_pieces(self.engine.tokenizer, self.template, tasks[t.task_id].answer)
+            tail, span = pieces[t.task_id]
             pos = []
             for start in turn_starts(t):
                 key = (*t.token_ids[:start], -1, *tail)
@@ -131,23 +134,10 @@ class AnswerProbs:
                 f"{PREFIX}/time_s": time.perf_counter() - t0}
 
 
-class AnswerProbStage:
+class AnswerProbStage(KeptRowsStage):
     """p_k of every kept row's turns (``answer_probs``), from the current policy; nothing kept across steps."""
 
-    name, key = "answer_probs", None
-    reads, writes = ("kept",), ("kept.metadata.answer_probs",)
-
-    def __init__(self, probs: AnswerProbs, params: SamplingParams) -> None:
-        self.probs, self.params = probs, params
-
-    def run(self, rollout: Rollout, tasks: Mapping[str, Task], step: int) -> dict[str, float]:
-        return self.probs(tasks, rollout.kept, self.params)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
+    name, writes = "answer_probs", ("kept.metadata.answer_probs",)
 
 
 def answer_prob_stage(algo: Any, engine: Any, params: SamplingParams) -> AnswerProbStage | None:

@@ -30,7 +30,7 @@ from reinforge.data.prompt_stats import is_correct
 from reinforge.data.tabular import table_rows
 from reinforge.errors import ConfigError, DataError
 from reinforge.orchestrate.guidance_rules import GUIDANCE_RULES
-from reinforge.orchestrate.rollouts import Rollout
+from reinforge.orchestrate.rollouts import Rollout, StatelessStage
 from reinforge.types import Task, Trajectory
 
 SEED_OFFSET = 4_243  # the demonstrations' shuffle is apart from the run's other random streams
@@ -147,11 +147,11 @@ class DemonstrationBatches:
         pass
 
 
-class DemonstrationStage:
+class DemonstrationStage(StatelessStage):
     """``demonstrations.mix: true``: each step's ``per_step`` demonstrations (``draws.rows(step)``) join
     the kept rows, with baseline 0; nothing kept across steps (the draw depends on the step only)."""
 
-    name, key = "demonstrations", None
+    name = "demonstrations"
     reads, writes = ("kept", "baseline"), ("kept", "baseline")
 
     def __init__(self, draws: DemonstrationBatches) -> None:
@@ -164,18 +164,12 @@ class DemonstrationStage:
             rollout.baseline = [*rollout.baseline, *([0.0] * len(demos))]
         return {"demonstrations/rows": float(len(demos))}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
 
-    def load_state_dict(self, state: Any) -> None:
-        pass
-
-
-class GuidanceStage:
+class GuidanceStage(StatelessStage):
     """``demonstrations.placement: in_group``: the rollout groups gain their prompts' demonstrations
     (``GroupGuidance.apply``); nothing kept across steps."""
 
-    name, key = "guidance", None
+    name = "guidance"
     reads, writes = ("kept", "baseline"), ("kept", "baseline")
 
     def __init__(self, guidance: GroupGuidance) -> None:
@@ -184,12 +178,6 @@ class GuidanceStage:
     def run(self, rollout: Rollout, tasks: Mapping[str, Task], step: int) -> dict[str, float]:
         rollout.kept, rollout.baseline, metrics = self.guidance.apply(rollout.kept, rollout.baseline)
         return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 def preference_batches(c: Any, collector: Any) -> DemonstrationBatches:

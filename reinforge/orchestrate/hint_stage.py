@@ -19,7 +19,7 @@ from reinforge.orchestrate.batch_fields import produces
 from reinforge.orchestrate.demo_batches import prompt_key
 from reinforge.orchestrate.episodes import score_single_turn, shape_rewards
 from reinforge.orchestrate.hints import HINTS, HintPlan, failed_groups, hint_source, hint_text, with_hint
-from reinforge.orchestrate.rollouts import Rollout
+from reinforge.orchestrate.rollouts import Rollout, StatelessStage
 from reinforge.rollout.continuation import continue_budgeted
 from reinforge.rollout.types import SamplingParams
 from reinforge.types import Task, Trajectory
@@ -40,11 +40,11 @@ def unguided_row(row: Trajectory, prompt: list[int], hint_ids: list[int]) -> Tra
         metadata={**row.metadata, "hinted": True, "hint_tokens": len(hint_ids), "completion_tokens": gen})
 
 
-class HintStage:
+class HintStage(StatelessStage):
     """The hint stage after collection (module docstring): the failed kept groups sampled again with
     hints, stage by stage, in place; nothing kept across steps."""
 
-    name, key = "hints", None
+    name = "hints"
     reads, writes = ("kept",), ("kept",)
 
     def __init__(self, plan: HintPlan, collector: Any, params: SamplingParams,
@@ -104,12 +104,6 @@ class HintStage:
                         "hints/solved_groups": float(len(solved)),
                         "hints/reward": sum(t.reward for t in rows) / len(rows)}
         return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 @produces("hinted")

@@ -5,9 +5,11 @@ demo_batches.py) fill them; the stages after collection (stages.py) update them 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from reinforge.types import Trajectory
+from reinforge.types import Task, Trajectory
 
 
 @dataclass
@@ -39,3 +41,29 @@ class Round:
     reward_s: float = 0.0
     env_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+class StatelessStage:
+    """A stage after collection that keeps nothing across steps: an empty checkpoint state."""
+
+    key = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        pass
+
+
+class KeptRowsStage(StatelessStage):
+    """A stateless stage whose work annotates the kept rows: ``work(tasks, kept, params) -> metrics``
+    (VinePPO's state values, IGPO's answer probabilities)."""
+
+    reads: tuple[str, ...] = ("kept",)
+
+    def __init__(self, work: Callable[[Mapping[str, Task], list[Trajectory], Any], dict[str, float]],
+                 params: Any) -> None:
+        self.work, self.params = work, params
+
+    def run(self, rollout: Rollout, tasks: Mapping[str, Task], step: int) -> dict[str, float]:
+        return self.work(tasks, rollout.kept, self.params)

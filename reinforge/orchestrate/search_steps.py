@@ -30,7 +30,7 @@ import torch
 from reinforge.algo.objective import required_inputs
 from reinforge.algo.stepsearch import search_step_scores
 from reinforge.envs.search import normalize_answer
-from reinforge.orchestrate.rollouts import Rollout
+from reinforge.orchestrate.rollouts import Rollout, StatelessStage
 from reinforge.types import Task, Trajectory
 
 NEED = "search_steps"
@@ -83,10 +83,10 @@ def episode_scores(docs: list[list[str]], evidence: Sequence[str]) -> tuple[torc
     return search_step_scores(sim, repeated, retrieved)
 
 
-class SearchStepStage:
+class SearchStepStage(StatelessStage):
     """Adds each kept row's step rewards to its ``token_rewards`` (module docstring); metrics ``rollout/search_steps/*``."""
 
-    name, key = "search_steps", None
+    name = "search_steps"
     reads, writes = ("kept",), ("kept.token_rewards", "kept.metadata.search_steps")
 
     def __init__(self, scale: float, gain: bool, penalty: bool) -> None:
@@ -112,12 +112,6 @@ class SearchStepStage:
         return {f"{PREFIX}/turns": float(len(gains)), f"{PREFIX}/gain_mean": sum(gains) / len(gains),
                 f"{PREFIX}/redundancy_mean": sum(penalties) / len(penalties),
                 f"{PREFIX}/rows_without_evidence": float(missing)}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 def search_step_stage(algo: Any) -> SearchStepStage | None:

@@ -22,9 +22,9 @@ from reinforge.orchestrate.answer_probs import answer_prob_stage
 from reinforge.orchestrate.demo_batches import demonstration_stage
 from reinforge.orchestrate.hint_stage import hint_stage
 from reinforge.orchestrate.replay import ReplayBuffer
-from reinforge.orchestrate.rollouts import Rollout
+from reinforge.orchestrate.rollouts import KeptRowsStage, Rollout
 from reinforge.orchestrate.search_steps import search_step_stage
-from reinforge.orchestrate.state_values import StateValues, state_value_stage
+from reinforge.orchestrate.state_values import state_value_stage
 from reinforge.orchestrate.value_estimates import STATE_KEY, OptimalValues, prompt_values
 from reinforge.rollout.types import SamplingParams
 from reinforge.types import Task, Trajectory
@@ -125,24 +125,11 @@ class PromptValueStage:
         self.values.cache.update({k: list(v) for k, v in state.items()})
 
 
-class StateValueStage:
+class StateValueStage(KeptRowsStage):
     """Monte Carlo values of intermediate states (``state_values``, orchestrate/state_values.py) of every
     kept row, replayed ones included, from the current policy; nothing kept across steps."""
 
-    name, key = "state_values", None
-    reads, writes = ("kept",), ("kept.metadata.state_values",)
-
-    def __init__(self, states: StateValues, params: SamplingParams) -> None:
-        self.states, self.params = states, params
-
-    def run(self, rollout: Rollout, tasks: Mapping[str, Task], step: int) -> dict[str, float]:
-        return self.states(tasks, rollout.kept, self.params)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
+    name, writes = "state_values", ("kept.metadata.state_values",)
 
 
 @dataclass
