@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ BENCH = ROOT / "benchmarks" / "bench_gpu.py"
 # (step, seconds allowed on a GPU, with --quick); the whole run is also bounded by --budget-s. On a GPU the
 # allowances fit the whole check in 8 minutes; --quick runs one repeat of everything and allows much more
 # than it needs, so that a loaded CPU (make test's other workers) slows it down without failing it.
-STEPS = [("install", 40, 60), ("machine", 30, 120), ("cuda_tests", 120, 400), ("generate", 50, 240),
+STEPS = [("install", 40, 60), ("machine", 30, 120), ("cuda_tests", 120, 400), ("generate", 80, 240),
          ("learner", 60, 240), ("grpo_step", 50, 240), ("recipe", 70, 240), ("async", 80, 300)]
 QUICK_BENCH_S = 2.0  # a quick benchmark's own budget: one measured repeat
 # on the CPU the cuda tests whose CPU twins the default suite already runs are left out (time): resume
@@ -193,11 +194,42 @@ def _bench(name: str, args, env: dict[str, str], timeout: float, extra: list[str
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float, check: bool = True, cwd: Path | None = None
          ) -> subprocess.CompletedProcess:
+    """``cmd`` in its own process group: on timeout the whole group is killed (a benchmark's children too),
+    so that no process of a step cut short keeps holding GPU memory into the next step."""
     print(f"$ {' '.join(cmd)[:300]}", flush=True)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                          start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise
+    proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
     if check and proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)[:300]}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def gpu_memory_used_mb(args) -> int | None:
+    """Memory in use on GPU 0 (nvidia-smi), read before each step: a step should start on an empty GPU."""
+    if args.cpu:
+        return None
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+        return int(smi.stdout.split()[0]) if smi.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def wait_for_free_gpu(args, limit_s: float = 30.0, idle_mb: int = 2048) -> int | None:
+    """Wait (at most ``limit_s``) until no more than ``idle_mb`` is in use on the GPU; the last reading."""
+    t_end, used = time.monotonic() + limit_s, gpu_memory_used_mb(args)
+    while used is not None and used > idle_mb and time.monotonic() < t_end:
+        time.sleep(1.0)
+        used = gpu_memory_used_mb(args)
+    return used
 
 
 def _commit() -> str | None:
@@ -212,12 +244,13 @@ def run_steps(args, report: Report, env: dict[str, str], deadline: float) -> Non
     bandwidth = None
     for name, gpu_s, quick_s in STEPS:
         allowed = min(quick_s if args.quick else gpu_s, deadline - time.monotonic())
-        if name == "install" and not args.wheels:
+        if (name == "install" and not args.wheels) or (args.steps and name not in args.steps):
             continue
         if allowed < 5:
             report.add(name, "skipped", 0.0, {}, "the run's --budget-s was spent")
             continue
         t0, figures, status, error = time.monotonic(), {}, "ok", ""
+        used_before = wait_for_free_gpu(args)
         try:
             figures = _step(name, args, env, allowed, bandwidth)
             bandwidth = figures.get("copy_bandwidth_gbs", bandwidth)
@@ -226,6 +259,12 @@ def run_steps(args, report: Report, env: dict[str, str], deadline: float) -> Non
             status, figures, error = "failed", e.figures, str(e)
         except Exception as e:  # noqa: BLE001 - every failure is reported, the run goes on
             status, error = "failed", f"{type(e).__name__}: {e}"
+        if used_before is not None:
+            figures = {**figures, "gpu_mb_in_use_before": used_before}
+            if used_before > 2048:  # who holds it (a step cut short, a leftover child)
+                figures["gpu_processes_before"] = _run(
+                    ["nvidia-smi", "--query-compute-apps=pid,used_memory,process_name", "--format=csv,noheader"],
+                    env, 20, check=False).stdout.strip()[-500:]
         report.add(name, status, time.monotonic() - t0, figures, error)
         print(f"[{name}] {status} in {time.monotonic() - t0:.1f} s", flush=True)
 
@@ -242,6 +281,15 @@ def _step(name: str, args, env: dict[str, str], allowed: float, bandwidth: float
     return benches(name, args, env, allowed, bandwidth)
 
 
+def _steps(p: argparse.ArgumentParser, given: str | None) -> set[str] | None:
+    if not given:
+        return None
+    names, known = {n.strip() for n in given.split(",") if n.strip()}, {s[0] for s in STEPS}
+    if names - known:
+        p.error(f"--steps: unknown {sorted(names - known)}; known: {', '.join(s[0] for s in STEPS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="folder for device_report.json / .md and the raw figures")
@@ -250,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="check on the CPU (no GPU needed)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="the whole run's time (default 8 minutes; with --quick 30 minutes, a bound for a loaded machine)")
+    p.add_argument("--steps", default=None,
+                   help=f"comma-separated steps to run (a rerun of the failed ones), from: {', '.join(s[0] for s in STEPS)}")
     args = p.parse_args(argv)
+    args.steps = _steps(p, args.steps)
     args.out = args.out.resolve()
     args.budget_s = args.budget_s or (1800.0 if args.quick else 480.0)
     deadline = time.monotonic() + args.budget_s

@@ -88,3 +88,36 @@ def test_quick_shapes_keep_the_real_model_class():
     assert type(cfg) is type(real) and cfg.model_type == "qwen2"
     assert (real.hidden_size, real.num_hidden_layers, real.vocab_size) == (896, 24, 151936)
     assert cfg.vocab_size == 4096 and cfg.num_hidden_layers == 2
+
+
+def test_steps_runs_only_the_named_steps_and_refuses_an_unknown_one(tmp_path, monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(device_check, "_step", lambda name, *a: seen.append(name) or {})
+    assert device_check.main(["--cpu", "--out", str(tmp_path), "--steps", "learner,recipe"]) == 0
+    assert seen == ["learner", "recipe"]
+    report = json.loads((tmp_path / "device_report.json").read_text())
+    assert [s["step"] for s in report["steps"]] == ["learner", "recipe"]
+    with pytest.raises(SystemExit):
+        device_check.main(["--cpu", "--out", str(tmp_path), "--steps", "learner,warp_drive"])
+    assert "warp_drive" in capsys.readouterr().err
+
+
+def test_a_step_cut_short_takes_its_children_with_it(tmp_path):
+    """The timeout kills the step's whole process group: a grandchild (a benchmark's worker holding GPU
+    memory) does not outlive it."""
+    pid_file = tmp_path / "grandchild.pid"
+    script = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    with pytest.raises(subprocess.TimeoutExpired):
+        device_check._run([sys.executable, "-c", script], {}, timeout=3)
+    pid = int(pid_file.read_text())
+    import os
+    import time
+
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"grandchild {pid} outlived the step")

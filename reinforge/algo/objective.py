@@ -90,9 +90,10 @@ class Objective:
         group, e.g. DPO's per pair, sees every member of a group, given or sampled)."""
         return bool({"demonstrations", "whole_groups"} & POLICY_LOSSES.needs(self.policy_loss))
 
-    def rows(self, n: int, demo: Tensor | None, group_index: Tensor | None) -> Rows:
+    def rows(self, n: int, demo: Tensor | None, group_index: Tensor | None,
+             device: torch.device | str = "cpu") -> Rows:
         """Which of ``n`` rows each part of this objective is aggregated over."""
-        return row_sets(n, demo, group_index if self.trains_on_guidance else None)
+        return row_sets(n, demo, group_index if self.trains_on_guidance else None, device)
 
     def loss(self, ctx: Context, norm: AggNorm, terms: Iterable[Term], demo_norm: AggNorm | None = None,
              weights: tuple[float, float] = (1.0, 1.0)) -> tuple[Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]]:
@@ -101,7 +102,7 @@ class Objective:
         terms), ``weights`` = (w_rl, w_demo) from ``algo.mixing``. ``norm`` holds the global
         denominators of the rows the policy loss trains on, ``demo_norm`` those of the demonstrations."""
         aggregate = LOSS_AGG.get(self.loss_agg)
-        rows = self.rows(ctx.mask.shape[0], ctx.demo, ctx.group_index)
+        rows = self.rows(ctx.mask.shape[0], ctx.demo, ctx.group_index, ctx.mask.device)
         sampled, guided, demos = (rows.mask(r, ctx.mask) for r in (rows.sampled, rows.guided, rows.demos))
         is_weight, metrics = mismatch_correction(ctx.old_logp, ctx.sampling_logp, sampled, self.mismatch,
                                                  self.mismatch_cap)
@@ -149,11 +150,13 @@ class Rows:
         return mask * rows[:, None].to(mask.dtype)
 
 
-def row_sets(n: int, demo: Tensor | None, group_index: Tensor | None = None) -> Rows:
+def row_sets(n: int, demo: Tensor | None, group_index: Tensor | None = None,
+             device: torch.device | str = "cpu") -> Rows:
     """The ``Rows`` of a batch of ``n`` rows with demonstration flags ``demo`` (None: none); with
-    ``group_index``, the demonstrations in a sampled group (id >= 0) are ``guided``."""
+    ``group_index``, the demonstrations in a sampled group (id >= 0) are ``guided``. Without ``demo``
+    the rows are made on ``device`` (the micro-batch's)."""
     if demo is None:
-        demo = torch.zeros(n, dtype=torch.bool)
+        demo = torch.zeros(n, dtype=torch.bool, device=device)
     demo = demo.bool()
     guided = demo & (group_index >= 0) if group_index is not None else torch.zeros_like(demo)
     return Rows(sampled=~demo, guided=guided, demos=demo)

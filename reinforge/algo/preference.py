@@ -30,10 +30,10 @@ def pair_rows(rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor]:
     groups, inverse = torch.unique(group_index, return_inverse=True)
     g = len(groups)
     r = rewards.to(torch.float64)
-    hi = torch.full((g,), -torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amax")
-    lo = torch.full((g,), torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amin")
-    rows = torch.arange(len(rewards))
-    big = torch.full((g,), len(rewards), dtype=torch.long)
+    hi = torch.full((g,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, inverse, r, "amax")
+    lo = torch.full((g,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, inverse, r, "amin")
+    rows = torch.arange(len(rewards), device=r.device)
+    big = torch.full((g,), len(rewards), dtype=torch.long, device=r.device)
     first_hi = big.scatter_reduce(0, inverse[r == hi[inverse]], rows[r == hi[inverse]], "amin")
     first_lo = big.scatter_reduce(0, inverse[r == lo[inverse]], rows[r == lo[inverse]], "amin")
     has_pair = hi > lo
@@ -54,7 +54,7 @@ def _spread(pair_loss: Tensor, chosen: Tensor, rejected: Tensor, mask: Tensor, g
     pair's two rows evenly over their tokens (see the module docstring)."""
     _, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
     size = counts[inverse].to(pair_loss.dtype)
-    per_row = torch.zeros(mask.shape[0], dtype=pair_loss.dtype)
+    per_row = torch.zeros(mask.shape[0], dtype=pair_loss.dtype, device=mask.device)
     per_row = per_row.index_put((chosen,), pair_loss * size[chosen] / 2).index_put(
         (rejected,), pair_loss * size[rejected] / 2)
     return per_row[:, None] * mask / mask.sum(-1, keepdim=True).clamp(min=1)
@@ -64,7 +64,7 @@ def _metrics(h: Tensor, beta: float, chosen: Tensor, rejected: Tensor, mask: Ten
     """Metrics over the pairs' rows (each a (values, rows) pair): the implicit reward margin beta * h
     and whether the pair is ranked right (h > 0)."""
     n = mask.shape[0]
-    margin, right, rows = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    margin, right, rows = (torch.zeros(n, device=mask.device) for _ in range(3))
     for idx in (chosen, rejected):
         margin[idx], right[idx], rows[idx] = (beta * h).detach().float(), (h > 0).float(), 1.0
     in_pair = rows[:, None].expand_as(mask).to(mask.dtype)

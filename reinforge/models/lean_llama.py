@@ -209,16 +209,18 @@ class LeanLlama:
         return table
 
     @torch.no_grad()
-    def decode_slots(self, ids: Tensor, positions: Tensor, cache: SlotCache) -> Tensor:
+    def decode_slots(self, ids: Tensor, positions: Tensor, cache: SlotCache, width: int | None = None) -> Tensor:
         """One token per slot: ``ids`` [S] at ``positions`` [S] (= the slot's current length); writes its
         keys/values at that position and attends to positions <= it. Returns logits [S, vocab].
+        ``width``: an upper bound of ``positions.max() + 1`` the caller knows (the attention window; none:
+        read from ``positions``, a host synchronisation on a GPU).
 
         Decode-specific shortcuts: rotary from a precomputed table, one additive mask for all
         layers, the cache written with a single ``index_copy_`` per tensor, attention as two
         batched matmuls (one query per row, so no flash tiling is needed).
         """
         n = ids.shape[0]
-        width = int(positions.max()) + 1
+        width = min(width, cache.k.shape[3]) if width is not None else int(positions.max()) + 1
         x = F.embedding(ids, self.embed)  # [S, hidden]
         cos_t, sin_t = self.rotary_table(cache.k.shape[3], ids.device)
         cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]  # [S, 1, d]

@@ -17,8 +17,9 @@ from torch import Tensor, nn
 from reinforge.errors import ReinforgeError
 from reinforge.models.lean_llama import LeanLlama
 from reinforge.models.lean_llama import supports as lean_supports
-from reinforge.models.precision import at_least_float32, compute_dtype
-from reinforge.rollout.decoding import HFDecoder, LeanDecoder, SlotOutputs, Slots, left_pad, right_pad
+from reinforge.models.precision import compute_dtype
+from reinforge.rollout.continuous import generate_continuous
+from reinforge.rollout.decoding import HFDecoder, LeanDecoder, left_pad
 from reinforge.rollout.engines import own_copy, register_engine
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
@@ -66,6 +67,7 @@ class TorchRolloutEngine:
         max_batch_sequences: int = 512,
         use_lean_forward: bool = True,
         continuous: bool = True,
+        sync_every: int = 8,
     ) -> None:
         self.model = model.to(device).eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -77,6 +79,7 @@ class TorchRolloutEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.lean = LeanLlama(self.model) if use_lean_forward and lean_supports(self.model) else None
         self.continuous = continuous
+        self.sync_every = sync_every  # decode steps between two host read-backs (see rollout/continuous.py)
         self.weight_poll: WeightPoll | None = None
         self._logprob_dtype = compute_dtype(next(self.model.parameters()).dtype)
         self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
@@ -132,7 +135,7 @@ class TorchRolloutEngine:
                 "rollout.max_new_tokens"
             )
         if self.lean is not None and self.continuous:
-            return self._generate_continuous(requests, params, generator or self.generator, on_step)
+            return generate_continuous(self, requests, params, generator or self.generator, on_step)
         per_chunk = max(1, self.max_batch_sequences // params.n)
         out: list[Generation] = []
         for start in range(0, len(requests), per_chunk):
@@ -180,99 +183,12 @@ class TorchRolloutEngine:
             lengths = torch.where(newly_done, t + 1, lengths)
             finished |= newly_done
             steps_done = t + 1
-            if bool(finished.all()) or t + 1 == params.max_new_tokens:
-                break
+            if t + 1 == params.max_new_tokens or (t + 1) % self.sync_every == 0 and bool(finished.all()):
+                break  # finished rows decode masked steps until the next check (one host read every sync_every)
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
             logits = decoder.step(tok[:, None], attention, next_pos)
             next_pos = next_pos + 1
         return self._collect(chunk, tokens[:, :steps_done], logprobs[:, :steps_done], lengths, finished)
-
-    @torch.no_grad()
-    def _generate_continuous(
-        self, requests: list[GenerationRequest], params: SamplingParams, generator: torch.Generator,
-        on_step: StepCallback | None,
-    ) -> list[Generation]:
-        """Continuous batching over ``max_batch_sequences`` slots (lean forward only).
-
-        The requests wait in a queue; a request is admitted when ``params.n`` slots are free: its
-        prompt is prefilled once and its keys/values copied into its n slots. Every decode step
-        runs one forward over the slots; a sequence that finishes frees its slot at once and a
-        waiting request takes it at the next step. When nothing waits and at most half of the
-        slots are busy, the cache is compacted to the busy slots, so the long tail of a batch
-        costs only what is still generating.
-        """
-        n, max_new, dev = params.n, params.max_new_tokens, self.device
-        if n > self.max_batch_sequences:
-            raise ValueError(f"n={n} samples per prompt exceed max_batch_sequences={self.max_batch_sequences}")
-        if any(not r.prompt_ids for r in requests):
-            raise ValueError("empty prompt: a prompt needs at least one token (e.g. BOS)")
-        n_slots = min(len(requests) * n, self.max_batch_sequences // n * n)
-        cache = self.lean.new_slot_cache(n_slots, max(len(r.prompt_ids) for r in requests) + max_new)
-        out = SlotOutputs.empty(len(requests) * n, max_new, self.pad_id, self.version, self._logprob_dtype, dev)
-        slots = Slots.empty(n_slots, self.lean.embed.shape[0], self._logprob_dtype, dev)
-        eos = torch.tensor(sorted(self.eos_ids), device=dev)
-        next_request = 0
-        while True:
-            next_request += self._admit(requests, next_request, n, slots, cache)
-            busy = (slots.row >= 0).nonzero().squeeze(-1)
-            if busy.numel() == 0:
-                break
-            logits = slots.logits if busy.numel() == slots.row.numel() else slots.logits[busy]  # no copy when full
-            tok, lp = sample_tokens(logits, params.temperature, params.top_k, params.top_p,
-                                    params.greedy, generator)  # one token for every busy slot
-            row, step = slots.row[busy], slots.step[busy]
-            out.tok[row, step], out.lp[row, step], out.ver[row, step] = tok, lp, self.version
-            if on_step is not None:
-                on_step(row, logits, tok, lp)
-            done = self._finished(out, row, step, tok, eos, params)
-            slots.row[busy[done]] = -1
-            going = busy[~done]
-            if going.numel() == 0 and next_request == len(requests):
-                break
-            if self._staged is not None or self.weight_poll is not None:
-                self._apply_pending()  # in-flight weight update: the next tokens get the new version
-            ids = torch.full((slots.row.shape[0],), self.pad_id, dtype=torch.long, device=dev)
-            ids[going] = tok[~done]  # one decode step over the slots; only the continuing ones matter
-            slots.logits = at_least_float32(self.lean.decode_slots(ids, torch.where(slots.row >= 0, slots.pos, 0),
-                                                                   cache))
-            slots.pos[going] += 1
-            slots.step[going] += 1
-            if next_request == len(requests) and 2 * going.numel() <= slots.row.shape[0]:
-                cache.keep(going)
-                slots.keep(going)
-        chunk = [(req, i) for req in requests for i in range(n)]
-        return self._collect(chunk, out.tok, out.lp, out.len, out.stop, out.ver)
-
-    def _admit(self, requests: list[GenerationRequest], start: int, n: int, slots: Slots, cache) -> int:  # type: ignore[no-untyped-def]
-        """Admit waiting requests from ``start`` into free slots (prefill once per prompt, n slots each)."""
-        free = (slots.row < 0).nonzero().squeeze(-1)
-        admit = min(len(free) // n, len(requests) - start)
-        if not admit:
-            return 0
-        dev = slots.row.device
-        batch = requests[start : start + admit]
-        taken = free[: admit * n]
-        lengths = torch.tensor([len(r.prompt_ids) for r in batch], device=dev)
-        ids = right_pad([r.prompt_ids for r in batch], self.pad_id, dev)
-        source = torch.arange(admit, device=dev).repeat_interleave(n)
-        prompt_logits = self.lean.prefill_slots(ids, lengths, cache, taken, source)
-        slots.logits[taken] = at_least_float32(prompt_logits[source])
-        slots.row[taken] = torch.arange(start * n, (start + admit) * n, device=dev)
-        slots.pos[taken] = lengths[source]
-        slots.step[taken] = 0
-        return admit
-
-    def _finished(self, out: SlotOutputs, row: Tensor, step: Tensor, tok: Tensor, eos: Tensor,
-                  params: SamplingParams) -> Tensor:
-        """Which of the rows that just sampled ``tok`` at ``step`` are done (EOS, a stop string, the
-        token limit); records their length and whether they stopped."""
-        done = torch.isin(tok, eos) if not params.ignore_eos else torch.zeros_like(tok, dtype=torch.bool)
-        if params.stop:
-            done |= self._rows_hit_stop(out.tok, row, step, params.stop)
-        out.stop[row] = done
-        done |= step + 1 == params.max_new_tokens
-        out.len[row[done]] = step[done] + 1
-        return done
 
     def _rows_hit_stop(self, tokens: Tensor, rows: Tensor, steps: Tensor, stop: Iterable[str]) -> Tensor:
         """For each (row, last step): does the row's text end with a stop string."""

@@ -1,0 +1,147 @@
+"""The torch engine's continuous batching (lean forward): slots on the device, their bookkeeping on the host.
+
+Every decode step is device work only: sample a token for every slot, write it to its output row (a free
+slot writes to a scratch row), mark the slots that finished (EOS, a stop string, the token limit) free,
+and run one forward over the slots. The host reads the slots' state back once every ``sync_every``
+steps (one synchronisation): then the freed slots take waiting requests (prefill once per prompt, its
+keys/values copied into its n slots) and, when nothing waits and at most half of the slots are busy, the
+cache is compacted to the busy slots. Between two reads the host keeps an upper bound of each slot's
+position and step, enough to size the attention window and to stop at the token limit without asking
+the device. A slot that finishes between two reads decodes masked steps until the next read (at most
+``sync_every - 1``): the price of not synchronising every token. Streaming callbacks and stop strings
+need the host every step and read back every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from reinforge.models.precision import at_least_float32
+from reinforge.rollout.decoding import SlotOutputs, Slots, right_pad
+from reinforge.rollout.sampling import sample_tokens
+from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from reinforge.rollout.torch_engine import StepCallback, TorchRolloutEngine
+
+
+@dataclass
+class HostSlots:
+    """The host's view of the slots since the last read: output row (-1 free), position and step bounds."""
+
+    row: list[int]
+    pos: list[int] = field(default_factory=list)
+    step: list[int] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n: int) -> HostSlots:
+        return cls([-1] * n, [0] * n, [0] * n)
+
+    def busy(self) -> list[int]:
+        return [i for i, r in enumerate(self.row) if r >= 0]
+
+    def keep(self, kept: list[int]) -> None:
+        self.row, self.pos, self.step = ([xs[i] for i in kept] for xs in (self.row, self.pos, self.step))
+
+
+def generate_continuous(engine: TorchRolloutEngine, requests: list[GenerationRequest], params: SamplingParams,
+                        generator: torch.Generator, on_step: StepCallback | None) -> list[Generation]:
+    """``params.n`` completions per request over ``engine.max_batch_sequences`` slots."""
+    n, max_new, dev = params.n, params.max_new_tokens, engine.device
+    if n > engine.max_batch_sequences:
+        raise ValueError(f"n={n} samples per prompt exceed max_batch_sequences={engine.max_batch_sequences}")
+    if any(not r.prompt_ids for r in requests):
+        raise ValueError("empty prompt: a prompt needs at least one token (e.g. BOS)")
+    n_slots = min(len(requests) * n, engine.max_batch_sequences // n * n)
+    cache = engine.lean.new_slot_cache(n_slots, max(len(r.prompt_ids) for r in requests) + max_new)
+    rows = len(requests) * n  # the output rows; row `rows` is the scratch row of free slots
+    out = SlotOutputs.empty(rows + 1, max_new, engine.pad_id, engine.version, engine._logprob_dtype, dev)
+    slots = Slots.empty(n_slots, engine.lean.embed.shape[0], engine._logprob_dtype, dev)
+    host = HostSlots.empty(n_slots)
+    eos = torch.tensor(sorted(engine.eos_ids), device=dev)
+    every = 1 if on_step is not None or params.stop else max(1, engine.sync_every)
+    next_request = 0
+    while True:
+        host.row = slots.row.tolist()  # the one read-back of these steps
+        next_request += _admit(engine, requests, next_request, n, slots, host, cache)
+        busy = host.busy()
+        if not busy:
+            break
+        if next_request == len(requests) and 2 * len(busy) <= len(host.row):
+            kept = torch.tensor(busy, device=dev)
+            cache.keep(kept)
+            slots.keep(kept)
+            host.keep(busy)
+        for _ in range(min(every, max(max_new - host.step[i] for i in host.busy()))):
+            _decode_step(engine, out, slots, host, cache, eos, params, generator, on_step, rows)
+    chunk = [(req, i) for req in requests for i in range(n)]
+    return engine._collect(chunk, out.tok[:rows], out.lp[:rows], out.len[:rows], out.stop[:rows], out.ver[:rows])
+
+
+def _decode_step(engine: TorchRolloutEngine, out: SlotOutputs, slots: Slots, host: HostSlots, cache, eos: Tensor,
+                 params: SamplingParams, generator: torch.Generator, on_step: StepCallback | None,
+                 scratch: int) -> None:  # type: ignore[no-untyped-def]
+    """Sample every slot's next token, record it, free the finished slots, one forward over the slots."""
+    live = slots.row >= 0
+    tok, lp = sample_tokens(slots.logits, params.temperature, params.top_k, params.top_p, params.greedy, generator)
+    row = torch.where(live, slots.row, scratch)
+    step = slots.step.clamp(max=params.max_new_tokens - 1)
+    out.tok[row, step], out.lp[row, step], out.ver[row, step] = tok, lp, engine.version
+    if on_step is not None:  # read back every step (every == 1): the busy slots are exact
+        busy = torch.tensor(host.busy(), device=slots.row.device)
+        on_step(slots.row[busy], slots.logits[busy], tok[busy], lp[busy])
+    done = live & _finished(engine, out, row, step, tok, eos, params)
+    slots.row = torch.where(done, -1, slots.row)
+    going = live & ~done
+    if engine._staged is not None or engine.weight_poll is not None:
+        engine._apply_pending()  # in-flight weight update: the next tokens get the new version
+    ids = torch.where(going, tok, engine.pad_id)
+    width = max(host.pos[i] for i in host.busy()) + 1  # an upper bound of every going slot's position
+    slots.logits = at_least_float32(engine.lean.decode_slots(ids, torch.where(going, slots.pos, 0), cache, width))
+    slots.pos += going
+    slots.step += going
+    for i in host.busy():
+        host.pos[i] += 1
+        host.step[i] += 1
+
+
+def _finished(engine: TorchRolloutEngine, out: SlotOutputs, row: Tensor, step: Tensor, tok: Tensor, eos: Tensor,
+              params: SamplingParams) -> Tensor:
+    """Which slots that just sampled ``tok`` at ``step`` are done (EOS, a stop string, the token limit);
+    records their length and whether they stopped in their output ``row`` (free slots: the scratch row)."""
+    done = torch.isin(tok, eos) if not params.ignore_eos else torch.zeros_like(tok, dtype=torch.bool)
+    if params.stop:
+        done |= engine._rows_hit_stop(out.tok, row, step, params.stop)
+    out.stop[row] = done
+    done = done | (step + 1 == params.max_new_tokens)
+    out.len[row] = torch.where(done, step + 1, out.len[row])
+    return done
+
+
+def _admit(engine: TorchRolloutEngine, requests: list[GenerationRequest], start: int, n: int, slots: Slots,
+           host: HostSlots, cache) -> int:  # type: ignore[no-untyped-def]
+    """Admit waiting requests from ``start`` into the free slots (prefill once per prompt, n slots each)."""
+    free = [i for i, r in enumerate(host.row) if r < 0]
+    admit = min(len(free) // n, len(requests) - start)
+    if not admit:
+        return 0
+    dev = slots.row.device
+    batch = requests[start : start + admit]
+    taken_l = free[: admit * n]
+    taken = torch.tensor(taken_l, device=dev)
+    lengths_l = [len(r.prompt_ids) for r in batch]
+    lengths = torch.tensor(lengths_l, device=dev)
+    ids = right_pad([r.prompt_ids for r in batch], engine.pad_id, dev)
+    source = torch.arange(admit, device=dev).repeat_interleave(n)
+    prompt_logits = engine.lean.prefill_slots(ids, lengths, cache, taken, source)
+    slots.logits[taken] = at_least_float32(prompt_logits[source])
+    slots.row[taken] = torch.arange(start * n, (start + admit) * n, device=dev)
+    slots.pos[taken] = lengths[source]
+    slots.step[taken] = 0
+    for j, i in enumerate(taken_l):
+        host.row[i], host.pos[i], host.step[i] = start * n + j, lengths_l[j // n], 0
+    return admit
