@@ -4,7 +4,12 @@ Heavy modules (torch, transformers) are imported lazily by the parts that need t
 `import reinforge` and `reinforge --help` stay fast.
 """
 
+import os
 from typing import Any
+
+# reinforge never uses JAX, but a dependency may import it where it is installed (GPU images often ship
+# it); JAX's default then reserves 75% of the GPU's memory at its first use, which the learner needs.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 __version__ = "0.1.0"
 
