@@ -108,7 +108,7 @@ def child(engine_name: str, workload: str, new_tokens_override: int = 0) -> dict
             return hf_generate(model, tokenizer, prompts, samples, new_tokens, ignore_eos)
     else:
         all_kinds()
-        engine = engine_spec(engine_name).make(None, model, tokenizer, "cpu", 0, "", copy_policy=False)
+        engine = engine_spec(engine_name).engine_class.from_config(None, model, tokenizer, "cpu", 0, "", copy_policy=False)
         requests = [GenerationRequest(p, t.id) for p, t in zip(prompts, tasks, strict=True)]
 
         def run() -> int:

@@ -56,8 +56,19 @@ class Record:
 
     def set(self, **figures: Any) -> None:
         self.figures.update(figures)
+        outside = memory_outside_torch_mb()
+        if outside is not None:  # another allocator in this process (JAX's preallocation, say) or another process
+            self.figures.update(gpu_mb_outside_torch=outside, jax_loaded="jax" in sys.modules)
         if self.path is not None:
             self.path.write_text(json.dumps(self.figures, indent=1, default=str))
+
+
+def memory_outside_torch_mb() -> int | None:
+    """GPU memory in use that torch's caching allocator did not reserve (None without CUDA)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return int((total - free - torch.cuda.memory_reserved()) / 2**20)
 
 
 def sync(device: torch.device) -> None:

@@ -305,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()
     args.budget_s = args.budget_s or (1800.0 if args.quick else 480.0)
     deadline = time.monotonic() + args.budget_s
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+           "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # a JAX imported on the way must not take 75% of the GPU
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     report = Report(args.out, {"device": "cpu" if args.cpu else "cuda", "quick": args.quick, "commit": _commit(),
                                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host_python": platform.python_version(),

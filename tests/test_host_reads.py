@@ -39,7 +39,7 @@ class HostReads(TorchFunctionMode):
 @pytest.mark.parametrize("continuous", [True, False])
 def test_decode_reads_the_device_back_less_than_once_every_four_steps(continuous):
     engine = TorchRolloutEngine(load_model("tiny-base"), load_tokenizer("tiny-base"), "cpu", seed=0,
-                                continuous=continuous)
+                                continuous=continuous, sync_every=8)  # the GPU default (the CPU's is 1)
     requests = [GenerationRequest([1, 5 + i, 7], str(i)) for i in range(8)]
     steps = 32
     with HostReads() as reads:

@@ -106,6 +106,7 @@ def _write_files(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, t
             "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
             "rollout": rollout_generator.get_state(),
+            "rollout_device": rollout_generator.device.type,
         },
         tmp / "rng.pt",
     )
@@ -170,10 +171,25 @@ def load_checkpoint(path: Path, rollout_generator: torch.Generator) -> tuple[dic
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
-    rollout_generator.set_state(rng["rollout"])
+    restore_rollout_generator(rollout_generator, rng["rollout"], rng.get("rollout_device"))
     trainer_state = torch.load(path / "trainer.pt", weights_only=False)
     state = json.loads((path / "state.json").read_text())
     return trainer_state, state
+
+
+def restore_rollout_generator(generator: torch.Generator, state: torch.Tensor, saved_on: str | None,
+                              warn: Any = print) -> None:
+    """Continue the rollout generator's stream; a run resumed on another device type (a CUDA run resumed
+    on the CPU, say) cannot, since the two generators are different algorithms: the generator is then
+    seeded from a hash of the saved state (the same seed every time that checkpoint resumes) and
+    ``warn`` says that the sampling stream differs from the uninterrupted run's."""
+    if saved_on in (None, generator.device.type):
+        generator.set_state(state)
+        return
+    seed = int.from_bytes(hashlib.sha256(state.cpu().numpy().tobytes()).digest()[:8], "little")
+    generator.manual_seed(seed)
+    warn(f"the checkpoint's rollout generator ran on {saved_on}, this run samples on {generator.device.type}: "
+         "seeded from the saved state instead, so the sampled completions differ from an uninterrupted run's")
 
 
 def restore_policy(model: torch.nn.Module, ckpt: Path, dtype: str = "float32", device: str = "cpu") -> None:

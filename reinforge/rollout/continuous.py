@@ -5,9 +5,9 @@ slot writes to a scratch row), mark the slots that finished (EOS, a stop string,
 and run one forward over the slots. The host reads the slots' state back once every ``sync_every``
 steps (one synchronisation): then the freed slots take waiting requests (prefill once per prompt, its
 keys/values copied into its n slots) and, when nothing waits and at most half of the slots are busy, the
-cache is compacted to the busy slots. Between two reads the host keeps an upper bound of each slot's
-position and step, enough to size the attention window and to stop at the token limit without asking
-the device. A slot that finishes between two reads decodes masked steps until the next read (at most
+cache is compacted to the busy slots. Between two reads the host knows upper bounds of the slots'
+positions and steps (from the step each was admitted at: ``HostSlots``), enough to size the attention
+window and to stop at the token limit without asking the device. A slot that finishes between two reads decodes masked steps until the next read (at most
 ``sync_every - 1``): the price of not synchronising every token. Streaming callbacks and stop strings
 need the host every step and read back every step.
 """
@@ -31,11 +31,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class HostSlots:
-    """The host's view of the slots since the last read: output row (-1 free), position and step bounds."""
+    """The host's view of the slots since the last read: each slot's output row (-1 free), the decode
+    step ``t`` it was admitted at and its prompt's length. With ``t`` the steps decoded so far, a slot
+    still going is at position ``length + t - admitted`` and has sampled ``t - admitted`` tokens; one that
+    finished since the last read is counted as going (upper bounds: enough for the attention window
+    and the token limit)."""
 
     row: list[int]
-    pos: list[int] = field(default_factory=list)
-    step: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)
+    length: list[int] = field(default_factory=list)
+    t: int = 0
 
     @classmethod
     def empty(cls, n: int) -> HostSlots:
@@ -45,7 +50,13 @@ class HostSlots:
         return [i for i, r in enumerate(self.row) if r >= 0]
 
     def keep(self, kept: list[int]) -> None:
-        self.row, self.pos, self.step = ([xs[i] for i in kept] for xs in (self.row, self.pos, self.step))
+        self.row, self.admitted, self.length = ([xs[i] for i in kept] for xs in (self.row, self.admitted, self.length))
+
+    def bounds(self, busy: list[int], max_new: int) -> tuple[int, int]:
+        """(steps until every busy slot reaches the token limit, the largest ``length - admitted``): the
+        attention window of a later step is that plus ``t + 1``."""
+        latest = max(self.admitted[i] for i in busy)
+        return max_new - (self.t - latest), max(self.length[i] - self.admitted[i] for i in busy)
 
 
 def generate_continuous(engine: TorchRolloutEngine, requests: list[GenerationRequest], params: SamplingParams,
@@ -76,21 +87,23 @@ def generate_continuous(engine: TorchRolloutEngine, requests: list[GenerationReq
             cache.keep(kept)
             slots.keep(kept)
             host.keep(busy)
-        for _ in range(min(every, max(max_new - host.step[i] for i in host.busy()))):
-            _decode_step(engine, out, slots, host, cache, eos, params, generator, on_step, rows)
+        left, offset = host.bounds(host.busy(), max_new)
+        for _ in range(min(every, left)):
+            _decode_step(engine, out, slots, host, cache, eos, params, generator, on_step, rows, offset)
     chunk = [(req, i) for req in requests for i in range(n)]
     return engine._collect(chunk, out.tok[:rows], out.lp[:rows], out.len[:rows], out.stop[:rows], out.ver[:rows])
 
 
 def _decode_step(engine: TorchRolloutEngine, out: SlotOutputs, slots: Slots, host: HostSlots, cache, eos: Tensor,
                  params: SamplingParams, generator: torch.Generator, on_step: StepCallback | None,
-                 scratch: int) -> None:  # type: ignore[no-untyped-def]
+                 scratch: int, offset: int) -> None:  # type: ignore[no-untyped-def]
     """Sample every slot's next token, record it, free the finished slots, one forward over the slots."""
     live = slots.row >= 0
     tok, lp = sample_tokens(slots.logits, params.temperature, params.top_k, params.top_p, params.greedy, generator)
     row = torch.where(live, slots.row, scratch)
     step = slots.step.clamp(max=params.max_new_tokens - 1)
-    out.tok[row, step], out.lp[row, step], out.ver[row, step] = tok, lp, engine.version
+    # tensors on both sides: a Python scalar set through an index is copied from the host (a sync on a GPU)
+    out.tok[row, step], out.lp[row, step], out.ver[row, step] = tok, lp, torch.full_like(tok, engine.version)
     if on_step is not None:  # read back every step (every == 1): the busy slots are exact
         busy = torch.tensor(host.busy(), device=slots.row.device)
         on_step(slots.row[busy], slots.logits[busy], tok[busy], lp[busy])
@@ -100,13 +113,11 @@ def _decode_step(engine: TorchRolloutEngine, out: SlotOutputs, slots: Slots, hos
     if engine._staged is not None or engine.weight_poll is not None:
         engine._apply_pending()  # in-flight weight update: the next tokens get the new version
     ids = torch.where(going, tok, engine.pad_id)
-    width = max(host.pos[i] for i in host.busy()) + 1  # an upper bound of every going slot's position
+    width = offset + host.t + 1  # an upper bound of every going slot's position, plus one
     slots.logits = at_least_float32(engine.lean.decode_slots(ids, torch.where(going, slots.pos, 0), cache, width))
     slots.pos += going
     slots.step += going
-    for i in host.busy():
-        host.pos[i] += 1
-        host.step[i] += 1
+    host.t += 1
 
 
 def _finished(engine: TorchRolloutEngine, out: SlotOutputs, row: Tensor, step: Tensor, tok: Tensor, eos: Tensor,
@@ -141,7 +152,7 @@ def _admit(engine: TorchRolloutEngine, requests: list[GenerationRequest], start:
     slots.logits[taken] = at_least_float32(prompt_logits[source])
     slots.row[taken] = torch.arange(start * n, (start + admit) * n, device=dev)
     slots.pos[taken] = lengths[source]
-    slots.step[taken] = 0
+    slots.step.index_fill_(0, taken, 0)
     for j, i in enumerate(taken_l):
-        host.row[i], host.pos[i], host.step[i] = start * n + j, lengths_l[j // n], 0
+        host.row[i], host.admitted[i], host.length[i] = start * n + j, host.t, lengths_l[j // n]
     return admit

@@ -67,7 +67,7 @@ class TorchRolloutEngine:
         max_batch_sequences: int = 512,
         use_lean_forward: bool = True,
         continuous: bool = True,
-        sync_every: int = 8,
+        sync_every: int | None = None,
     ) -> None:
         self.model = model.to(device).eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -79,7 +79,9 @@ class TorchRolloutEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.lean = LeanLlama(self.model) if use_lean_forward and lean_supports(self.model) else None
         self.continuous = continuous
-        self.sync_every = sync_every  # decode steps between two host read-backs (see rollout/continuous.py)
+        # decode steps between two host read-backs (rollout/continuous.py): a read-back stalls a GPU's queue,
+        # and costs a CPU nothing while a masked step of a finished slot costs it a full one
+        self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)
         self.weight_poll: WeightPoll | None = None
         self._logprob_dtype = compute_dtype(next(self.model.parameters()).dtype)
         self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
