@@ -93,3 +93,18 @@ def test_rows_of_a_batch_without_demonstrations_are_made_on_its_device(n):
 
     rows = row_sets(n, None, None, "meta")
     assert rows.sampled.device.type == rows.guided.device.type == rows.demos.device.type == "meta"
+
+
+def test_importing_reinforge_stops_jax_from_preallocating_the_gpu_unless_the_user_chose():
+    """JAX (shipped in many GPU images, imported by some dependency) reserves 75% of the GPU at its first use
+    unless told not to; reinforge tells it, and leaves a user's own setting alone."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, reinforge; print(os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'])"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    chosen = subprocess.run([sys.executable, "-c", code], env={**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
+                            capture_output=True, text=True, check=True)
+    assert (default.stdout.strip(), chosen.stdout.strip()) == ("false", "true")

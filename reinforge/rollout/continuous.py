@@ -75,9 +75,12 @@ def generate_continuous(engine: TorchRolloutEngine, requests: list[GenerationReq
     host = HostSlots.empty(n_slots)
     eos = torch.tensor(sorted(engine.eos_ids), device=dev)
     every = 1 if on_step is not None or params.stop else max(1, engine.sync_every)
-    next_request = 0
+    next_request, pending = 0, None
     while True:
         host.row = slots.row.tolist()  # the one read-back of these steps
+        if pending is not None and max(host.row) >= 0:  # the last step's forward, if a slot goes on
+            _forward(engine, slots, cache, *pending)
+        pending = None
         next_request += _admit(engine, requests, next_request, n, slots, host, cache)
         busy = host.busy()
         if not busy:
@@ -89,15 +92,18 @@ def generate_continuous(engine: TorchRolloutEngine, requests: list[GenerationReq
             host.keep(busy)
         left, offset = host.bounds(host.busy(), max_new)
         for _ in range(min(every, left)):
-            _decode_step(engine, out, slots, host, cache, eos, params, generator, on_step, rows, offset)
+            if pending is not None:
+                _forward(engine, slots, cache, *pending)
+            pending = _sample_step(engine, out, slots, host, eos, params, generator, on_step, rows, offset)
     chunk = [(req, i) for req in requests for i in range(n)]
     return engine._collect(chunk, out.tok[:rows], out.lp[:rows], out.len[:rows], out.stop[:rows], out.ver[:rows])
 
 
-def _decode_step(engine: TorchRolloutEngine, out: SlotOutputs, slots: Slots, host: HostSlots, cache, eos: Tensor,
+def _sample_step(engine: TorchRolloutEngine, out: SlotOutputs, slots: Slots, host: HostSlots, eos: Tensor,
                  params: SamplingParams, generator: torch.Generator, on_step: StepCallback | None,
-                 scratch: int, offset: int) -> None:  # type: ignore[no-untyped-def]
-    """Sample every slot's next token, record it, free the finished slots, one forward over the slots."""
+                 scratch: int, offset: int) -> tuple[Tensor, Tensor, int]:
+    """Sample every slot's next token, record it and free the finished slots; returns the forward that
+    feeds the tokens back (ids, the slots going on, the attention window), run only if a step follows."""
     live = slots.row >= 0
     tok, lp = sample_tokens(slots.logits, params.temperature, params.top_k, params.top_p, params.greedy, generator)
     row = torch.where(live, slots.row, scratch)
@@ -110,14 +116,19 @@ def _decode_step(engine: TorchRolloutEngine, out: SlotOutputs, slots: Slots, hos
     done = live & _finished(engine, out, row, step, tok, eos, params)
     slots.row = torch.where(done, -1, slots.row)
     going = live & ~done
+    width = offset + host.t + 1  # an upper bound of every going slot's position, plus one
+    host.t += 1
+    return torch.where(going, tok, engine.pad_id), going, width
+
+
+def _forward(engine: TorchRolloutEngine, slots: Slots, cache, ids: Tensor, going: Tensor,
+             width: int) -> None:  # type: ignore[no-untyped-def]
+    """One decode forward over the slots: the going slots' last tokens in, their next logits out."""
     if engine._staged is not None or engine.weight_poll is not None:
         engine._apply_pending()  # in-flight weight update: the next tokens get the new version
-    ids = torch.where(going, tok, engine.pad_id)
-    width = offset + host.t + 1  # an upper bound of every going slot's position, plus one
     slots.logits = at_least_float32(engine.lean.decode_slots(ids, torch.where(going, slots.pos, 0), cache, width))
     slots.pos += going
     slots.step += going
-    host.t += 1
 
 
 def _finished(engine: TorchRolloutEngine, out: SlotOutputs, row: Tensor, step: Tensor, tok: Tensor, eos: Tensor,
