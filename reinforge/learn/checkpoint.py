@@ -123,7 +123,7 @@ REWARD_STATE = "reward.pt"  # the reward's state, where it has one (a normaliser
 def load_reward_state(path: Path) -> dict[str, Any]:
     """A checkpoint's ``reward.pt`` (empty when the reward keeps no state)."""
     f = path / REWARD_STATE
-    return torch.load(f, weights_only=False) if f.is_file() else {}
+    return torch.load(f, weights_only=False, map_location="cpu") if f.is_file() else {}
 
 
 def _sha256(path: Path) -> str:
@@ -167,12 +167,14 @@ def latest_valid_checkpoint(run_dir: Path, warn: Any = print) -> Path | None:
 
 def load_checkpoint(path: Path, rollout_generator: torch.Generator) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restore global RNG states and the rollout generator; return (trainer_state, state)."""
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    # map_location: a checkpoint written on a GPU resumes on a machine without one (the optimizer moves its
+    # state to its parameters' device when it loads it)
+    rng = torch.load(path / "rng.pt", weights_only=False, map_location="cpu")
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
     restore_rollout_generator(rollout_generator, rng["rollout"], rng.get("rollout_device"))
-    trainer_state = torch.load(path / "trainer.pt", weights_only=False)
+    trainer_state = torch.load(path / "trainer.pt", weights_only=False, map_location="cpu")
     state = json.loads((path / "state.json").read_text())
     return trainer_state, state
 
