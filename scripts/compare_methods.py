@@ -6,7 +6,9 @@ family targets (mean over the last ``--window`` steps), and `reinforge compare` 
 
 Families (``FAMILIES``): ``length`` (the length shapers against GRPO; tokens per answer), ``rec`` (REC, REP and
 RED-Weight against PPO's clipped surrogate, 4 updates a batch; the tokens out of range), ``hints`` (GHPO and
-Guide against GRPO; the failed groups a hint solved), ``turn_credit`` (IGPO against ``grpo_turn`` on the
+Guide against GRPO; the failed groups a hint solved), ``hybrid`` (LUFFY and RL-PLUS with the task's answers
+as in-group demonstrations, and ReMix's replay, two updates a batch, KL-Convex term and reincarnation at
+step 51, against GRPO; the expert tokens' probability), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
 (the label-free rewards against the gold verifier; the training samples' accuracy graded against the gold
 answer, ``reward/accuracy``, and held-out accuracy, which is always graded against it). A finished run in
@@ -29,6 +31,8 @@ LENGTH_BASE = ["task.verifier=numeric_match", "rollout.max_new_tokens=12"]  # + 
 VOTE_TERM = "reward.terms=[{{name: r, verifier: {name}, params: {{gold_verifier: exact_match}}}}]"
 OFF_POLICY = ["train.minibatches=4", "train.lr=2.5e-5", "algo.advantage=dr_grpo", "algo.loss_agg=token_mean",
               "algo.kl.coef=0", "algo.skip_equal_reward_groups=true"]  # 4 updates a batch: the clip acts
+DEMOS = ["demonstrations.path=task", "demonstrations.mix=true", "demonstrations.placement=in_group"]  # LUFFY's
+REMIX_REPLAY = "rollout.replay={name: recent, capacity: 8, replays: 4, min_to_replay: 8, groups: split, until_step: 51}"
 FAMILIES: dict[str, dict[str, Any]] = {
     "length": {
         "base": LENGTH_BASE, "metric": ("tokens per answer", "response/length_mean"),
@@ -67,6 +71,16 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "grpo": [],
             "ghpo": ["rollout.hints={name: ghpo, placement: response}"],
             "guide": ["rollout.hints={name: guide, placement: response}", "algo.policy_loss={name: guide}"],
+        },
+    },
+    "hybrid": {
+        "base": [], "metric": ("expert tokens' probability", "train/guided/prob"),
+        "variants": {
+            "grpo": [],
+            "luffy": ["algo.policy_loss={name: luffy, gamma: 0.1}", *DEMOS],
+            "rl_plus": ["algo.policy_loss=rl_plus", *DEMOS],
+            "remix": ["algo.policy_loss=repo", REMIX_REPLAY, "train.minibatches=2",
+                      "algo.loss_terms=[{name: kl_convex, coef: 0.01, base_weight: 0.5}]"],
         },
     },
     "turn_credit": {
