@@ -6,7 +6,11 @@ family targets (mean over the last ``--window`` steps), and `reinforge compare` 
 
 Families (``FAMILIES``): ``length`` (the length shapers against GRPO; tokens per answer), ``rec`` (REC, REP and
 RED-Weight against PPO's clipped surrogate, 4 updates a batch; the tokens out of range), ``hints`` (GHPO and
-Guide against GRPO; the failed groups a hint solved), ``turn_credit`` (IGPO against ``grpo_turn`` on the
+Guide against GRPO; the failed groups a hint solved), ``hybrid`` (LUFFY and RL-PLUS with the task's answers
+as in-group demonstrations against GRPO; the expert tokens' probability), ``remix`` (on 300 2-digit
+prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to their sampler, two
+updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
+GRPO; replayed rows a step), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
 (the label-free rewards against the gold verifier; the training samples' accuracy graded against the gold
 answer, ``reward/accuracy``, and held-out accuracy, which is always graded against it). A finished run in
@@ -29,6 +33,8 @@ LENGTH_BASE = ["task.verifier=numeric_match", "rollout.max_new_tokens=12"]  # + 
 VOTE_TERM = "reward.terms=[{{name: r, verifier: {name}, params: {{gold_verifier: exact_match}}}}]"
 OFF_POLICY = ["train.minibatches=4", "train.lr=2.5e-5", "algo.advantage=dr_grpo", "algo.loss_agg=token_mean",
               "algo.kl.coef=0", "algo.skip_equal_reward_groups=true"]  # 4 updates a batch: the clip acts
+DEMOS = ["demonstrations.path=task", "demonstrations.mix=true", "demonstrations.placement=in_group"]  # LUFFY's
+REMIX_REPLAY = "rollout.replay={name: recent, capacity: 8, replays: 4, min_to_replay: 8, groups: split, until_step: 51}"
 FAMILIES: dict[str, dict[str, Any]] = {
     "length": {
         "base": LENGTH_BASE, "metric": ("tokens per answer", "response/length_mean"),
@@ -69,6 +75,24 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "guide": ["rollout.hints={name: guide, placement: response}", "algo.policy_loss={name: guide}"],
         },
     },
+    "hybrid": {
+        "base": [], "metric": ("expert tokens' probability", "train/guided/prob"),
+        "variants": {
+            "grpo": [],
+            "luffy": ["algo.policy_loss={name: luffy, gamma: 0.1}", *DEMOS],
+            "rl_plus": ["algo.policy_loss=rl_plus", *DEMOS],
+        },
+    },
+    "remix": {
+        "base": ["task.kind=jsonl", "task.columns.id=id", "task.heldout_size=100"], "prompts": "d2",
+        "metric": ("replayed rows a step", "replay/samples"),
+        "variants": {
+            "grpo": [],
+            "repo_mix": ["algo.policy_loss=repo", REMIX_REPLAY],
+            "remix": ["algo.policy_loss=repo", REMIX_REPLAY, "train.minibatches=2",
+                      "algo.loss_terms=[{name: kl_convex, coef: 0.01, base_weight: 0.5}]"],
+        },
+    },
     "turn_credit": {
         "recipe": "agent_guessing", "base": ["task.heldout_size=192", "eval.final_samples=0"],
         "metric": ("episodes solved (training)", "reward/accuracy"),
@@ -78,6 +102,25 @@ FAMILIES: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+def prompt_file(family: str, out: Path) -> list[str]:
+    """The overrides of a family that trains on its own prompt file (``prompts``: ``d2``, the 400 2-digit
+    problems of scripts/make_digit_mixture.py, so that a prompt comes back about 5 times in 100 steps of
+    16 prompts and replay has something to replay), writing the file into ``out`` first; none otherwise."""
+    if FAMILIES[family].get("prompts") != "d2":
+        return []
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_digit_mixture import mixture
+
+    path = out / "d2.jsonl"
+    if not path.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in mixture({2: 400}, seed=0)))
+    return [f"task.path={path}"]
 
 
 def run_one(family: str, variant: str, seed: int, steps: int, out: Path, threads: int) -> dict[str, Any]:
@@ -91,7 +134,8 @@ def run_one(family: str, variant: str, seed: int, steps: int, out: Path, threads
     run_dir = out / f"{variant}-s{seed}"
     if not (run_dir / "metrics.jsonl").is_file():
         torch.set_num_threads(threads)
-        cfg = load_config(spec.get("recipe"), [*COMMON, *spec["base"], *spec["variants"][variant], f"seed={seed}",
+        cfg = load_config(spec.get("recipe"), [*COMMON, *spec["base"], *prompt_file(family, out),
+                                               *spec["variants"][variant], f"seed={seed}",
                                  f"train.steps={steps}", f"output_dir={out}", f"name={variant}-s{seed}"])
         run_dir = train(cfg).run_dir
     return {"dir": str(run_dir)}

@@ -11,6 +11,8 @@ the paper's separate advantage estimation: the next group ids after the step's o
 group (``mixed``). They keep their stored ``logprobs`` and ``version``, so the
 off-policy machinery applies: RePO's own objective is the ``repo`` policy loss (the ratio
 pi_theta / mu clipped, algo/policy_losses.py); ``algo.mismatch`` corrections see them as stale samples.
+With ``until_step`` = S > 0 nothing is replayed from step S on (ReMix's policy reincarnation, Liang
+et al. 2025, arXiv:2507.06892: mix-policy training first, on-policy training after).
 
 Strategies (``fn(rewards, cfg, rng) -> indices``, over the buffer oldest first): ``recent`` (the
 newest k), ``highest`` (the k highest rewards, newest first among ties), ``random`` (k uniformly,
@@ -46,6 +48,8 @@ class ReplaySettings(Settings):
         "split", description="split: replayed samples are a group of their own (advantages apart, the paper's); "
         "mixed: they join the fresh group")
     max_prompts: int = Field(0, ge=0, description="prompts kept; the least recently sampled is evicted (0 = all)")
+    until_step: int = Field(0, ge=0, description="replay only at steps below this one, then train on fresh samples "
+                            "alone (ReMix's policy reincarnation, the switch back to on-policy; 0 = always replay)")
 
     @model_validator(mode="after")
     def _reachable(self) -> ReplaySettings:
@@ -145,7 +149,7 @@ class ReplayBuffer:
     def select(self, task_id: str, step: int) -> list[list[Any]]:
         """The records the strategy replays for one group of ``task_id`` at ``step`` (none below the minimum)."""
         buf = self.buffers.get(task_id, [])
-        if len(buf) < self.cfg.min_to_replay:
+        if len(buf) < self.cfg.min_to_replay or 0 < self.cfg.until_step <= step:
             return []
         rng = random.Random(zlib.crc32(f"{self.seed}:{step}:{task_id}".encode()))
         rewards = [float(r[5]) for r in buf]
