@@ -14,8 +14,9 @@ need the host every step and read back every step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,8 +26,11 @@ from reinforge.rollout.decoding import SlotOutputs, Slots, right_pad
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 
-if TYPE_CHECKING:
-    from reinforge.rollout.torch_engine import StepCallback, TorchRolloutEngine
+StepCallback = Callable[[Tensor, Tensor, Tensor, Tensor], None]
+"""``on_step(rows, logits, tokens, logprobs)`` after every decode step: output row ``rows[i]`` (in
+``generate``'s order) sampled ``tokens[i]`` with log-prob ``logprobs[i]`` from ``logits[i]``."""
+
+TorchRolloutEngine = Any  # rollout/torch_engine.py's engine, which imports this module (no import back)
 
 
 @dataclass

@@ -18,16 +18,11 @@ from reinforge.errors import ReinforgeError
 from reinforge.models.lean_llama import LeanLlama
 from reinforge.models.lean_llama import supports as lean_supports
 from reinforge.models.precision import compute_dtype
-from reinforge.rollout.continuous import generate_continuous
+from reinforge.rollout.continuous import StepCallback, generate_continuous
 from reinforge.rollout.decoding import HFDecoder, LeanDecoder, left_pad
 from reinforge.rollout.engines import own_copy, register_engine
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-
-StepCallback = Callable[[Tensor, Tensor, Tensor, Tensor], None]
-"""``on_step(rows, logits, tokens, logprobs)`` after every decode step: output row ``rows[i]`` (in
-``generate``'s order) sampled ``tokens[i]`` with log-prob ``logprobs[i]`` from ``logits[i]``."""
-
 
 WeightPoll = Callable[[], "tuple[Mapping[str, Tensor] | nn.Module, int] | None"]
 """Called between decode steps: returns new weights and their version for the engine to apply, or
