@@ -166,3 +166,9 @@ def test_kl_dynamic_clock_moves_through_the_learner_and_its_checkpoint(tmp_path)
     fresh = components(tmp_path / "b")
     fresh.learner.load_state_dict(c.learner.state_dict())
     assert fresh.learner.term_controllers[0].step == 1
+
+
+def test_kl_dynamic_stays_on_the_inputs_device():
+    ctl = KLScheduleController(KLScheduleSettings(beta_start=0.01))
+    values, metrics = kl_dynamic_term(torch.zeros(2, 3, device="meta"), torch.zeros(2, 3, device="meta"), ctl)
+    assert values.device.type == metrics["kl_ref"].device.type == "meta"

@@ -243,8 +243,8 @@ def kl_dynamic_term(logp: Tensor, ref_logp: Tensor, cfg: KLScheduleController) -
     move away from the reference early (exploration) and is held close later (exploitation), instead of
     GRPO's constant beta. The term's own ``coef`` multiplies beta(s) (leave it at 1). The clock counts the
     learner's updates (one a training step) and is saved with checkpoints. k is the chosen estimator
-    (k3, GRPO's, by default). Choices: the paper gives the direction (low KL weight early, higher late)
-    as an epsilon-greedy-like schedule; the linear and cosine ramps and the default weights are this
+    (k3, GRPO's, by default). Choices: the paper gives the direction (a low KL weight early, a higher one
+    late); the linear and cosine ramps and the default weights are this
     project's. Metrics: ``kl_ref`` (the unweighted KL), ``kl_dynamic/beta`` (after each update)."""
     kl = KL_ESTIMATORS.get(cfg.settings.estimator)(logp, ref_logp)
     return cfg.beta() * kl, {"kl_ref": kl.detach()}

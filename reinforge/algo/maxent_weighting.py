@@ -53,8 +53,8 @@ def mgpo_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, cfg: MGPO
     group at 50% accuracy, 2^-lambda at 0% or 100%. The weight multiplies the whole advantage (the
     token-reward returns included). Choices: p_g is the fraction of rows with reward >= ``correct_threshold``
     (the paper's accuracy of the rollouts on the problem; for 0/1 rewards the mean reward); a row outside
-    any group (group id < 0) takes its own correctness as p; lambda defaults to 1 (the paper leaves it a
-    hyperparameter)."""
+    any group (group id < 0) takes its own correctness as p; lambda's default 1.0 is this
+    project's."""
     adv = grpo_advantage(rewards, group_index, mask, cfg, token_rewards).to(torch.float64)
     _, acc = group_accuracy(rewards, group_index, cfg.correct_threshold)
     w = torch.exp(-cfg.mgpo_lambda * maxent_deviation(acc))
