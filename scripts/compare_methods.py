@@ -99,6 +99,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "variants": {
             "grpo": [],
             "egsw": ["algo.advantage=egsw"],
+            "egsw_no_entropy": ["algo.advantage={name: egsw, egsw_alpha: 0.0}"],
             "mgpo": ["algo.advantage=mgpo"],
             "grpo_d": ["algo.loss_terms=[{name: kl_dynamic, beta_start: 0.0, beta_end: 0.04, horizon: 100}]"],
         },
