@@ -10,7 +10,7 @@ Guide against GRPO; the failed groups a hint solved), ``hybrid`` (LUFFY and RL-P
 as in-group demonstrations against GRPO; the expert tokens' probability), ``remix`` (on 300 2-digit
 prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to their sampler, two
 updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
-GRPO; replayed rows a step), ``weighting`` (EGSW's entropy-guided sequence weights, MGPO's MaxEnt-guided
+GRPO; replayed rows a step), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
 problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
 (the label-free rewards against the gold verifier; the training samples' accuracy graded against the gold
