@@ -10,7 +10,8 @@ Guide against GRPO; the failed groups a hint solved), ``hybrid`` (LUFFY and RL-P
 as in-group demonstrations against GRPO; the expert tokens' probability), ``remix`` (on 300 2-digit
 prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to their sampler, two
 updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
-GRPO; replayed rows a step), ``turn_credit`` (IGPO against ``grpo_turn`` on the
+GRPO; replayed rows a step), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
+problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
 (the label-free rewards against the gold verifier; the training samples' accuracy graded against the gold
 answer, ``reward/accuracy``, and held-out accuracy, which is always graded against it). A finished run in
@@ -91,6 +92,16 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "repo_mix": ["algo.policy_loss=repo", REMIX_REPLAY],
             "remix": ["algo.policy_loss=repo", REMIX_REPLAY, "train.minibatches=2",
                       "algo.loss_terms=[{name: kl_convex, coef: 0.01, base_weight: 0.5}]"],
+        },
+    },
+    "weighting": {
+        "base": [], "metric": ("training samples correct", "reward/accuracy"),
+        "variants": {
+            "grpo": [],
+            "egsw": ["algo.advantage=egsw"],
+            "egsw_no_entropy": ["algo.advantage={name: egsw, egsw_alpha: 0.0}"],
+            "mgpo": ["algo.advantage=mgpo"],
+            "grpo_d": ["algo.loss_terms=[{name: kl_dynamic, beta_start: 0.0, beta_end: 0.04, horizon: 100}]"],
         },
     },
     "turn_credit": {

@@ -1,5 +1,6 @@
 """Advantages shaped by the policy's entropy or confidence: GTPO and GRPO-S (entropy-weighted token /
-sequence rewards), AEPO's entropy-aware advantage and ACE's asymmetric confidence penalty.
+sequence rewards), AEPO's entropy-aware advantage, EGSW's entropy-guided sequence weights and ACE's
+asymmetric confidence penalty.
 
 They read, besides the rollout fields, what the no-grad pass at the start of an update computes for
 them (they declare it in ``needs``): ``entropy`` [N, T] (H_t of pi_old, the policy that sampled the
@@ -154,6 +155,49 @@ def aepo_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, entropy: 
     delta = (h - h.gather(1, first[:, None])) * keep
     a_dh = _group_norm(delta, group_index, mask, cfg.adv_eps)
     return (acc * (1.0 + cfg.alpha * a_dh)).to(mask.dtype)
+
+
+class EGSWSettings(GroupNormSettings):
+    """EGSW's entropy weight alpha and softmax temperature P."""
+
+    egsw_alpha: float = Field(0.1, ge=0, description="alpha: weight of the sequence entropy H_i next to A_i in the "
+                              "softmax score (A_i + alpha H_i) / P")
+    temperature: float = Field(1.0, gt=0, description="P, the softmax temperature: large P -> uniform weights "
+                               "(plain GRPO), small P -> the best-scored sequence takes the group's weight")
+
+
+@ADVANTAGES.register(
+    "egsw",
+    formula=("A'_i = n_g w_i A_i, w_i = exp((A_i + alpha H_i) / P) / sum_{j in g} exp((A_j + alpha H_j) / P), "
+             "A_i = GRPO's, H_i = mean_t H_{i,t} (n_g: rows in the group)"),
+    paper="Vanlioglu 2025, Entropy-guided sequence weighting for efficient exploration in RL-based LLM "
+          "fine-tuning (EGSW, arXiv:2503.22456); trajectory-wise variant",
+    needs=("entropy",),
+    settings=EGSWSettings,
+)
+def egsw_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, entropy: Tensor,
+                   cfg: EGSWSettings) -> Tensor:
+    """EGSW, trajectory-wise: GRPO's advantage of each row reweighted by a temperature-scaled softmax,
+    over its group, of its advantage plus alpha times its entropy H_i (the mean over its trained tokens
+    of pi_old's per-token entropy, no gradient), so rows that are both good and uncertain get most of
+    the update. The paper's weights sum to 1 over the group and take the place of GRPO's 1/G; here they
+    are scaled by the group size n_g (they average 1 over the group), which is the same objective with
+    GRPO's 1/G kept. Groups of one row get w = 1. With alpha = 0 and large P every w_i -> 1 (GRPO).
+    Choices: the step-wise variant (a weight per token position) is not built; the softmax is over the
+    row's group (the paper's sum over the G outputs of a prompt). Token rewards are not read (the
+    advantage is GRPO's outcome advantage)."""
+    adv = grpo_advantage(rewards, group_index, mask, cfg).to(torch.float64)
+    m = (mask != 0).to(torch.float64)
+    a = (adv * m).sum(-1) / m.sum(-1).clamp(min=1)  # the row's (broadcast) advantage
+    h = masked_seq_mean(entropy.detach().to(torch.float64), m)
+    score = (a + cfg.egsw_alpha * h) / cfg.temperature
+    n_groups = int(group_index.max()) + 1
+    top = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, group_index, score, "amax")
+    e = torch.exp(score - top[group_index])  # the softmax is shift-invariant within a group
+    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, e)
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, torch.ones_like(e))
+    w = count[group_index] * e / total[group_index]
+    return (adv * w[:, None]).to(mask.dtype)
 
 
 class ACESettings(GroupNormSettings):

@@ -6,6 +6,8 @@
 - ``grpo_stcr`` (advantage): APO's Suboptimal Trajectory Complexity Regularization, the wrong
   (negative) samples longer than their group's correct ones get a larger negative advantage.
 - ``rapo_kl`` (loss term): RAPO's forward KL to a reward-reweighted reference pi_ref^phi(r) / Z.
+- ``kl_dynamic`` (loss term): GRPO-D's KL weight that follows a schedule over training, small early
+  (the policy explores away from the reference) and growing later (it exploits, held close).
 
 A part that reads group statistics in the loss declares ``whole_groups``: the learner then keeps every
 group inside one mini-batch and one micro-batch, so the accuracy is the whole group's.
@@ -14,6 +16,7 @@ group inside one mini-batch and one micro-batch, so the accuracy is the whole gr
 from __future__ import annotations
 
 import math
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, field_validator
@@ -43,13 +46,10 @@ def group_accuracy(rewards: Tensor, group_index: Tensor, threshold: float) -> tu
     return correct, acc
 
 
-class DadsSettings(Settings):
-    """Options of APO's difficulty-adaptive KL weight."""
+class KLEstimatorSettings(Settings):
+    """A KL term's choice of registered estimator."""
 
     estimator: str = Field("k3", description="the KL estimator weighed (a registered one: k1, k2, k3, k3_fwd, ...)")
-    correct_threshold: float = Field(1.0, description="a sample with reward >= this is correct (a positive sample)")
-    sharpness: float = Field(math.e, gt=0, description="c of the weight f(d) = 1 - exp(-c (1 - d)); the "
-                             "authors' code uses e")
 
     @field_validator("estimator")
     @classmethod
@@ -57,6 +57,14 @@ class DadsSettings(Settings):
         if v not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {v!r}; allowed: {', '.join(KL_ESTIMATORS.names())}")
         return v
+
+
+class DadsSettings(KLEstimatorSettings):
+    """Options of APO's difficulty-adaptive KL weight."""
+
+    correct_threshold: float = Field(1.0, description="a sample with reward >= this is correct (a positive sample)")
+    sharpness: float = Field(math.e, gt=0, description="c of the weight f(d) = 1 - exp(-c (1 - d)); the "
+                             "authors' code uses e")
 
 
 def dads_weight(rewards: Tensor, group_index: Tensor, cfg: DadsSettings) -> Tensor:
@@ -176,3 +184,67 @@ def rapo_kl_term(logp: Tensor, ref_logp: Tensor, rewards: Tensor, cfg: RapoSetti
     phi = rapo_phi(rewards, cfg).to(logp.dtype)[:, None]
     kl = kl_k3_fwd(logp, phi * ref_logp)
     return kl, {"kl_fwd": kl.detach(), "rapo_phi": phi.expand_as(kl)}
+
+
+_OTHINK = ("Liu et al. 2025, OThink-MR1: Stimulating multimodal generalized reasoning capabilities via dynamic "
+           "reinforcement learning (GRPO-D, arXiv:2503.16081)")
+
+
+class KLScheduleController:
+    """GRPO-D's clock: the number of updates s done so far, and the KL weight beta(s) it gives."""
+
+    def __init__(self, settings: KLScheduleSettings) -> None:
+        self.settings = settings
+        self.step = 0
+
+    def beta(self) -> float:
+        """beta(s) = beta_start + (beta_end - beta_start) ramp(min(s / horizon, 1)); ramp(x) = x (linear) or
+        (1 - cos(pi x)) / 2 (cosine)."""
+        s = self.settings
+        x = min(self.step / s.horizon, 1.0)
+        ramp = x if s.shape == "linear" else 0.5 * (1.0 - math.cos(math.pi * x))
+        return s.beta_start + (s.beta_end - s.beta_start) * ramp
+
+    def update(self, metrics: dict[str, float]) -> dict[str, float]:
+        """After an update: s advances; reports the weight the next update uses."""
+        self.step += 1
+        return {"kl_dynamic/beta": self.beta()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+class KLScheduleSettings(KLEstimatorSettings):
+    """GRPO-D's schedule: the KL weight at the start and the end of ``horizon`` updates, and the ramp's shape."""
+
+    controller: ClassVar[type] = KLScheduleController
+    beta_start: float = Field(0.0, ge=0, description="KL weight at the first update (small: explore)")
+    beta_end: float = Field(0.04, ge=0, description="KL weight from update ``horizon`` on (larger: exploit)")
+    horizon: int = Field(100, ge=1, description="updates over which the weight moves from beta_start to beta_end "
+                         "(set it to the run's train.steps)")
+    shape: Literal["linear", "cosine"] = Field("linear", description="the ramp between them: linear, or cosine "
+                                               "(slow at both ends)")
+
+
+@LOSS_TERMS.register(
+    "kl_dynamic",
+    formula="+ beta(s) * agg(k(log pi, log pi_ref)), beta(s) = beta_0 + (beta_1 - beta_0) ramp(min(s / S, 1)), "
+            "s = updates done, ramp linear or cosine",
+    paper=_OTHINK + "; the dynamic KL strategy, its ramp is this project's",
+    needs=("ref_logp",),
+    settings=KLScheduleSettings,
+)
+def kl_dynamic_term(logp: Tensor, ref_logp: Tensor, cfg: KLScheduleController) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO-D's dynamic KL: the KL penalty to the reference with a weight that changes over training,
+    beta_start (small) at the first update rising to beta_end over ``horizon`` updates, so the policy may
+    move away from the reference early (exploration) and is held close later (exploitation), instead of
+    GRPO's constant beta. The term's own ``coef`` multiplies beta(s) (leave it at 1). The clock counts the
+    learner's updates (one a training step) and is saved with checkpoints. k is the chosen estimator
+    (k3, GRPO's, by default). Choices: the paper gives the direction (a low KL weight early, a higher one
+    late); the linear and cosine ramps and the default weights are this
+    project's. Metrics: ``kl_ref`` (the unweighted KL), ``kl_dynamic/beta`` (after each update)."""
+    kl = KL_ESTIMATORS.get(cfg.settings.estimator)(logp, ref_logp)
+    return cfg.beta() * kl, {"kl_ref": kl.detach()}
