@@ -99,6 +99,8 @@ NEEDS: dict[str, str] = {
     "ungrouped": "the estimator's baseline is not its group's: equal-reward groups are kept",
     "carry_over": "a group sampler that carries unfinished generations into the next step (T-PPO)",
     "cpu_bound": "a verifier computing in pure Python under the GIL: scored in processes",
+    "reference_logp": "a verifier whose value is the policy's likelihood of the reference answer after each "
+                      "sample's reasoning: the reference-rewards stage sets it after rollout (RLPR, DRO's R3)",
 }
 
 

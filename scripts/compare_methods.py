@@ -13,8 +13,9 @@ updates a batch, the KL-Convex term and reincarnation at step 51, and the mix al
 GRPO; replayed rows a step), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
 problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
-(the label-free rewards against the gold verifier; the training samples' accuracy graded against the gold
-answer, ``reward/accuracy``, and held-out accuracy, which is always graded against it). A finished run in
+(the label-free rewards against the gold verifier: the votes, and RLPR's and DRO's likelihood of the reference
+after the reasoning; the training samples' accuracy graded against the gold answer, ``reward/accuracy``, and
+held-out accuracy, which is always graded against it). A finished run in
 ``--out`` is read back, not trained again.
 """
 
@@ -52,6 +53,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "gold": [],
             "majority_vote": [VOTE_TERM.format(name="majority_vote")],
             "restrain_vote": [VOTE_TERM.format(name="restrain_vote")],
+            "rlpr": [VOTE_TERM.format(name="rlpr")],  # the policy's probability of the reference after the reasoning
+            "dro": [VOTE_TERM.format(name="dro_r3")],  # DRO's R3: reference tokens weighted by their spread
         },
     },
     "rec": {

@@ -25,6 +25,7 @@ from reinforge.orchestrate.demo_batches import (
     GuidanceStage,
 )
 from reinforge.orchestrate.episodes import build_batch
+from reinforge.orchestrate.reference_rewards import reference_reward_stage
 from reinforge.orchestrate.replay import ReplayBuffer
 from reinforge.orchestrate.search_steps import SearchStepStage
 from reinforge.orchestrate.stages import (
@@ -170,6 +171,9 @@ def test_every_stage_after_collection_reads_and_writes_what_it_declares():
     _check(StateValueStage(StateValues(StateCollector(), CutSettings(2, "tokens", 1, 2)), PARAMS), tasks)
     engine = SimpleNamespace(model=_Uniform(), pad_id=0, tokenizer=SimpleNamespace(encode=lambda s, **_: [1] * len(s)))
     _check(AnswerProbStage(AnswerProbs(engine, "{answer}"), PARAMS), tasks)
+    for verifier in ("rlpr", "dro_r3"):
+        reward = load_config(None, [f"reward.terms=[{{name: r, verifier: {verifier}}}]"]).reward
+        _check(reference_reward_stage(reward, "exact_match", engine, PARAMS), tasks, steps=2)
     demo = Trajectory([1, 2, 9], [0, 0, 1], [0.0, 0.0, 0.0], 0, -1, "a", completion_text="9", demonstration=True)
     _check(DemonstrationStage(DemonstrationBatches([demo], per_step=2, seed=0)), tasks, baseline=[0.5] * 4)
     guidance = GroupGuidance([demo], list(tasks.values()), lambda ts, texts: [1.0] * len(texts))

@@ -14,7 +14,7 @@ RunConfig = Any
 def check_strategies(cfg: RunConfig) -> None:
     """Every check below, in order."""
     for check in (one_baseline_producer, rollout_parts_run_in_one_rank, carried_generations_fit,
-                  state_values_are_estimated):
+                  state_values_are_estimated, reference_rewards_fit):
         check(cfg)
 
 
@@ -76,3 +76,37 @@ def state_values_are_estimated(cfg: RunConfig) -> None:
         raise ValueError(f"env.name={cfg.env.name}: algo.advantage={cfg.algo.advantage} needs Monte Carlo "
                          "values of intermediate states, which continue single-turn completions; a multi-turn "
                          "or agent episode cannot be continued from a partial turn (use env.name=single_turn)")
+
+
+def reference_rewards_fit(cfg: RunConfig) -> None:
+    """A reward term whose verifier declares ``reference_logp`` (RLPR, DRO's R3: rewards/reference_prob.py)
+    gets its value after rollout, from the policy (orchestrate/reference_rewards.py): its ``params`` are its
+    verifier's settings, the episodes are single-turn, and nothing reads the rewards before that stage."""
+    from reinforge.algo.objective import required_inputs
+    from reinforge.envs.registry import environment_spec
+    from reinforge.errors import ConfigError
+    from reinforge.rewards.reference_prob import RLPRSettings, reference_terms
+
+    try:
+        terms = reference_terms(cfg.reward, cfg.task.verifier)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    if not terms:
+        return
+    where = (f"reward: {terms[0].verifier} is the policy's likelihood of the reference, set after rollout "
+             "(the reference-rewards stage)")
+    spec = environment_spec(cfg.env.name)
+    if spec.multi_turn or spec.agent_driven:
+        raise ValueError(f"env.name={cfg.env.name}: {where} reads a single-turn completion's reasoning; use "
+                         "env.name=single_turn")
+    needs = required_inputs(cfg.algo)
+    d = cfg.demonstrations
+    before = {"algo.dynamic_sampling": cfg.algo.dynamic_sampling, "rollout.hints": cfg.rollout.hints is not None,
+              "demonstrations.placement=in_group": d.path is not None and d.placement == "in_group",
+              **{f"algo (a part needs {n})": n in needs for n in (*BASELINE_PRODUCERS, "state_values")}}
+    for key in [k for k, v in before.items() if v][:1]:
+        raise ValueError(f"{key}: reads the rewards of samples before the stage sets them; {where}")
+    stateful = [t.name for t in terms if isinstance(t.settings, RLPRSettings) and t.settings.std_filter]
+    if stateful and cfg.train.world_size > 1:
+        raise ValueError(f"reward term {stateful[0]!r}: RLPR's std filter keeps an EMA over every prompt's samples; "
+                         "run it with train.world_size=1 (or params: {std_filter: false})")

@@ -24,6 +24,7 @@ kept across steps (nothing to checkpoint).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -59,32 +60,88 @@ def answer_pieces(tokenizer: Any, template: str, answer: str) -> tuple[list[int]
     return enc[0] + enc[1] + enc[2], [len(enc[0]), len(enc[0]) + len(enc[1])]
 
 
-@torch.no_grad()
 def answer_probabilities(model: torch.nn.Module, pad_id: int, states: Sequence[list[int]],
                          appended: Sequence[list[int]], spans: Sequence[list[int]], temperature: float,
                          batch_size: int = 32) -> list[float]:
     """exp(mean log pi(answer token | state, preceding appended tokens)) of each (state, appended) pair,
     ``batch_size`` right-padded sequences per forward; an empty answer gives 0."""
+    return [geometric_mean_prob(lp) for lp, _ in span_logprobs(model, pad_id, states, appended, spans, temperature,
+                                                               batch_size)]
+
+
+def geometric_mean_prob(logp: Sequence[float]) -> float:
+    """exp(mean of the log-probabilities); 0 for none."""
+    return math.exp(sum(logp) / len(logp)) if logp else 0.0
+
+
+@torch.no_grad()
+def span_logprobs(model: torch.nn.Module, pad_id: int, states: Sequence[list[int]], appended: Sequence[list[int]],
+                  spans: Sequence[Sequence[int]], temperature: float, batch_size: int = 32,
+                  ranks: bool = False) -> list[tuple[list[float], list[int]]]:
+    """Teacher-forced: for each (state, appended) pair, log pi(token | state, the appended tokens before it)
+    at ``temperature`` for the appended tokens in ``spans[i]`` = [start, end), and with ``ranks`` each one's
+    rank among the vocabulary (1: the most likely token; else []). ``batch_size`` right-padded sequences
+    per forward of ``model`` (no gradient); the answer-probabilities and reference-rewards stages' pass."""
     device = next(model.parameters()).device
-    out: list[float] = []
+    out: list[tuple[list[float], list[int]]] = []
     for lo in range(0, len(states), batch_size):
         seqs = [list(s) + list(a) for s, a in zip(states[lo:lo + batch_size], appended[lo:lo + batch_size],
                                                     strict=True)]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), int(pad_id), dtype=torch.long, device=device)
         attention = torch.zeros_like(ids)
-        score = torch.zeros((len(seqs), width), dtype=torch.bool, device=device)
-        for i, (s, st, (a, b)) in enumerate(zip(seqs, states[lo:lo + batch_size], spans[lo:lo + batch_size],
-                                                strict=True)):
+        for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s, device=device)
             attention[i, : len(s)] = 1
-            score[i, len(st) + a : len(st) + b] = True
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float() / max(temperature, 1e-6)
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-        hit = score[:, 1:]
-        mean = (logp * hit).sum(1) / hit.sum(1).clamp(min=1)
-        out += torch.where(hit.any(1), mean.exp(), 0.0).tolist()
+        logp = torch.log_softmax(logits, dim=-1)
+        picked = logp.gather(-1, ids[:, 1:, None])
+        rank = (logp > picked).sum(-1) + 1 if ranks else None
+        for i, (st, (a, b)) in enumerate(zip(states[lo:lo + batch_size], spans[lo:lo + batch_size], strict=True)):
+            where = slice(len(st) + a - 1, len(st) + b - 1)  # logits at t predict token t + 1
+            out.append((picked[i, where, 0].tolist(), rank[i, where].tolist() if rank is not None else []))
     return out
+
+
+class TeacherForcing:
+    """The sequences of one teacher-forced pass: a state (token ids) followed by a task's answer, written with
+    ``template`` and tokenised once per task (``answer_pieces``; a group shares its task). ``add`` returns the
+    sequence's index, the same for a sequence added again (scored once); ``run`` scores them all
+    (``span_logprobs``). IGPO's answer probabilities and the reference-rewards stage build theirs."""
+
+    def __init__(self, engine: Any, template: str) -> None:
+        self.engine, self.template = engine, template
+        self.index: dict[tuple[int, ...], int] = {}
+        self.states: list[list[int]] = []
+        self.appended: list[list[int]] = []
+        self.spans: list[list[int]] = []
+        self.pieces: dict[str, tuple[list[int], list[int]]] = {}
+
+    def add(self, state: list[int], task: Task) -> int:
+        if task.id not in self.pieces:
+            self.pieces[task.id] = answer_pieces(self.engine.tokenizer, self.template, task.answer)
+        tail, span = self.pieces[task.id]
+        key = (*state, -1, *tail)
+        if key not in self.index:
+            self.index[key] = len(self.states)
+            self.states.append(list(state))
+            self.appended.append(tail)
+            self.spans.append(span)
+        return self.index[key]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def run(self, temperature: float, ranks: bool = False) -> list[tuple[list[float], list[int]]]:
+        return span_logprobs(self.engine.model, self.engine.pad_id, self.states, self.appended, self.spans,
+                             temperature, ranks=ranks)
+
+
+def needs_model(engine: Any, who: str) -> None:
+    """A ``ConfigError`` naming ``who`` when the rollout engine has no model to score with (not torch)."""
+    if getattr(engine, "model", None) is None:
+        raise ConfigError(f"{who}, scored by the rollout engine's model; {type(engine).__name__} has none "
+                          "(rollout.engine: torch)")
 
 
 class AnswerProbs:
@@ -92,44 +149,24 @@ class AnswerProbs:
     returns the step's counters (``rollout/answer_probs/*``)."""
 
     def __init__(self, engine: Any, template: str) -> None:
-        if getattr(engine, "model", None) is None:
-            raise ConfigError(f"algo.advantage: a part needs the policy's probability of the gold answer "
-                              f"({FIELD}), scored by the rollout engine's model; {type(engine).__name__} has none "
-                              "(rollout.engine: torch)")
+        needs_model(engine, f"algo.advantage: a part needs the policy's probability of the gold answer ({FIELD})")
         self.engine, self.template = engine, template
 
     def __call__(self, tasks: Mapping[str, Task], trajectories: Sequence[Trajectory],
                  params: SamplingParams) -> dict[str, float]:
         t0 = time.perf_counter()
-        index: dict[tuple[int, ...], int] = {}
-        states, appended, spans, where = [], [], [], []
-        pieces: dict[str, tuple[list[int], list[int]]] = {}  # the answer's tokens, once per task (a group shares its task)
-        for t in trajectories:
-            if t.demonstration:
-                continue
-            if t.task_id not in pieces:
-                pieces[t.task_id] = answer_pieces(self.engine.tokenizer, self.template, tasks[t.task_id].answer)
-            tail, span = pieces[t.task_id]
-            pos = []
-            for start in turn_starts(t):
-                key = (*t.token_ids[:start], -1, *tail)
-                if key not in index:
-                    index[key] = len(states)
-                    states.append(t.token_ids[:start])
-                    appended.append(tail)
-                    spans.append(span)
-                pos.append(index[key])
-            where.append((t, pos))
-        if not states:
+        forced = TeacherForcing(self.engine, self.template)
+        where = [(t, [forced.add(t.token_ids[:start], tasks[t.task_id]) for start in turn_starts(t)])
+                 for t in trajectories if not t.demonstration]
+        if not forced:
             return {}
-        probs = answer_probabilities(self.engine.model, self.engine.pad_id, states, appended, spans,
-                                     params.temperature)
+        probs = [geometric_mean_prob(lp) for lp, _ in forced.run(params.temperature)]
         gains = []
         for t, pos in where:
             p = [probs[i] for i in pos]
             t.metadata[FIELD] = p
             gains += [b - a for a, b in zip(p, p[1:], strict=False)]
-        return {f"{PREFIX}/states": float(len(states)), f"{PREFIX}/prob_mean": sum(probs) / len(probs),
+        return {f"{PREFIX}/states": float(len(forced)), f"{PREFIX}/prob_mean": sum(probs) / len(probs),
                 f"{PREFIX}/gain_mean": sum(gains) / len(gains) if gains else 0.0,
                 f"{PREFIX}/time_s": time.perf_counter() - t0}
 

@@ -1,8 +1,9 @@
 """The stages a step runs on its rollout after collection, in the learner's process, the same for
 every batch source (``LocalBatches`` in this process, ``WorkerBatches`` over rollout workers):
 
-    collect -> shape -> budget -> hints -> replay -> prompt values -> state values -> answer probabilities
-    -> search steps -> demonstrations or guidance -> (build, prepare, advantages, update, publish)
+    collect -> shape -> reference rewards -> budget -> hints -> replay -> prompt values -> state values
+    -> answer probabilities -> search steps -> demonstrations or guidance
+    -> (build, prepare, advantages, update, publish)
 
 Each stage declares the rollout fields it reads and writes and owns its state (``state_dict`` /
 ``load_state_dict``, under its ``key`` in a checkpoint's ``state.json``); the run builds the stages its
@@ -21,6 +22,7 @@ from reinforge.data.budgets import BudgetPart, build_budget
 from reinforge.orchestrate.answer_probs import answer_prob_stage
 from reinforge.orchestrate.demo_batches import demonstration_stage
 from reinforge.orchestrate.hint_stage import hint_stage
+from reinforge.orchestrate.reference_rewards import reference_reward_stage
 from reinforge.orchestrate.replay import ReplayBuffer
 from reinforge.orchestrate.rollouts import KeptRowsStage, Rollout
 from reinforge.orchestrate.search_steps import search_step_stage
@@ -162,6 +164,9 @@ def build_stages(c: Components, collector: Collector, resumed: Mapping[str, Any]
     the components; their state from ``resumed`` (the ``state.json`` of the checkpoint resumed from)."""
     cfg, params = c.cfg, c.sampling_params()
     stages: list[RolloutStage] = []
+    reference = reference_reward_stage(cfg.reward, cfg.task.verifier, c.engine, params)
+    if reference is not None:  # first: every later stage, the task sampler and the metrics see its rewards
+        stages.append(reference)
     if cfg.rollout.budget is not None:
         stages.append(BudgetStage(build_budget(cfg.rollout.budget.name, cfg.rollout.budget.settings())))
     hints = hint_stage(c, collector)  # before replay and values: they see the groups as hinted

@@ -15,12 +15,13 @@ from reinforge.orchestrate.demo_batches import DemonstrationStage, GuidanceStage
 from reinforge.orchestrate.episodes import build_batch
 from reinforge.orchestrate.hint_stage import HintStage
 from reinforge.orchestrate.loop import Loop
+from reinforge.orchestrate.reference_rewards import ReferenceRewardStage
 from reinforge.orchestrate.search_steps import SearchStepStage
 from reinforge.orchestrate.stages import BudgetStage, PromptValueStage, ReplayStage, StateValueStage
 from reinforge.types import StepStage
 
-AFTER_COLLECTION = (BudgetStage, HintStage, ReplayStage, PromptValueStage, StateValueStage, AnswerProbStage,
-                    SearchStepStage, DemonstrationStage, GuidanceStage)
+AFTER_COLLECTION = (ReferenceRewardStage, BudgetStage, HintStage, ReplayStage, PromptValueStage, StateValueStage,
+                    AnswerProbStage, SearchStepStage, DemonstrationStage, GuidanceStage)
 
 
 def step_stages() -> list[StepStage]:

@@ -6,6 +6,7 @@ from reinforge.rewards import format as _format  # noqa: F401  (think_answer_for
 from reinforge.rewards import label_free as _label_free  # noqa: F401  (majority_vote, restrain_vote, truthrl_ternary, ...)
 from reinforge.rewards import math as _math  # noqa: F401  (math_verify, regex, multiple_choice)
 from reinforge.rewards import reasoning_gym as _reasoning_gym  # noqa: F401  (reasoning_gym)
+from reinforge.rewards import reference_prob as _reference_prob  # noqa: F401  (rlpr, dro_r3)
 from reinforge.rewards.verifiers import VERIFIERS, RewardResult
 
 __all__ = ["VERIFIERS", "RewardResult"]

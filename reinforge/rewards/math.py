@@ -38,12 +38,18 @@ _MATH_DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces balance; None if there is none."""
+    span = _last_boxed_span(text)
+    return text[span[0]:span[1]] if span is not None else None
+
+
+def _last_boxed_span(text: str) -> tuple[int, int] | None:
+    """[start, end) of the last balanced box's content."""
     for match in reversed(list(_BOXED.finditer(text))):
         depth, start = 1, match.end()
         for i in range(start, len(text)):
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             if depth == 0:
-                return text[start:i]
+                return start, i
     return None
 
 
@@ -58,16 +64,38 @@ def _clean(answer: str) -> str:
 
 def extract_answer(text: str, number_fallback: bool = True) -> str | None:
     """The final answer in ``text`` (see the module docstring for the order); None if there is none."""
-    found = last_boxed(text)
-    if found is None and (tags := _ANSWER_TAG.findall(text)):
-        found = tags[-1]
-    if found is None and (labels := _ANSWER_LABEL.findall(text)):
-        found = labels[-1]
-    if found is not None:
-        cleaned = _clean(found)
-        return cleaned or None
-    if number_fallback and (numbers := _NUMBER.findall(text)):
-        return numbers[-1].replace(",", "")
+    found = _located_answer(text, number_fallback)
+    if found is None:
+        return None
+    _, raw, is_number = found
+    if is_number:
+        return raw.replace(",", "")
+    return _clean(raw) or None
+
+
+def answer_start(text: str, number_fallback: bool = True) -> int | None:
+    """Where the answer ``extract_answer`` reads begins in ``text`` (the first non-space character of the
+    box's, tag's or label's content, or the last number); None if there is none. What precedes it is the
+    completion's reasoning (and the opening of its answer format)."""
+    found = _located_answer(text, number_fallback)
+    if found is None:
+        return None
+    start, raw, _ = found
+    return start + len(raw) - len(raw.lstrip())
+
+
+def _located_answer(text: str, number_fallback: bool) -> tuple[int, str, bool] | None:
+    """(where the raw answer starts, the raw answer, whether it is the last-number fallback), in
+    ``extract_answer``'s order."""
+    span = _last_boxed_span(text)
+    if span is not None:
+        return span[0], text[span[0]:span[1]], False
+    for pattern in (_ANSWER_TAG, _ANSWER_LABEL):
+        matches = list(pattern.finditer(text))
+        if matches:
+            return matches[-1].start(1), matches[-1].group(1), False
+    if number_fallback and (numbers := list(_NUMBER.finditer(text))):
+        return numbers[-1].start(), numbers[-1].group(), True
     return None
 
 
