@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_turn_credit import _Bigram
 from torch import nn
 
 from reinforge.config import load_config
@@ -130,18 +131,12 @@ def test_dro_filters_drop_unreachable_groups_then_the_lowest_spread():
 VOCAB = "0123456789 +=x"
 
 
-class _Bigram(nn.Module):
-    """logits of the next token = a row of a table indexed by the current token."""
-
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__()
-        self.table = nn.Parameter(torch.randn(len(VOCAB), len(VOCAB), generator=torch.Generator().manual_seed(seed)))
-
-    def forward(self, input_ids, attention_mask):
-        return SimpleNamespace(logits=self.table[input_ids])
-
-    def p(self, prev: str, nxt: str) -> float:
-        return torch.softmax(self.table[VOCAB.index(prev)].detach(), -1)[VOCAB.index(nxt)].item()
+def _bigram(seed: int = 0) -> _Bigram:
+    """A bigram model (next-token logits: a row of a random table) over ``VOCAB``; ``p(prev, next)`` its
+    probability of ``next`` after ``prev``."""
+    model = _Bigram(torch.randn(len(VOCAB), len(VOCAB), generator=torch.Generator().manual_seed(seed)))
+    model.p = lambda prev, nxt: torch.softmax(model.table[VOCAB.index(prev)].detach(), -1)[VOCAB.index(nxt)].item()
+    return model
 
 
 def _encode(text: str, add_special_tokens: bool = False) -> list[int]:
@@ -149,7 +144,7 @@ def _encode(text: str, add_special_tokens: bool = False) -> list[int]:
 
 
 def test_span_logprobs_scores_the_span_and_ranks_it_in_the_vocabulary():
-    model = _Bigram()
+    model = _bigram()
     (logp, ranks), = span_logprobs(model, 0, [_encode("3=")], [_encode("12")], [[0, 2]], 1.0, ranks=True)
     assert logp == pytest.approx([math.log(model.p("=", "1")), math.log(model.p("1", "2"))])
     row = model.table[VOCAB.index("=")].detach()
@@ -172,7 +167,7 @@ def _stage(model: nn.Module, verifier: str, **params) -> ReferenceRewardStage:
 
 
 def test_the_stage_sets_rlpr_from_each_rows_reasoning_replacing_the_placeholder():
-    model = _Bigram()
+    model = _bigram()
     rows = [_row(0, "9 12", reward=0.5, metadata={"reward_terms": {"r": 0.0, "other": 0.5}}), _row(0, "12"),
             _row(0, "x")]
     demo = _row(-1, "12", demonstration=True)
@@ -197,7 +192,7 @@ def test_the_stage_sets_rlpr_from_each_rows_reasoning_replacing_the_placeholder(
 
 
 def test_the_stage_sets_r3_per_group_and_drops_the_groups_its_filters_name():
-    model = _Bigram(seed=1)
+    model = _bigram(seed=1)
     rows = [_row(0, "9 12"), _row(0, "x12"), _row(1, "12"), _row(1, "12")]  # group 1: no spread
     rollout = Rollout(sampled=rows, kept=list(rows), baseline=[0.0] * 4)
     stage = _stage(model, "dro_r3", low_variation_drop=0.5)
@@ -211,7 +206,7 @@ def test_the_stage_sets_r3_per_group_and_drops_the_groups_its_filters_name():
 
 
 def test_the_rlpr_std_filter_drops_flat_groups_once_its_ema_exists():
-    model = _Bigram()
+    model = _bigram()
     assert model.p("x", "1") > model.p("=", "1")  # the reasoning "x" raises p(reference): a value above 0
     rows = [_row(0, "x12"), _row(0, "12"), _row(1, "12"), _row(1, "12")]
     stage = _stage(model, "rlpr", std_filter_warmup=1)
@@ -223,7 +218,7 @@ def test_the_rlpr_std_filter_drops_flat_groups_once_its_ema_exists():
     assert second.kept == rows[:2] and metrics["rollout/reference/r/groups_dropped"] == 1.0
     assert metrics["rollout/reference/r/std_threshold"] > 0
     assert stage.state_dict()["r"]["steps"] == 2
-    fresh = _stage(_Bigram(), "rlpr", std_filter_warmup=1)
+    fresh = _stage(_bigram(), "rlpr", std_filter_warmup=1)
     fresh.load_state_dict(json.loads(json.dumps(stage.state_dict())))
     assert fresh.thresholds["r"].ema == stage.thresholds["r"].ema
 

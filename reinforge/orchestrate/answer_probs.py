@@ -9,7 +9,9 @@ The gold answer is written with the estimator's ``answer_template`` (``{answer}`
 one teacher-forced forward pass of the current policy gives p_k = exp(mean of log pi over the
 answer's tokens) at the sampling temperature (the authors' code: the actor's log-probs, averaged over
 the ground-truth span of a pseudo answer turn, then exponentiated). Distinct states are scored once
-(every episode of a group shares its first state), ``batch_size`` sequences per forward.
+(every episode of a group shares its first state), ``batch_size`` sequences per forward. The pass
+(``TeacherForcing``, ``span_logprobs``: per-token log-probabilities, and ranks on request) is shared with the
+reference-rewards stage (orchestrate/reference_rewards.py: RLPR's and DRO's rewards).
 
 Why a stage and not a learner pass like ``ref_logp``: the scored sequences are not rows of the
 training batch (one per turn, each ending in the gold answer), so they fit none of the learner's

@@ -118,7 +118,8 @@ class ReferenceRewardStage:
         fallback = all(t.settings.number_fallback for t in self.terms)
         forced, where = TeacherForcing(self.engine, "{answer}"), []
         for t in rows:
-            prompt, task = t.token_ids[:turn_starts(t)[0]], tasks[t.task_id]
+            starts, task = turn_starts(t), tasks[t.task_id]
+            prompt = t.token_ids[:starts[0]] if starts else list(t.token_ids)  # no generated token: all prompt
             reasoning = reasoning_of(t.completion_text, fallback)
             state = prompt + (encode(reasoning, add_special_tokens=False) if reasoning else [])
             where.append((forced.add(state, task), forced.add(prompt, task), len(reasoning)))
