@@ -11,7 +11,6 @@ import torch
 from reinforge.algo.advantage_estimators import ADVANTAGES
 from reinforge.algo.sas import RewardHistory, SASSettings, dcpo_sas_advantage
 from reinforge.config import load_config
-from reinforge.orchestrate.run import train
 from reinforge.track.jsonl import read_jsonl
 
 
@@ -77,20 +76,22 @@ def test_state_round_trip_and_refusals():
 
 
 @pytest.mark.slow
-def test_the_dcpo_preset_resumes_its_reward_history_exactly(tmp_path):
-    """digits 1: 10 training problems, 4 a step, so prompts come back within the 3 steps."""
-    def cfg(name, steps):
+def test_the_dcpo_preset_resumes_its_reward_history_exactly(tmp_path, monkeypatch):
+    """digits 1: 10 training problems, 4 a step, so prompts come back within the 3 steps. The run is killed
+    after its step-2 checkpoint and resumed, with the same ``train.steps`` (a run planned for 2 steps has
+    another learning-rate schedule, so its step-2 weights are not the 3-step run's)."""
+    from resume_fixtures import straight_and_resumed
+
+    def cfg(name):
         return load_config(None, [
-            f"output_dir={tmp_path}", f"name={name}", f"train.steps={steps}", "checkpoint.every=1", "preset=dcpo",
+            f"output_dir={tmp_path}", f"name={name}", "train.steps=3", "checkpoint.every=1", "preset=dcpo",
             "task.digits=1", "task.heldout_size=90", "rollout.prompts_per_step=4", "rollout.group_size=4",
             "eval.every=0", "eval.final_samples=0", "log.report=false", "train.time_limit_s=0"])
 
-    def rows(run_dir):
-        return [m for m in read_jsonl(run_dir / "metrics.jsonl") if "reward/mean" in m]
+    def rows(result):
+        return [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
 
-    straight = rows(train(cfg("straight", 3)).run_dir)
+    straight, resumed = (rows(r) for r in straight_and_resumed(monkeypatch, cfg, kill_at=2))
     assert straight[0]["train/sas/revisited_frac"] == 0.0 and straight[2]["train/sas/revisited_frac"] > 0
-    cut = train(cfg("cut", 2)).run_dir
-    resumed = rows(train(resume=cut, overrides=["train.steps=3"]).run_dir)
     for key in ("train/sas/prompts_tracked", "train/sas/revisited_frac", "train/loss", "adv/mean", "reward/mean"):
         assert resumed[2][key] == straight[2][key], key

@@ -32,18 +32,20 @@ def test_gigpo_trains_on_the_guessing_game_with_step_groups(tmp_path):
 
 
 @pytest.mark.slow
-def test_spo_at_group_size_one_resumes_its_tracker_exactly(tmp_path):
-    def cfg(name, steps):
+def test_spo_at_group_size_one_resumes_its_tracker_exactly(tmp_path, monkeypatch):
+    """Killed after its step-1 checkpoint and resumed, with the same ``train.steps`` (a run planned for fewer
+    steps has another learning-rate schedule)."""
+    from resume_fixtures import straight_and_resumed
+
+    def cfg(name):
         return load_config(None, [
-            f"output_dir={tmp_path}", f"name={name}", f"train.steps={steps}", "checkpoint.every=1",
+            f"output_dir={tmp_path}", f"name={name}", "train.steps=2", "checkpoint.every=1",
             "checkpoint.keep=3", "rollout.prompts_per_step=8", "rollout.group_size=1", "algo.advantage=spo",
             "algo.skip_equal_reward_groups=false", "task.heldout_size=4", *QUIET])
 
-    straight = _rows(train(cfg("straight", 2)).run_dir)
+    straight, resumed = (_rows(r.run_dir) for r in straight_and_resumed(monkeypatch, cfg, kill_at=1))
     assert straight[0]["train/spo/prompts_tracked"] == 8 and "train/spo/rho" in straight[0]
     assert straight[1]["train/spo/prompts_tracked"] >= 8
-    cut = train(cfg("cut", 1)).run_dir
-    resumed = _rows(train(resume=cut, overrides=["train.steps=2"]).run_dir)
     assert len(resumed) == 2
     for key in ("train/spo/prompts_tracked", "train/loss", "adv/mean", "reward/mean"):
         assert resumed[1][key] == straight[1][key], key
