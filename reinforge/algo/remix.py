@@ -11,27 +11,19 @@ back to on-policy data is ``rollout.replay``'s ``until_step`` (orchestrate/repla
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from torch import Tensor
 
 from reinforge.algo.kl import KL_ESTIMATORS
+from reinforge.algo.kl_adaptive import KLEstimatorSettings
 from reinforge.algo.objective import LOSS_TERMS
-from reinforge.registry import Settings
 
 
-class KLConvexSettings(Settings):
-    """The weight of the base policy in the convex combination and the KL estimator."""
+class KLConvexSettings(KLEstimatorSettings):
+    """The weight of the base policy in the convex combination and the KL estimator of both terms."""
 
     base_weight: float = Field(0.5, ge=0, le=1, description="lambda: weight of KL(pi, pi_ref); 1 - lambda goes "
                                "to KL(pi, pi_old), the precedent policy")
-    estimator: str = Field("k3", description="the KL estimator of both terms (a registered one: k1, k2, k3, ...)")
-
-    @field_validator("estimator")
-    @classmethod
-    def _registered(cls, v: str) -> str:
-        if v not in KL_ESTIMATORS:
-            raise ValueError(f"unknown KL estimator {v!r}; allowed: {', '.join(KL_ESTIMATORS.names())}")
-        return v
 
 
 @LOSS_TERMS.register(
