@@ -25,6 +25,7 @@ from reinforge.algo.advantage_estimators import (
     grpo_advantage,
 )
 from reinforge.algo.aggregation import masked_seq_mean
+from reinforge.algo.groups import dense_groups, group_reduce
 
 _TINY = 1e-12
 
@@ -191,12 +192,10 @@ def egsw_advantage(rewards: Tensor, group_index: Tensor, mask: Tensor, entropy: 
     a = (adv * m).sum(-1) / m.sum(-1).clamp(min=1)  # the row's (broadcast) advantage
     h = masked_seq_mean(entropy.detach().to(torch.float64), m)
     score = (a + cfg.egsw_alpha * h) / cfg.temperature
-    n_groups = int(group_index.max()) + 1
-    top = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, group_index, score, "amax")
-    e = torch.exp(score - top[group_index])  # the softmax is shift-invariant within a group
-    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, e)
-    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_index, torch.ones_like(e))
-    w = count[group_index] * e / total[group_index]
+    gid, n_groups = dense_groups(group_index)
+    e = torch.exp(score - group_reduce(score, gid, n_groups, "amax"))  # the softmax is shift-invariant in a group
+    size = torch.bincount(gid, minlength=n_groups)[gid].to(torch.float64)
+    w = size * e / group_reduce(e, gid, n_groups, "sum")
     return (adv * w[:, None]).to(mask.dtype)
 
 
