@@ -23,7 +23,6 @@ RLPR's EMA of the group std, per term (``state.json`` key ``reference_rewards``)
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from reinforge.rewards.reference_prob import (
     StdThreshold,
     dro_drops,
     hardest_rank,
+    mean_prob,
     r3_rewards,
     reasoning_of,
     reference_terms,
@@ -106,8 +106,8 @@ class ReferenceRewardStage:
         rollout.baseline = [b for b, k in zip(baseline, keep, strict=True) if k] if baseline is not None else None
         if scored:
             n = len(scored)
-            metrics[f"{PREFIX}/prob_mean"] = sum(_mean_prob(s.logp) for s in scored) / n
-            metrics[f"{PREFIX}/base_prob_mean"] = sum(_mean_prob(s.base) for s in scored) / n
+            metrics[f"{PREFIX}/prob_mean"] = sum(mean_prob(s.logp) for s in scored) / n
+            metrics[f"{PREFIX}/base_prob_mean"] = sum(mean_prob(s.base) for s in scored) / n
             metrics[f"{PREFIX}/reasoning_chars_mean"] = sum(s.reasoning_chars for s in scored) / n
         metrics[f"{PREFIX}/time_s"] = time.perf_counter() - t0
         return metrics
@@ -154,10 +154,6 @@ class ReferenceRewardStage:
         for name, th in self.thresholds.items():
             if name in state:
                 th.load_state_dict(state[name])
-
-
-def _mean_prob(logp: Sequence[float]) -> float:
-    return sum(math.exp(x) for x in logp) / len(logp) if logp else 0.0
 
 
 def reference_reward_stage(reward: Any, task_verifier: str, engine: Any,

@@ -141,10 +141,13 @@ def rlpr_reward(logp: Sequence[float], base_logp: Sequence[float] | None) -> flo
     not debiased); 0 for an empty reference."""
     if not logp:
         return 0.0
-    r = sum(math.exp(x) for x in logp) / len(logp)
-    if base_logp is not None:
-        r -= sum(math.exp(x) for x in base_logp) / len(base_logp)
+    r = mean_prob(logp) - (mean_prob(base_logp) if base_logp is not None else 0.0)
     return min(max(r, 0.0), 1.0)
+
+
+def mean_prob(logp: Sequence[float]) -> float:
+    """The mean of ``exp(logp_j)`` (0 for none)."""
+    return sum(math.exp(x) for x in logp) / len(logp) if logp else 0.0
 
 
 class StdThreshold:
