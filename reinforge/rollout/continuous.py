@@ -7,9 +7,9 @@ steps (one synchronisation): then the freed slots take waiting requests (prefill
 keys/values copied into its n slots) and, when nothing waits and at most half of the slots are busy, the
 cache is compacted to the busy slots. Between two reads the host knows upper bounds of the slots'
 positions and steps (from the step each was admitted at: ``HostSlots``), enough to size the attention
-window and to stop at the token limit without asking the device. A slot that finishes between two reads decodes masked steps until the next read (at most
-``sync_every - 1``): the price of not synchronising every token. Streaming callbacks and stop strings
-need the host every step and read back every step.
+window and to stop at the token limit without asking the device. A slot that finishes between two reads
+decodes masked steps until the next read (at most ``sync_every - 1``): the price of not synchronising
+every token. Streaming callbacks and stop strings need the host every step and read back every step.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def generate_continuous(engine: TorchRolloutEngine, requests: list[GenerationReq
             cache.keep(kept)
             slots.keep(kept)
             host.keep(busy)
-        left, offset = host.bounds(host.busy(), max_new)
+            busy = list(range(len(busy)))
+        left, offset = host.bounds(busy, max_new)
         for _ in range(min(every, left)):
             if pending is not None:
                 _forward(engine, slots, cache, *pending)
