@@ -10,7 +10,8 @@ Guide against GRPO; the failed groups a hint solved), ``hybrid`` (LUFFY and RL-P
 as in-group demonstrations against GRPO; the expert tokens' probability), ``remix`` (on 300 2-digit
 prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to their sampler, two
 updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
-GRPO; replayed rows a step), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
+GRPO; replayed rows a step), ``search_cost`` (MASH's pay-per-search reward against GRPO on the search task;
+tool calls per episode), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
 problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
 (the label-free rewards against the gold verifier: the votes, and RLPR's and DRO's likelihood of the reference
@@ -105,6 +106,14 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "egsw_no_entropy": ["algo.advantage={name: egsw, egsw_alpha: 0.0}"],
             "mgpo": ["algo.advantage=mgpo"],
             "grpo_d": ["algo.loss_terms=[{name: kl_dynamic, beta_start: 0.0, beta_end: 0.04, horizon: 100}]"],
+        },
+    },
+    "search_cost": {
+        "recipe": "agent_search", "base": ["eval.final_samples=0"],
+        "metric": ("tool calls per episode", "episode/tool_calls_mean"),
+        "variants": {
+            "grpo": [],
+            "search_cost": ["algo.reward_shapers=[{name: search_cost, penalty: exp, decay: 0.5}]"],
         },
     },
     "turn_credit": {
