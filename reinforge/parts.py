@@ -26,6 +26,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.orchestrate.replay  # noqa: F401  (RePO's replay strategies)
     import reinforge.rewards  # noqa: F401
     import reinforge.rewards.prm  # noqa: F401  (the prm step verifier: a trained process reward model)
+    import reinforge.rewards.step_shaping  # noqa: F401  (step-reward shapers: clip, delta)
     import reinforge.rewards.steps  # noqa: F401  (step verifiers: process rewards)
     import reinforge.rollout.auto_engine  # noqa: F401
     import reinforge.rollout.budget_groups  # noqa: F401  (hbpo_budgets group sampler: HBPO's budget subgroups)

@@ -11,7 +11,8 @@ as in-group demonstrations against GRPO; the expert tokens' probability), ``remi
 prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to their sampler, two
 updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
 GRPO; replayed rows a step), ``search_cost`` (MASH's pay-per-search reward against GRPO on the search task;
-tool calls per episode), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
+tool calls per episode), ``step_shaping`` (process rewards for the written equations, raw and bounded by Clip
+or Delta, against GRPO on 2-digit sums with room for working; the equations written), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
 problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
 (the label-free rewards against the gold verifier: the votes, and RLPR's and DRO's likelihood of the reference
@@ -37,6 +38,7 @@ VOTE_TERM = "reward.terms=[{{name: r, verifier: {name}, params: {{gold_verifier:
 OFF_POLICY = ["train.minibatches=4", "train.lr=2.5e-5", "algo.advantage=dr_grpo", "algo.loss_agg=token_mean",
               "algo.kl.coef=0", "algo.skip_equal_reward_groups=true"]  # 4 updates a batch: the clip acts
 DEMOS = ["demonstrations.path=task", "demonstrations.mix=true", "demonstrations.placement=in_group"]  # LUFFY's
+STEPS = "reward.step_verifier={name: arithmetic_steps, coef: 0.1}"  # +0.1 a true equation, -0.1 a false one
 REMIX_REPLAY = "rollout.replay={name: recent, capacity: 8, replays: 4, min_to_replay: 8, groups: split, until_step: 51}"
 FAMILIES: dict[str, dict[str, Any]] = {
     "length": {
@@ -108,8 +110,17 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "grpo_d": ["algo.loss_terms=[{name: kl_dynamic, beta_start: 0.0, beta_end: 0.04, horizon: 100}]"],
         },
     },
+    "step_shaping": {
+        "base": [*LENGTH_BASE, "rollout.max_new_tokens=24"], "metric": ("steps written (128 completions)", "reward/steps"),
+        "variants": {
+            "grpo": [],
+            "steps": [STEPS],
+            "clip": [STEPS, "reward.step_shaping={name: clip, eta: 1.0}"],
+            "delta": [STEPS, "reward.step_shaping=delta"],
+        },
+    },
     "search_cost": {
-        "recipe": "agent_search", "base": ["eval.final_samples=0"],
+        "recipe": "agent_search", "prompts_per_step": 8, "base": ["task.heldout_size=100"],  # the recipe's
         "metric": ("tool calls per episode", "episode/tool_calls_mean"),
         "variants": {
             "grpo": [],
@@ -125,6 +136,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+def batch_shape(family: str) -> list[str]:
+    """A family's prompts per step where it is not COMMON's 16 (``prompts_per_step``: its recipe's own)."""
+    n = FAMILIES[family].get("prompts_per_step")
+    return [f"rollout.prompts_per_step={n}"] if n is not None else []
 
 
 def prompt_file(family: str, out: Path) -> list[str]:
@@ -157,7 +174,7 @@ def run_one(family: str, variant: str, seed: int, steps: int, out: Path, threads
     run_dir = out / f"{variant}-s{seed}"
     if not (run_dir / "metrics.jsonl").is_file():
         torch.set_num_threads(threads)
-        cfg = load_config(spec.get("recipe"), [*COMMON, *spec["base"], *prompt_file(family, out),
+        cfg = load_config(spec.get("recipe"), [*COMMON, *batch_shape(family), *spec["base"], *prompt_file(family, out),
                                                *spec["variants"][variant], f"seed={seed}",
                                  f"train.steps={steps}", f"output_dir={out}", f"name={variant}-s{seed}"])
         run_dir = train(cfg).run_dir
@@ -218,7 +235,8 @@ def main() -> None:
             runs.setdefault(v, {})[s] = future.result()
             print(f"done: {v} seed {s}", flush=True)
     ordered = {v: [runs[v][s] for s in sorted(runs[v])] for v in variants}
-    print(f"\n{args.family}: {args.steps} steps x 16 prompts x 8 samples, seeds {args.seeds}, runs in {out}\n")
+    prompts = FAMILIES[args.family].get("prompts_per_step", 16)
+    print(f"\n{args.family}: {args.steps} steps x {prompts} prompts x 8 samples, seeds {args.seeds}, runs in {out}\n")
     print(report(args.family, ordered, args.window))
 
 

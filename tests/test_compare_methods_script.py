@@ -22,10 +22,11 @@ from reinforge.config import load_config  # noqa: E402
                                             for v in spec["variants"]])
 def test_every_variant_loads(family, variant, tmp_path):
     spec = compare_methods.FAMILIES[family]
-    cfg = load_config(spec.get("recipe"), [*compare_methods.COMMON, *spec["base"],
-                                           *compare_methods.prompt_file(family, tmp_path), *spec["variants"][variant],
-                                           f"output_dir={tmp_path}"])
-    assert cfg.rollout.group_size == 8 and cfg.rollout.prompts_per_step == 16 and cfg.train.time_limit_s == 0
+    cfg = load_config(spec.get("recipe"), [*compare_methods.COMMON, *compare_methods.batch_shape(family),
+                                           *spec["base"], *compare_methods.prompt_file(family, tmp_path),
+                                           *spec["variants"][variant], f"output_dir={tmp_path}"])
+    assert cfg.rollout.group_size == 8 and cfg.train.time_limit_s == 0
+    assert cfg.rollout.prompts_per_step == spec.get("prompts_per_step", 16)
 
 
 def test_summary_reads_the_last_steps(tmp_path):

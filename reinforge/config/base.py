@@ -248,6 +248,12 @@ class StepVerifierConfig(PartConfig):
     coef: float = Field(0.1, description="weight of the step scores against the outcome reward")
 
 
+class StepShaperConfig(PartConfig):
+    """A step-reward shaper (rewards/step_shaping.py) applied to each completion's step scores."""
+
+    KIND: ClassVar[str] = "step_shaper"
+
+
 class LossTermConfig(PartConfig):
     """An extra term of the loss: ``coef * agg(term)``, a registered loss term (reinforge algos)."""
 

@@ -26,6 +26,7 @@ from reinforge.config.base import (
     InlineSection,
     Part,
     PartRef,
+    StepShaperConfig,
     StepVerifierConfig,
     TaskSamplerConfig,
     _Strict,
@@ -380,5 +381,14 @@ class RewardConfig(_Strict):
     step_verifier: StepVerifierConfig | None = Field(
         None, description="process rewards: a step verifier (rewards/steps.py, e.g. arithmetic_steps) whose step "
         "scores, times coef, are per-token rewards (token_rewards) at the steps' ends; single-turn tasks only")
+    step_shaping: StepShaperConfig | None = Field(
+        None, description="a step-reward shaper (rewards/step_shaping.py: clip, delta, clip_delta) applied to each "
+        "completion's step scores before coef; needs step_verifier")
+
+    @model_validator(mode="after")
+    def _shaping_needs_steps(self) -> RewardConfig:
+        if self.step_shaping is not None and self.step_verifier is None:
+            raise ValueError("step_shaping refines the scores of reward.step_verifier; set a step verifier")
+        return self
 
 

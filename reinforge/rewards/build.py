@@ -55,7 +55,9 @@ def build_reward_pool(reward: RewardConfig, verifier: Verifier, kind: PoolKind) 
     if step is not None:
         from reinforge.rewards.steps import StepRewards
 
-        pool.steps = StepRewards(step.name, step.settings(), step.coef)
+        shaping = reward.step_shaping
+        pool.steps = StepRewards(step.name, step.settings(), step.coef, shaping.name if shaping else None,
+                                 shaping.settings() if shaping else None)
     return pool
 
 

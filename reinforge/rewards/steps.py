@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import Field
 
 from reinforge.registry import Registry, Settings, kind
+from reinforge.rewards.step_shaping import shape_steps
 from reinforge.types import Task
 
 StepVerifier = Callable[..., list[tuple[int, float]]]
@@ -78,28 +79,34 @@ def token_of_offsets(decode: Callable[[list[int]], str], token_ids: Sequence[int
 
 @dataclass
 class StepRewards:
-    """The run's step verifier (``reward.step_verifier``) and its coefficient, applied after scoring."""
+    """The run's step verifier (``reward.step_verifier``) and its coefficient, applied after scoring, and the
+    step-reward shaper (``reward.step_shaping``: a name of rewards/step_shaping.py and its settings) applied
+    to each completion's scores before they are placed."""
 
     name: str
     settings: Any
     coef: float
+    shaper: str | None = None
+    shaper_settings: Any = None
 
     def apply(self, tasks: Sequence[Task], trajectories: Sequence[Any], decode: Callable[[list[int]], str],
               prompt_lens: Sequence[int]) -> dict[str, float]:
         """``Trajectory.token_rewards`` of each (single-turn) trajectory: ``coef * score`` on the token in
         which each step ends; returns the counters (totals over these completions, so rounds add up):
-        ``reward/steps`` (steps found) and ``reward/step_score`` (their summed score)."""
+        ``reward/steps`` (steps found) and ``reward/step_score`` (their summed score, after the shaper)."""
         fn = STEP_VERIFIERS.get(self.name)
         n_steps, total = 0, 0.0
         for task, traj, n_prompt in zip(tasks, trajectories, prompt_lens, strict=True):
             steps = fn(task, traj.completion_text, self.settings)
+            scores = [s for _, s in steps]
+            if self.shaper is not None:
+                scores = shape_steps(self.shaper, self.shaper_settings, scores)
             rewards = [0.0] * len(traj.token_ids)
             generated = traj.token_ids[n_prompt:]
             if steps and generated:
-                for k, (_, score) in zip(token_of_offsets(decode, generated, [e for e, _ in steps]), steps,
-                                         strict=True):
+                for k, score in zip(token_of_offsets(decode, generated, [e for e, _ in steps]), scores, strict=True):
                     rewards[n_prompt + k] += self.coef * score
             traj.token_rewards = rewards
             n_steps += len(steps)
-            total += sum(s for _, s in steps)
+            total += sum(scores)
         return {"reward/steps": float(n_steps), "reward/step_score": total}
