@@ -12,7 +12,8 @@ prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to
 updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
 GRPO; replayed rows a step), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
 problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
-guessing game), ``label_free``
+guessing game), ``tree`` (TreePO's and TreeRL's tree rollouts with their advantages, and TreeRL's EPTree with
+GRPO's advantage, against GRPO; tokens decoded a step), ``label_free``
 (the label-free rewards against the gold verifier: the votes, and RLPR's and DRO's likelihood of the reference
 after the reasoning; the training samples' accuracy graded against the gold answer, ``reward/accuracy``, and
 held-out accuracy, which is always graded against it). A finished run in
@@ -105,6 +106,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "egsw_no_entropy": ["algo.advantage={name: egsw, egsw_alpha: 0.0}"],
             "mgpo": ["algo.advantage=mgpo"],
             "grpo_d": ["algo.loss_terms=[{name: kl_dynamic, beta_start: 0.0, beta_end: 0.04, horizon: 100}]"],
+        },
+    },
+    "tree": {
+        "base": [], "metric": ("tokens decoded a step", "rollout/tokens_generated"),
+        "variants": {
+            "grpo": [],
+            "treepo": ["rollout.group_sampler={name: treepo}", "algo.advantage=treepo"],
+            "eptree_grpo": ["rollout.group_sampler={name: eptree, forks: 3}"],
+            "treerl": ["rollout.group_sampler={name: eptree, forks: 3}", "algo.advantage=treerl"],
         },
     },
     "turn_credit": {
