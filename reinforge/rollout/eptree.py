@@ -22,7 +22,8 @@ field read by TreeRL's advantage (``treerl``, algo/treerl.py). ``extra['subgroup
 above the leaf shared with other leaves (TreePO's subgroups, so the ``treepo`` advantage also runs on
 these trees). A branch decodes its continuation in one engine call per round with the largest room
 left, each cut to its own room (``rollout.max_new_tokens`` minus its prefix); the tokens decoded past a
-completion's own room count as generated (``eptree/tokens_past_room``). The chains are samples of the
+completion's own room are dropped and counted apart (``eptree/tokens_past_room``; the sampler's own
+``tokens_generated`` counter includes them, the step's ``rollout/tokens_generated`` does not). The chains are samples of the
 policy; a branch is not (its prefix was chosen for its fork point's entropy): the leaves of a tree
 are TreeRL's, not independent draws.
 """
