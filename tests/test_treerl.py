@@ -67,6 +67,13 @@ def test_forks_at_the_highest_entropy_token_of_each_tree(tiny_tokenizer):
     assert [g.sample_index for g in gens] == [0, 1, 2, 3] and all(g.version == 2 for g in gens)
 
 
+def test_nodes_are_counted_per_prompt(tiny_tokenizer):
+    sampler = build_group_sampler("eptree", EPTreeSettings())
+    reqs = [GenerationRequest([1, 5, 6], "x"), GenerationRequest([1, 5, 7], "y")]
+    sampler.sample(ScriptedEngine(tiny_tokenizer, prompt_len=3), reqs, SamplingParams(max_new_tokens=4, n=4))
+    assert sampler.counters()["eptree/nodes"] == 2 * 6  # the same names in both prompts' trees
+
+
 def test_a_second_round_skips_forked_and_first_tokens(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, prompt_len=3)
     gens, _ = _sample(engine, n=3, iterations=2)  # M = 3 / (1 + 2) = 1 tree

@@ -138,7 +138,7 @@ class EPTreeSampler:
         total, reused = sum(len(g.token_ids) for g in out), sum(g.extra["tokens_reused"] for g in out)
         self._counters = {"tokens_generated": float(decoded), "tokens_reused": float(reused),
                           "eptree/tokens_past_room": float(decoded - (total - reused)),
-                          "eptree/nodes": float(len({n for g in out for _, n in g.extra["tree_spans"]}))}
+                          "eptree/nodes": float(len({(g.request_id, n) for g in out for _, n in g.extra["tree_spans"]}))}
         return out
 
     def _fork(self, engine: Any, requests: Sequence[GenerationRequest], trees: list[list[EPNode]],
