@@ -30,6 +30,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.rewards.steps  # noqa: F401  (step verifiers: process rewards)
     import reinforge.rollout.auto_engine  # noqa: F401
     import reinforge.rollout.budget_groups  # noqa: F401  (hbpo_budgets group sampler: HBPO's budget subgroups)
+    import reinforge.rollout.eptree  # noqa: F401  (eptree group sampler: TreeRL's entropy-guided tree search)
     import reinforge.rollout.group_samplers  # noqa: F401
     import reinforge.rollout.micro_groups  # noqa: F401  (micro_groups group sampler: Infinite Sampling)
     import reinforge.rollout.openai_engine  # noqa: F401

@@ -14,7 +14,9 @@ GRPO; replayed rows a step), ``search_cost`` (MASH's pay-per-search reward again
 tool calls per episode), ``step_shaping`` (process rewards for the written equations, raw and bounded by Clip
 or Delta, against GRPO on 2-digit sums with room for working; the equations written), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
 problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
-guessing game), ``label_free``
+guessing game), ``tree`` (TreePO's and TreeRL's tree rollouts with their advantages, TreeRL's EPTree with
+GRPO's advantage, and Segment Policy Optimization's segment credit from Monte Carlo values, against GRPO;
+tokens decoded a step, and those decoded for the Monte Carlo values), ``label_free``
 (the label-free rewards against the gold verifier: the votes, and RLPR's and DRO's likelihood of the reference
 after the reasoning; the training samples' accuracy graded against the gold answer, ``reward/accuracy``, and
 held-out accuracy, which is always graded against it). A finished run in
@@ -24,6 +26,7 @@ held-out accuracy, which is always graded against it). A finished run in
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
@@ -127,6 +130,17 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "search_cost": ["algo.reward_shapers=[{name: search_cost, penalty: exp, decay: 0.5}]"],
         },
     },
+    "tree": {
+        "base": [], "metric": ("tokens decoded a step", "rollout/tokens_generated"),
+        "also": [("tokens decoded a step for MC values", "rollout/state_values/tokens_generated")],
+        "variants": {
+            "grpo": [],
+            "treepo": ["rollout.group_sampler={name: treepo}", "algo.advantage=treepo"],
+            "eptree_grpo": ["rollout.group_sampler={name: eptree, forks: 3}"],
+            "treerl": ["rollout.group_sampler={name: eptree, forks: 3}", "algo.advantage=treerl"],
+            "segment_po": ["algo.advantage={name: segment_po, cut_interval: 1}", "algo.skip_equal_reward_groups=false"],
+        },
+    },
     "turn_credit": {
         "recipe": "agent_guessing", "base": ["task.heldout_size=192", "eval.final_samples=0"],
         "metric": ("episodes solved (training)", "reward/accuracy"),
@@ -197,13 +211,17 @@ def report(family: str, runs: dict[str, list[dict]], window: int) -> str:
     from reinforge.eval.runs import load_run
 
     label, metric = FAMILIES[family]["metric"]
+    also = FAMILIES[family].get("also", [])  # further metrics of the family, a column each
     result = compare_runs({v: [load_run(r["dir"]) for r in rs] for v, rs in runs.items()})
     lines = [f"| variant | held-out greedy after, mean over seeds [95% CI] | per seed | {label} (last {window} "
-             "steps, mean over seeds) | samples / run |", "|---|---|---|---|---|"]
+             f"steps, mean over seeds) | {''.join(f'{name} | ' for name, _ in also)}samples / run |",
+             "|---|---|---|---|" + "---|" * len(also) + "---|"]
     for variant, rs in runs.items():
         rows = [summary(r["dir"], metric, window) for r in rs]
+        extra = [statistics.fmean(summary(r["dir"], key, window)[1] for r in rs) for _, key in also]
         lines.append(f"| {variant} | {result.groups[variant].estimates['mean']} | "
                      f"{', '.join(f'{a:.3f}' for a, _, _ in rows)} | {statistics.fmean(m for _, m, _ in rows):.3f} | "
+                     f"{''.join('- | ' if math.isnan(x) else f'{x:.1f} | ' for x in extra)}"
                      f"{statistics.median(s for _, _, s in rows):.0f} |")
     return "\n".join(lines) + "\n\n" + format_table(result)
 

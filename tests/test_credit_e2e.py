@@ -88,3 +88,17 @@ def test_vineppo_raises_the_heldout_accuracy_of_the_default_task(tmp_path):
         f"output_dir={tmp_path}", "seed=0", "train.steps=20", "task.heldout_size=200", "checkpoint.every=0", *QUIET])
     result = train(cfg)
     assert result.heldout_before is not None and result.heldout_after > result.heldout_before
+
+
+@pytest.mark.slow  # 2 tiny steps
+def test_segment_po_estimates_the_cutpoint_boundaries_and_masks(tmp_path):
+    cfg = load_config(None, [
+        f"output_dir={tmp_path}", "train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "algo.advantage={name: segment_po, rollouts: 2, cut_interval: 1}", "algo.skip_equal_reward_groups=false",
+        "task.heldout_size=8", "checkpoint.every=0", *QUIET])
+    rows = _rows(train(cfg).run_dir)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["rollout/state_values/states"] >= 4  # each prompt's state at least
+        assert row["rollout/state_values/continuations"] == 2 * row["rollout/state_values/states"]
+        assert row["batch/sequences"] == 16 and "train/loss" in row

@@ -37,3 +37,13 @@ def test_treepo_trains_with_its_tree_advantage(tmp_path):
     assert len(steps) == 3
     assert all(r["rollout/tokens_reused"] > 0 for r in steps)  # shared prefixes decoded once
     assert all(r["rollout/tokens_generated"] < 16 * 4 * 4 for r in steps)
+
+
+@pytest.mark.slow
+def test_eptree_trains_with_treerl_process_supervision(tmp_path):
+    result = train(_cfg(tmp_path, "eptree", "rollout.group_sampler={name: eptree}", "algo.advantage=treerl",
+                        "train.steps=2", "eval.every=0"))
+    steps = [r for r in result.metrics() if "rollout/tokens_generated" in r]
+    assert len(steps) == 2
+    assert all(r["rollout/tokens_reused"] > 0 for r in steps)  # the branches reuse their chain's prefix
+    assert all(r["rollout/eptree/nodes"] > 0 for r in steps)

@@ -37,7 +37,8 @@ estimators give exactly the per-sequence advantage broadcast over the masked tok
 
 Estimators with machinery of their own stay in their modules: ``gigpo`` (anchor states, ``algo/gigpo.py``),
 ``spo`` (a per-prompt value tracker, ``algo/spo.py``), ``vineppo`` (Monte Carlo state values,
-``algo/vineppo.py``), ``vtrace`` (``algo/vtrace.py``), the entropy-shaped ones (``algo/entropy_shaping.py``),
+``algo/vineppo.py``), ``segment_po`` (segment values at low-probability cutpoints, ``algo/segment_po.py``),
+``treerl`` (tree node values, ``algo/treerl.py``), ``vtrace`` (``algo/vtrace.py``), the entropy-shaped ones (``algo/entropy_shaping.py``),
 APO's ``grpo_stcr`` (``algo/kl_adaptive.py``) and ``no_reward`` (``algo/distill.py``); the returns and
 normalisations they share are ``algo/returns.py``'s.
 """

@@ -92,6 +92,11 @@ def _subgroups(kept: list[Trajectory], width: int, algo: AlgoConfig) -> tuple[Te
     return (subgroup_tensor(kept),)
 
 
+@produces("tree_nodes")
+def _tree_nodes(kept: list[Trajectory], width: int, algo: AlgoConfig) -> tuple[Tensor, ...]:
+    return (tree_node_tensor(kept, width),)
+
+
 @produces("state_values", "state_mask")
 def _state_values(kept: list[Trajectory], width: int, algo: AlgoConfig) -> tuple[Tensor, ...]:
     return state_value_tensors(kept, width)
@@ -146,6 +151,24 @@ def subgroup_tensor(trajs: list[Trajectory]) -> torch.Tensor:
         local = names.setdefault(t.group_id, {})
         for k, name in enumerate(t.metadata.get("subgroups", ())):
             out[i, k] = t.group_id * SUBGROUPS_PER_GROUP + local.setdefault(str(name), len(local))
+    return out
+
+
+def tree_node_tensor(trajs: list[Trajectory], width: int) -> torch.Tensor:
+    """[N, width] long: at each generated token, the id (>= 1) of the tree node it belongs to, from
+    ``metadata['tree_spans']`` (``[[start, name], ...]``, starts counted in the completion, names unique
+    within its group; rollout/eptree.py), unique across groups; 0 where a trajectory lists none."""
+    names: dict[int, dict[str, int]] = {}
+    out = torch.zeros((len(trajs), width), dtype=torch.long)
+    for i, t in enumerate(trajs):
+        spans = t.metadata.get("tree_spans")
+        if not spans or 1 not in t.loss_mask:
+            continue
+        first, local = t.loss_mask.index(1), names.setdefault(t.group_id, {})
+        ends = [int(s) for s, _ in spans[1:]] + [len(t.token_ids) - first]
+        for (start, name), end in zip(spans, ends, strict=True):
+            node = t.group_id * SUBGROUPS_PER_GROUP + local.setdefault(str(name), len(local)) + 1
+            out[i, first + int(start): first + end] = node
     return out
 
 

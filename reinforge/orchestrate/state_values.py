@@ -5,7 +5,9 @@ After a step's rollout (``LocalBatches``: every round drawn, replayed samples mi
 completion is cut into steps: its cut points are the first generated token (the prompt's state) and
 the first token after the end of each step, at most ``max_cuts`` of them after the first (the rest of
 the completion is one step). A step ends with a line (``step_split: newline``: a line of only
-whitespace joins the next one) or every ``step_tokens`` tokens (``step_split: tokens``). Every distinct
+whitespace joins the next one), every ``step_tokens`` tokens (``step_split: tokens``), or at every
+``cut_interval``-th token sampled with probability below ``prob_threshold`` (``step_split: low_prob``,
+Segment Policy Optimization's cutpoint partition, arXiv:2505.23564). Every distinct
 state (task, prompt + generated tokens before a cut) is continued K = ``rollouts`` times by the current
 policy, all states of the step in one engine call, each continuation within what is left of
 ``rollout.max_new_tokens`` and scored by the run's reward pool as a whole completion
@@ -14,12 +16,14 @@ policy, all states of the step in one engine call, each continuation within what
 Each trajectory gets ``metadata['state_values']``: ``[[position, V], ...]`` (position in its token ids),
 which ``episodes.build_batch`` turns into the batch's ``state_values`` / ``state_mask``. The values
 are recomputed every step from the current policy: nothing is kept across steps (nothing to
-checkpoint). The part's settings give ``rollouts``, ``step_split``, ``step_tokens`` and ``max_cuts``.
+checkpoint). The part's settings give ``rollouts``, ``step_split``, ``step_tokens`` and ``max_cuts`` (and
+``prob_threshold``, ``cut_interval`` where it has them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,18 +40,29 @@ PREFIX = "rollout/state_values"
 
 @dataclasses.dataclass(frozen=True)
 class CutSettings:
-    """K continuations per state; where steps end; the cap on intermediate states per completion."""
+    """K continuations per state; where steps end; the cap on intermediate states per completion; for
+    ``step_split: low_prob``, the probability below which a token is a cutpoint and how many cutpoints
+    make one segment."""
 
     rollouts: int
     step_split: str = "newline"
     step_tokens: int = 1
     max_cuts: int = 20
+    prob_threshold: float = 0.9
+    cut_interval: int = 1
 
 
-def cut_points(generated: Sequence[int], decode: Callable[[list[int]], str], cut: CutSettings) -> list[int]:
-    """The positions in ``generated`` (0 < p < len) at which a new step starts, at most ``max_cuts``."""
+def cut_points(generated: Sequence[int], decode: Callable[[list[int]], str], cut: CutSettings,
+               logps: Sequence[float] | None = None) -> list[int]:
+    """The positions in ``generated`` (0 < p < len) at which a new step starts, at most ``max_cuts``.
+    ``low_prob`` (Segment Policy Optimization's cutpoints): the tokens sampled with probability below
+    ``prob_threshold`` (``logps``: their sampling log-probs), every ``cut_interval``-th of them counting
+    from the first, each starting a segment."""
     n = len(generated)
-    if cut.step_split == "tokens":
+    if cut.step_split == "low_prob":
+        lows = [t for t, lp in enumerate(logps or ()) if t < n and math.exp(lp) < cut.prob_threshold]
+        cuts = [t for t in lows[:: cut.cut_interval] if 0 < t]
+    elif cut.step_split == "tokens":
         cuts = list(range(cut.step_tokens, n, cut.step_tokens))
     else:
         text = decode(list(generated))
@@ -82,7 +97,8 @@ class StateValues:
                 continue
             start = t.loss_mask.index(1)
             prompt, gen = t.token_ids[:start], t.token_ids[start:]
-            cuts = [0, *cut_points(gen, lambda ids: decode(ids, skip_special_tokens=True), self.cut)]
+            cuts = [0, *cut_points(gen, lambda ids: decode(ids, skip_special_tokens=True), self.cut,
+                                   t.logprobs[start:])]
             pos = []
             for c in cuts:
                 key = (t.task_id, tuple(t.token_ids[: start + c]))
@@ -115,7 +131,8 @@ def cut_settings(algo: Any) -> CutSettings | None:
         return None
     s = algo.advantage.settings
     try:
-        return CutSettings(int(s.rollouts), str(s.step_split), int(s.step_tokens), int(s.max_cuts))
+        return CutSettings(int(s.rollouts), str(s.step_split), int(s.step_tokens), int(s.max_cuts),
+                           float(getattr(s, "prob_threshold", 0.9)), int(getattr(s, "cut_interval", 1)))
     except AttributeError:
         raise ConfigError(f"algo.advantage={algo.advantage} declares {NEED} but its settings give no rollouts, "
                           "step_split, step_tokens and max_cuts") from None

@@ -22,7 +22,7 @@ collector adds to the step's metrics as ``rollout/<sampler>/<what>``. A generati
 (e.g. the tree a sample belongs to) is copied into its trajectory's metadata; a sample that reuses
 tokens says how many in ``extra['tokens_reused']``, from which the step's ``rollout/tokens_generated``
 and ``rollout/tokens_reused`` are counted (``orchestrate/step_metrics.token_metrics``). Built in: ``independent`` (here), ``spec_rl`` (rollout/spec_rl.py), ``treepo``
-(rollout/tree_sampler.py), ``tppo`` (rollout/tppo.py), ``micro_groups`` (rollout/micro_groups.py), ``hbpo_budgets`` (rollout/budget_groups.py);
+(rollout/tree_sampler.py), ``eptree`` (rollout/eptree.py), ``tppo`` (rollout/tppo.py), ``micro_groups`` (rollout/micro_groups.py), ``hbpo_budgets`` (rollout/budget_groups.py);
 docs/strategies.md.
 """
 
