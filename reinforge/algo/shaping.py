@@ -23,7 +23,8 @@ class ShapeInputs:
     """Per sequence of a rollout batch: ``rewards`` [N] (float64), ``lengths`` [N] (generated tokens),
     ``truncated`` [N] (bool: stopped by a length limit), ``group_index`` [N]; the batch's
     ``max_new_tokens``; ``correct`` [N] (bool: the verifier's verdict, ``Trajectory.metadata['correct']``;
-    None: not known, and a shaper that needs it reads ``rewards > 0``)."""
+    None: not known, and a shaper that needs it reads ``rewards > 0``); ``texts`` (the completions' texts, one
+    per sequence; None: not known)."""
 
     rewards: Tensor
     lengths: Tensor
@@ -31,6 +32,7 @@ class ShapeInputs:
     group_index: Tensor
     max_new_tokens: int
     correct: Tensor | None = None
+    texts: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

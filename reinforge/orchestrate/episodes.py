@@ -92,6 +92,7 @@ def shape_rewards(trajs: list[Trajectory], shapers: Sequence[RewardShaperConfig]
             group_index=torch.tensor([t.group_id for t in trajs]),
             max_new_tokens=max_new_tokens,
             correct=torch.tensor([bool(t.metadata.get("correct", t.reward > 0)) for t in trajs]),
+            texts=tuple(t.completion_text or "" for t in trajs),
         )
         shaping = REWARD_SHAPERS.call(shaper.name, inputs, shaper.settings())
         if shaping.reward is not None:
