@@ -152,3 +152,22 @@ def test_thinkfree_settings_are_checked(bad):
 
     with pytest.raises((ConfigError, ValueError)):
         load_config(None, [f"rollout.group_sampler={{name: thinkfree, {bad}}}"]).rollout.group_sampler.settings()
+
+
+@pytest.mark.slow
+def test_two_steps_train_with_autothink_and_thinkfree(tmp_path):
+    """Two GRPO steps on arithmetic with working allowed: AutoThink's stage-3 reward (working = thinking) over
+    ThinkFree rollouts with two length stages."""
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    cfg = load_config(None, [
+        f"output_dir={tmp_path}", "name=think", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "rollout.max_new_tokens=8", "task.heldout_size=20", "task.verifier=numeric_match", "train.steps=2",
+        "train.time_limit_s=0", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0", "log.report=false",
+        "rollout.group_sampler={name: thinkfree, suffix: ' ', stage_lengths: [0.5, 1.0], stage_steps: [1]}",
+        "algo.reward_shapers=[{name: autothink, stage: 3, think_marker: '='}]",
+    ])
+    result = train(cfg)
+    metrics = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert len(metrics) == 2 and all(math.isfinite(m["reward/mean"]) for m in metrics)
