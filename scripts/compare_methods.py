@@ -6,7 +6,8 @@ family targets (mean over the last ``--window`` steps), and `reinforge compare` 
 
 Families (``FAMILIES``): ``length`` (the length shapers against GRPO; tokens per answer), ``adaptive_length``
 (AutoThink's stage-1 and stage-3 rewards, working counted as thinking, TFPI's staged ThinkFree lengths and
-AnytimeReasoner's BRPO over answers read at 4 budgets against GRPO on the length task; tokens per answer), ``rec`` (REC, REP and
+AnytimeReasoner's BRPO over answers read at 4 budgets and MRT's progress bonus against GRPO on the length
+task; tokens per answer), ``rec`` (REC, REP and
 RED-Weight against PPO's clipped surrogate, 4 updates a batch; the tokens out of range), ``hints`` (GHPO and
 Guide against GRPO; the failed groups a hint solved), ``hybrid`` (LUFFY and RL-PLUS with the task's answers
 as in-group demonstrations against GRPO; the expert tokens' probability), ``remix`` (on 300 2-digit
@@ -61,6 +62,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
                           "stage_steps: [33, 67]}"],
             # cuts after 3, 6, 9, 12 tokens, the answer read off each cut (the last number so far), uniform prior
             "brpo": ["algo.advantage={name: brpo, budgets: [0.25, 0.5, 0.75, 1.0]}"],
+            # MRT's progress bonus over episodes cut at 0 (the prompt alone), 3, 6, 9, 12 tokens, alpha 1
+            "mrt": ["algo.advantage={name: mrt, budgets: [0.0, 0.25, 0.5, 0.75, 1.0]}"],
         },
     },
     "label_free": {

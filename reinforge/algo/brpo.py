@@ -38,22 +38,32 @@ PAPER = ("Qi et al. 2025, Optimizing Anytime Reasoning via Budget Relative Polic
          "BRPO, arXiv:2505.13438; formulas from the authors' code, brpo.py compute_cot_advantage)")
 
 
-class BRPOSettings(Settings):
+class BudgetCutSettings(Settings):
+    """Where the thinking is cut and how the answer at a cut is read (the budget-scores stage,
+    orchestrate/budget_scores.py); shared by the estimators that declare ``budget_scores``."""
+
     budgets: list[float] = Field([0.25, 0.5, 0.75, 1.0], min_length=1, description="the thinking budgets b_s as "
-                                 "fractions of rollout.max_new_tokens, increasing (the code: 4 equal splits)")
-    probs: list[float] | None = Field(None, description="the budget prior p_s (default uniform; normalised)")
-    baseline: Literal["brpo", "previous", "group", "none"] = Field("brpo", description="brpo: (s V1 + (S - s) V2) "
-                                                                  "/ S; previous: V1; group: V2 (GRPO's); none: 0")
-    discount: float = Field(2.0, gt=0, description="V1's weights discount^k on the earlier budgets' scores")
+                                 "fractions of rollout.max_new_tokens, increasing (0: the prompt alone)")
     summary_tokens: int = Field(0, ge=0, description="0: a budget's answer is read off the cut response itself; "
                                 "> 0: a summary of at most this many tokens is sampled after the cut + summary_suffix")
     summary_suffix: str = Field("</think>", description="appended to a cut before its summary (summary_tokens > 0)")
 
     @model_validator(mode="after")
-    def _check(self) -> BRPOSettings:
+    def _increasing(self) -> BudgetCutSettings:
         steps = zip(self.budgets, self.budgets[1:], strict=False)
-        if any(not 0 < b <= 1 for b in self.budgets) or any(b <= a for a, b in steps):
-            raise ValueError(f"budgets are increasing fractions of rollout.max_new_tokens in (0, 1], got {self.budgets}")
+        if any(not 0 <= b <= 1 for b in self.budgets) or any(b <= a for a, b in steps):
+            raise ValueError(f"budgets are increasing fractions of rollout.max_new_tokens in [0, 1], got {self.budgets}")
+        return self
+
+
+class BRPOSettings(BudgetCutSettings):
+    probs: list[float] | None = Field(None, description="the budget prior p_s (default uniform; normalised)")
+    baseline: Literal["brpo", "previous", "group", "none"] = Field("brpo", description="brpo: (s V1 + (S - s) V2) "
+                                                                  "/ S; previous: V1; group: V2 (GRPO's); none: 0")
+    discount: float = Field(2.0, gt=0, description="V1's weights discount^k on the earlier budgets' scores")
+
+    @model_validator(mode="after")
+    def _prior(self) -> BRPOSettings:
         p = self.probs
         if p is not None and (len(p) != len(self.budgets) or min(p) < 0 or sum(p) <= 0):
             raise ValueError(f"probs needs one non-negative weight per budget, not all 0, got {self.probs}")

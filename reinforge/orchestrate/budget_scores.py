@@ -1,9 +1,11 @@
 """AnytimeReasoner's dense rewards over thinking budgets, for a part that declares the need
-``budget_scores`` (the ``brpo`` estimator, algo/brpo.py; Qi et al. 2025, arXiv:2505.13438).
+``budget_scores`` (the ``brpo`` estimator, algo/brpo.py; Qi et al. 2025, arXiv:2505.13438; MRT's
+progress, algo/mrt.py, reads the same scores).
 
 After a step's rollout, every kept single-turn row (replayed ones included; not demonstrations) is cut
 after b_s = max(1, round(f_s * rollout.max_new_tokens)) generated tokens for each of the estimator's
-``budgets`` f_s, and the answer at each cut is scored by the run's reward pool:
+``budgets`` f_s (b_s = 0 for f_s = 0: the prompt alone), and the answer at each cut is scored by the
+run's reward pool:
 
 - ``summary_tokens = 0``: the answer is the cut response itself (its decoded first b_s tokens; e.g. the
   last number written so far, under ``numeric_match``), for models that write no separate summary;
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reinforge.algo.brpo import ENDS, FIELD, BRPOSettings
+from reinforge.algo.brpo import ENDS, FIELD, BudgetCutSettings
 from reinforge.algo.objective import required_inputs
 from reinforge.config import AlgoConfig
 from reinforge.errors import ConfigError
@@ -40,18 +42,18 @@ from reinforge.types import Task, Trajectory
 PREFIX = "rollout/budget_scores"
 
 
-def budget_tokens(cfg: BRPOSettings, max_new_tokens: int) -> list[int]:
-    """b_s = max(1, round(f_s * max_new_tokens))."""
-    return [max(1, round(f * max_new_tokens)) for f in cfg.budgets]
+def budget_tokens(cfg: BudgetCutSettings, max_new_tokens: int) -> list[int]:
+    """b_s = max(1, round(f_s * max_new_tokens)), 0 for f_s = 0 (the prompt alone)."""
+    return [max(1, round(f * max_new_tokens)) if f > 0 else 0 for f in cfg.budgets]
 
 
 class BudgetScores:
     """The stage's work: ``__call__(tasks, trajectories, params)`` writes each row's per-budget scores and
     returns the step's counters (``rollout/budget_scores/*``: the mean score at each budget)."""
 
-    def __init__(self, collector: Any, cfg: BRPOSettings) -> None:
+    def __init__(self, collector: Any, cfg: BudgetCutSettings) -> None:
         if not hasattr(collector, "continue_states") or not hasattr(collector, "pool"):  # single-turn collectors
-            raise ConfigError(f"algo.advantage: brpo scores answers at thinking budgets, which cuts single-turn "
+            raise ConfigError("algo.advantage: the answers at thinking budgets (budget_scores) cut single-turn "
                               f"completions; the {type(collector).__name__} collector cannot (env.name=single_turn)")
         self.collector, self.cfg = collector, cfg
 
@@ -109,8 +111,8 @@ def budget_score_stage(algo: Any, collector: Any, params: SamplingParams) -> Bud
     if FIELD not in required_inputs(algo):
         return None
     cfg = algo.advantage.settings
-    if not isinstance(cfg, BRPOSettings):
-        raise ConfigError(f"algo.advantage={algo.advantage} declares {FIELD} but its settings are not brpo's")
+    if not isinstance(cfg, BudgetCutSettings):
+        raise ConfigError(f"algo.advantage={algo.advantage} declares {FIELD} but its settings give no budget cuts")
     return BudgetScoreStage(BudgetScores(collector, cfg), params)
 
 
