@@ -35,6 +35,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.rollout.micro_groups  # noqa: F401  (micro_groups group sampler: Infinite Sampling)
     import reinforge.rollout.openai_engine  # noqa: F401
     import reinforge.rollout.spec_rl  # noqa: F401  (spec_rl group sampler)
+    import reinforge.rollout.think_prompts  # noqa: F401  (autothink_ellipsis, thinkfree group samplers)
     import reinforge.rollout.torch_engine  # noqa: F401
     import reinforge.rollout.tppo  # noqa: F401  (tppo group sampler: T-PPO's truncated rollouts)
     import reinforge.rollout.tree_sampler  # noqa: F401  (treepo group sampler)

@@ -89,6 +89,7 @@ NEEDS: dict[str, str] = {
     "subgroups": "the nested groups a group sampler made (tree rollouts)",
     "prompt_key": "a hash of each sequence's task, for state kept per prompt across steps",
     "state_values": "Monte Carlo values of intermediate states (VinePPO's re-rollouts)",
+    "budget_scores": "each completion cut at token budgets and an answer scored at each cut (AnytimeReasoner)",
     "answer_probs": "multi-turn: the policy's teacher-forced probability of the gold answer before each turn (IGPO)",
     "search_steps": "multi-turn search: each turn's information gain of its retrieved documents against the "
                     "task's gold evidence and their redundancy (StepSearch)",

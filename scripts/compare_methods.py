@@ -4,7 +4,10 @@ family targets (mean over the last ``--window`` steps), and `reinforge compare` 
 
     python scripts/compare_methods.py FAMILY [--seeds 0,1,2] [--steps 100] [--jobs 2] [--out DIR]
 
-Families (``FAMILIES``): ``length`` (the length shapers against GRPO; tokens per answer), ``rec`` (REC, REP and
+Families (``FAMILIES``): ``length`` (the length shapers against GRPO; tokens per answer), ``adaptive_length``
+(AutoThink's stage-1 and stage-3 rewards, working counted as thinking, TFPI's staged ThinkFree lengths and
+AnytimeReasoner's BRPO over answers read at 4 budgets and MRT's progress bonus against GRPO on the length
+task; tokens per answer), ``rec`` (REC, REP and
 RED-Weight against PPO's clipped surrogate, 4 updates a batch; the tokens out of range), ``hints`` (GHPO and
 Guide against GRPO; the failed groups a hint solved), ``hybrid`` (LUFFY and RL-PLUS with the task's answers
 as in-group demonstrations against GRPO; the expert tokens' probability), ``remix`` (on 300 2-digit
@@ -51,6 +54,22 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "kimi_length": ["algo.reward_shapers=[{name: kimi_length}]"],
             "conciser_length": ["algo.reward_shapers=[{name: conciser_length}]"],
             "hbpo_budget": ["algo.reward_shapers=[{name: hbpo_budget}]", "rollout.group_sampler={name: hbpo_budgets}"],
+        },
+    },
+    "adaptive_length": {
+        "base": LENGTH_BASE, "metric": ("tokens per answer", "response/length_mean"),
+        "variants": {
+            "grpo": [],
+            # the tiny tokenizer has no think tags: a response "thinks" when it writes working ("=")
+            "autothink_s1": ["algo.reward_shapers=[{name: autothink, stage: 1, think_marker: '='}]"],
+            "autothink_s3": ["algo.reward_shapers=[{name: autothink, stage: 3, think_marker: '='}]"],
+            # ThinkFree's suffix is empty here (no think tags): its staged lengths 4 -> 8 -> 12 tokens
+            "thinkfree": ["rollout.group_sampler={name: thinkfree, suffix: '', stage_lengths: [0.34, 0.67, 1.0], "
+                          "stage_steps: [33, 67]}"],
+            # cuts after 3, 6, 9, 12 tokens, the answer read off each cut (the last number so far), uniform prior
+            "brpo": ["algo.advantage={name: brpo, budgets: [0.25, 0.5, 0.75, 1.0]}"],
+            # MRT's progress bonus over episodes cut at 0 (the prompt alone), 3, 6, 9, 12 tokens, alpha 1
+            "mrt": ["algo.advantage={name: mrt, budgets: [0.0, 0.25, 0.5, 0.75, 1.0]}"],
         },
     },
     "label_free": {

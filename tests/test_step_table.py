@@ -169,6 +169,11 @@ def test_every_stage_after_collection_reads_and_writes_what_it_declares():
     values = OptimalValues(ValueCollector(), ValueSettings(2, 0.5))
     _check(PromptValueStage(values, PARAMS), tasks)
     _check(StateValueStage(StateValues(StateCollector(), CutSettings(2, "tokens", 1, 2)), PARAMS), tasks)
+    from reinforge.algo.brpo import BRPOSettings
+    from reinforge.orchestrate.budget_scores import BudgetScores, BudgetScoreStage
+    scoring = SimpleNamespace(engine=StateCollector.engine, continue_states=None,
+                              pool=SimpleNamespace(score=lambda ts, texts: [SimpleNamespace(reward=0.5)] * len(texts)))
+    _check(BudgetScoreStage(BudgetScores(scoring, BRPOSettings(budgets=[0.5, 1.0])), PARAMS), tasks)
     engine = SimpleNamespace(model=_Uniform(), pad_id=0, tokenizer=SimpleNamespace(encode=lambda s, **_: [1] * len(s)))
     _check(AnswerProbStage(AnswerProbs(engine, "{answer}"), PARAMS), tasks)
     for verifier in ("rlpr", "dro_r3"):

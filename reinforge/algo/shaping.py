@@ -24,7 +24,8 @@ class ShapeInputs:
     ``truncated`` [N] (bool: stopped by a length limit), ``group_index`` [N]; the batch's
     ``max_new_tokens``; ``correct`` [N] (bool: the verifier's verdict, ``Trajectory.metadata['correct']``;
     None: not known, and a shaper that needs it reads ``rewards > 0``); ``tool_calls`` [N] (long: the tool
-    calls the episode made, ``Trajectory.metadata['tool_calls']``, 0 where the environment counts none)."""
+    calls the episode made, ``Trajectory.metadata['tool_calls']``, 0 where the environment counts none);
+    ``texts`` (the completions' texts, one per sequence; None: not known)."""
 
     rewards: Tensor
     lengths: Tensor
@@ -33,6 +34,7 @@ class ShapeInputs:
     max_new_tokens: int
     correct: Tensor | None = None
     tool_calls: Tensor | None = None
+    texts: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

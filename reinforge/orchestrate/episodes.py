@@ -93,6 +93,7 @@ def shape_rewards(trajs: list[Trajectory], shapers: Sequence[RewardShaperConfig]
             max_new_tokens=max_new_tokens,
             correct=torch.tensor([bool(t.metadata.get("correct", t.reward > 0)) for t in trajs]),
             tool_calls=torch.tensor([int(t.metadata.get("tool_calls", 0)) for t in trajs]),
+            texts=tuple(t.completion_text or "" for t in trajs),
         )
         shaping = REWARD_SHAPERS.call(shaper.name, inputs, shaper.settings())
         if shaping.reward is not None:

@@ -2,7 +2,7 @@
 every batch source (``LocalBatches`` in this process, ``WorkerBatches`` over rollout workers):
 
     collect -> shape -> reference rewards -> budget -> hints -> replay -> prompt values -> state values
-    -> answer probabilities -> search steps -> demonstrations or guidance
+    -> budget scores -> answer probabilities -> search steps -> demonstrations or guidance
     -> (build, prepare, advantages, update, publish)
 
 Each stage declares the rollout fields it reads and writes and owns its state (``state_dict`` /
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from reinforge.data.budgets import BudgetPart, build_budget
 from reinforge.orchestrate.answer_probs import answer_prob_stage
+from reinforge.orchestrate.budget_scores import budget_score_stage
 from reinforge.orchestrate.demo_batches import demonstration_stage
 from reinforge.orchestrate.hint_stage import hint_stage
 from reinforge.orchestrate.reference_rewards import reference_reward_stage
@@ -180,6 +181,9 @@ def build_stages(c: Components, collector: Collector, resumed: Mapping[str, Any]
     states = state_value_stage(cfg.algo, collector)
     if states is not None:
         stages.append(StateValueStage(states, params))
+    budget_scores = budget_score_stage(cfg.algo, collector, params)  # AnytimeReasoner's scores at thinking budgets
+    if budget_scores is not None:
+        stages.append(budget_scores)
     for turn_stage in (answer_prob_stage(cfg.algo, c.engine, params), search_step_stage(cfg.algo)):
         if turn_stage is not None:  # IGPO's answer probabilities, StepSearch's search steps
             stages.append(turn_stage)

@@ -11,6 +11,7 @@ from reinforge.learn.learner import Learner
 from reinforge.orchestrate.answer_probs import AnswerProbStage
 from reinforge.orchestrate.batch_fields import PRODUCERS
 from reinforge.orchestrate.batch_sources import Rounds, sample_round
+from reinforge.orchestrate.budget_scores import BudgetScoreStage
 from reinforge.orchestrate.demo_batches import DemonstrationStage, GuidanceStage
 from reinforge.orchestrate.episodes import build_batch
 from reinforge.orchestrate.hint_stage import HintStage
@@ -21,7 +22,7 @@ from reinforge.orchestrate.stages import BudgetStage, PromptValueStage, ReplaySt
 from reinforge.types import StepStage
 
 AFTER_COLLECTION = (ReferenceRewardStage, BudgetStage, HintStage, ReplayStage, PromptValueStage, StateValueStage,
-                    AnswerProbStage, SearchStepStage, DemonstrationStage, GuidanceStage)
+                    BudgetScoreStage, AnswerProbStage, SearchStepStage, DemonstrationStage, GuidanceStage)
 
 
 def step_stages() -> list[StepStage]:
