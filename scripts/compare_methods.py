@@ -11,7 +11,8 @@ as in-group demonstrations against GRPO; the expert tokens' probability), ``remi
 prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to their sampler, two
 updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
 GRPO; replayed rows a step), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
-problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
+problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``objectives`` (Lite PPO's
+advantage, RPG-REINFORCE with RPG-Style Clip and CoPG against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
 (the label-free rewards against the gold verifier: the votes, and RLPR's and DRO's likelihood of the reference
 after the reasoning; the training samples' accuracy graded against the gold answer, ``reward/accuracy``, and
@@ -105,6 +106,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "egsw_no_entropy": ["algo.advantage={name: egsw, egsw_alpha: 0.0}"],
             "mgpo": ["algo.advantage=mgpo"],
             "grpo_d": ["algo.loss_terms=[{name: kl_dynamic, beta_start: 0.0, beta_end: 0.04, horizon: 100}]"],
+        },
+    },
+    "objectives": {
+        "base": [], "metric": ("training samples correct", "reward/accuracy"),
+        "variants": {
+            "grpo": [],
+            "lite_ppo": ["algo.advantage=lite_ppo"],  # + token_mean, the default aggregation
+            "rpg": ["algo.advantage=dr_grpo", "algo.policy_loss={name: rpg, kl: ufkl, beta: 1e-4}"],
+            "copg": ["algo.policy_loss={name: copg, beta: 0.1, normalise: true}", "algo.loss_agg=seq_mean_token_sum"],
         },
     },
     "turn_credit": {
