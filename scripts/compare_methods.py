@@ -12,7 +12,8 @@ prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to
 updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
 GRPO; replayed rows a step), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
 problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``objectives`` (Lite PPO's
-advantage, RPG-REINFORCE with RPG-Style Clip and CoPG against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
+advantage, RPG-REINFORCE with RPG-Style Clip, CoPG and TROLL against GRPO, and RPG and TROLL against
+GRPO with four updates a batch; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``label_free``
 (the label-free rewards against the gold verifier: the votes, and RLPR's and DRO's likelihood of the reference
 after the reasoning; the training samples' accuracy graded against the gold answer, ``reward/accuracy``, and
@@ -115,6 +116,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "lite_ppo": ["algo.advantage=lite_ppo"],  # + token_mean, the default aggregation
             "rpg": ["algo.advantage=dr_grpo", "algo.policy_loss={name: rpg, kl: ufkl, beta: 1e-4}"],
             "copg": ["algo.policy_loss={name: copg, beta: 0.1, normalise: true}", "algo.loss_agg=seq_mean_token_sum"],
+            "troll": ["algo.policy_loss=troll"],
+            # four updates a batch: the ratio moves, so the clip, RPG-Style Clip and TROLL's projection act
+            "grpo_4mb": ["train.minibatches=4"],
+            "rpg_4mb": ["train.minibatches=4", "algo.advantage=dr_grpo", "algo.policy_loss={name: rpg, kl: ufkl, beta: 1e-4}"],
+            "troll_4mb": ["train.minibatches=4", "algo.policy_loss=troll"],
         },
     },
     "turn_credit": {
