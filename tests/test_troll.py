@@ -90,3 +90,29 @@ def test_troll_off_the_mask_is_zero_and_finite():
                    dtype=torch.long), advantages=torch.tensor([[1.0, 1.0]]), mask=torch.tensor([[0.0, 0.0]]))
     loss.sum().backward()
     assert torch.equal(loss, torch.zeros(1, 2)) and torch.isfinite(vocab.grad).all()
+
+
+@pytest.mark.slow
+def test_the_learner_records_pi_olds_support_and_trains(tmp_path):
+    # one batch of the demo task through the learner: pi_old's pass records the support (the taken token in
+    # slot 0, its log-prob the old log-prob of the taken token), then two updates with the projection
+    from test_learner_parts import _rollout_batch
+
+    from reinforge.config import load_config
+    from reinforge.learn.learner import Learner
+    from reinforge.models.loading import load_model
+    from reinforge.orchestrate.components import build_components
+
+    overrides = [f"output_dir={tmp_path}", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                 "task.heldout_size=4", "algo.skip_equal_reward_groups=false"]
+    cfg = load_config(None, [*overrides, "algo.policy_loss=troll", "train.minibatches=2"])
+    _, batch = _rollout_batch(build_components(load_config(None, overrides)))
+    learner = Learner.for_run(load_model(cfg.model.path, cfg.model.dtype, cfg.model.device), cfg)
+    learner.prepare(batch)
+    trained = batch.loss_mask > 0
+    assert batch.old_topk_index is not None and batch.old_topk_index.shape[-1] == OLD_TOPK_SLOTS
+    assert torch.equal(batch.old_topk_index[..., 0][trained], batch.input_ids[trained])
+    assert torch.allclose(batch.old_topk_logp[..., 0][trained], batch.old_logprobs[trained], atol=1e-5)
+    learner.estimate_advantages(batch)
+    metrics = learner.update(batch)
+    assert metrics["updates"] == 2 and math.isfinite(metrics["loss"])
