@@ -3,17 +3,19 @@
     A_i = (r_i - mean_g(r)) / (std_batch(r) + eps)
 
 Liu et al. 2025, "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning" (arXiv:2508.08221),
-Sec. 4.1: GRPO's group-level normalisation divides by each group's own spread, which blows up a group
+GRPO's group-level normalisation divides by each group's own spread, which blows up a group
 whose rewards are nearly equal (a homogeneous, "easy" or "hard", prompt); the batch-level scale is shared
 by every group, so such a group keeps a small advantage while the group-level mean still gives each prompt
 its own baseline. Lite PPO is this advantage with PPO's clipped surrogate (``ppo_clip``, no critic) and
 token-level loss aggregation (``loss_agg: token_mean``, each token of the mini-batch weighted alike).
 
-Which standard deviation: the paper's text takes it over the batch's rewards (``std_of: rewards``, the
-default); the paper's framework (ROLL, ``group_reward_norm`` with ``div_std_global``) takes it over the
-group-centred rewards ``d_i = r_i - mean_g(r)`` (``std_of: centred``). The two differ by the spread
-between the groups' means: the raw rewards' variance is the centred rewards' plus the variance of the
-group means, so ``rewards`` gives the smaller advantages when prompts differ in difficulty.
+Which standard deviation: the paper names it the batch-level standard deviation of the rewards, read here
+as the std of the batch's rewards (``std_of: rewards``, the default; the paper's method section itself could
+not be read, only its abstract and summaries of it); the paper's framework (ROLL, ``group_reward_norm``
+with ``div_std_global``) takes it over the group-centred rewards ``d_i = r_i - mean_g(r)``
+(``std_of: centred``). The two differ by the spread between the groups' means: the raw rewards' variance
+is the centred rewards' plus the variance of the group means, so ``rewards`` gives the smaller advantages
+when prompts differ in difficulty.
 ``reinforce_pp_baseline`` is the centred form with the population std and a batch re-centring
 (``(d - mean_batch(d)) / (std_batch(d) + eps)``); both standard deviations here are the unbiased
 (divide by N - 1) one, ``torch.std``'s, as ROLL computes it.
@@ -35,7 +37,7 @@ class LitePPOSettings(NormSettings):
     """Lite PPO's batch scale: of which values the batch's standard deviation is taken."""
 
     std_of: Literal["rewards", "centred"] = Field(
-        "rewards", description="the batch std of the raw rewards (the paper's text) or of the group-centred "
+        "rewards", description="the batch std of the raw rewards (our reading of the paper) or of the group-centred "
         "rewards r - mean_g(r) (the paper's code, ROLL's div_std_global)")
 
 
