@@ -116,3 +116,21 @@ def test_the_learner_records_pi_olds_support_and_trains(tmp_path):
     learner.estimate_advantages(batch)
     metrics = learner.update(batch)
     assert metrics["updates"] == 2 and math.isfinite(metrics["loss"])
+
+
+def test_troll_slots_no_token_fills_are_out_of_the_support():
+    # V = 2 < top_k = 4: slots 2, 3 hold PAD_LOGP (as pi_old's pass leaves them) and index 0; the support is
+    # {1, 0}: pi = pi_old = [0.25, 0.75] on it -> ratio 1, no projection, L = -A = -1 (token 0's mass not doubled)
+    from reinforge.algo.troll import PAD_LOGP
+
+    vocab = LOG(torch.tensor([[[0.75, 0.25]]])).requires_grad_(True)
+    old_idx = torch.zeros(1, 1, OLD_TOPK_SLOTS, dtype=torch.long)
+    old_val = torch.full((1, 1, OLD_TOPK_SLOTS), PAD_LOGP)
+    old_idx[0, 0, :2], old_val[0, 0, :2] = torch.tensor([1, 0]), LOG(torch.tensor([0.25, 0.75]))
+    loss, metrics = call(POLICY_LOSSES, troll_loss, {"top_k": 4}, logp_vocab=vocab, old_topk_logp=old_val,
+                         old_topk_index=old_idx, advantages=torch.tensor([[1.0]]), mask=torch.ones(1, 1))
+    assert loss.item() == pytest.approx(-1.0, abs=1e-6) and metrics["troll/kl_old"].item() == pytest.approx(0.0)
+    loss.sum().backward()
+    # d/d log pi(v) of -pi_S(1)/pi_old(1) on S = {1, 0}: -(1/0.25) * 0.25 * ([v = 1] - pi_S(v)):
+    # token 0: -(0 - 0.75) = 0.75, token 1: -(1 - 0.25) = -0.75 (the projection loss has no gradient at pi~ = pi)
+    assert_close(vocab.grad, torch.tensor([[[0.75, -0.75]]]), atol=1e-6, rtol=0)

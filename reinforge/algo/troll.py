@@ -35,6 +35,7 @@ from reinforge.algo.policy_losses import POLICY_LOSSES
 from reinforge.registry import Settings
 
 OLD_TOPK_SLOTS = 32  # tokens per position recorded by pi_old's pass (the loss uses the first ``top_k``)
+PAD_LOGP = -1e4  # the log-prob of a slot no token fills (a vocabulary smaller than the slots): out of the support
 ETA_RANGE = (1e-7, 1e2)  # the bracket of the multiplier's search (the authors' ``opt_config``)
 BISECTION_STEPS = 50
 
@@ -118,11 +119,13 @@ class TROLLSettings(Settings):
 def troll_loss(logp_vocab: Tensor, old_topk_logp: Tensor, old_topk_index: Tensor, advantages: Tensor,
                mask: Tensor, cfg: TROLLSettings) -> tuple[Tensor, dict[str, Any]]:
     """TROLL's projected surrogate. ``old_topk_index`` / ``old_topk_logp`` [N, T, OLD_TOPK_SLOTS]: pi_old's
-    support (taken token in slot 0) and log-probs; ``logp_vocab`` [N, T, V]: the current policy's rows.
+    support (taken token in slot 0) and log-probs, ``PAD_LOGP`` in a slot no token fills (then out of the
+    support for both policies); ``logp_vocab`` [N, T, V]: the current policy's rows.
     Metrics: ``troll/kl_old`` (KL(pi || pi_old) on S before the projection), ``troll/projected_frac``
     (tokens outside the bound, whose distribution the projection moved), ``ratio`` (pi~(a_t) / pi_old(a_t))."""
     idx, old = old_topk_index[..., : cfg.top_k], old_topk_logp[..., : cfg.top_k]
-    a = torch.log_softmax(logp_vocab.gather(-1, idx), dim=-1)  # off the mask: rows of zeros, uniform, eta = 0
+    current = torch.where(old <= PAD_LOGP / 2, torch.full_like(old, PAD_LOGP), logp_vocab.gather(-1, idx))
+    a = torch.log_softmax(current, dim=-1)  # off the mask: rows of zeros, uniform, eta = 0
     b = torch.log_softmax(old.to(a.dtype), dim=-1)
     log_proj, eta = project(a, b, cfg.kl_bound)
     ratio = torch.exp(log_proj[..., 0] - b[..., 0])

@@ -27,7 +27,7 @@ from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantage_estimators import egae_token_rewards
 from reinforge.algo.context import PART_INPUTS, Context
 from reinforge.algo.returns import gae_advantages_and_returns
-from reinforge.algo.troll import OLD_TOPK_SLOTS, old_support
+from reinforge.algo.troll import OLD_TOPK_SLOTS, PAD_LOGP, old_support
 from reinforge.errors import ConfigError
 from reinforge.learn.batch_context import context_tensors
 from reinforge.learn.metric_sums import MetricSums, add_mismatch
@@ -86,8 +86,8 @@ class PreparesBatches:
         teacher: Tensor | None = None  # [n, width, V], allocated at the first micro-batch
         ent = torch.zeros(n, width, dtype=dtype) if "entropy" in ADVANTAGES.needs(algo.advantage) else None
         vocab_mean = torch.zeros(n, width, dtype=dtype) if OLD_VOCAB_MEAN in self.needs else None
-        topk = ((torch.zeros(n, width, OLD_TOPK_SLOTS, dtype=torch.long), torch.zeros(n, width, OLD_TOPK_SLOTS,
-                dtype=dtype)) if OLD_TOPK in self.needs else None)
+        topk = ((torch.zeros(n, width, OLD_TOPK_SLOTS, dtype=torch.long),
+                 torch.full((n, width, OLD_TOPK_SLOTS), PAD_LOGP, dtype=dtype)) if OLD_TOPK in self.needs else None)
         passes = old is not None or ref is not None or values is not None or self.teacher is not None
         micros = self._micro_batches(batch) if passes else []
         if old is not None:
