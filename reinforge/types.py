@@ -122,7 +122,8 @@ class Batch:
     (per-token rewards, e.g. -beta * KL with the KL in the reward) and ``returns``; with a teacher
     (``algo.teacher``), ``teacher_logprobs`` [N, L, V]: its full next-token log-distribution on the
     loss mask's positions; for a part that declares it, ``old_vocab_mean`` [N, L] (pi_old's mean log-probability
-    over the vocabulary at each position). ``demo`` [N] (bool) marks demonstration rows (None: the batch has none);
+    over the vocabulary at each position) and ``old_topk_index`` / ``old_topk_logp`` [N, L, K] (pi_old's sparse
+    support at each position and its log-probs there). ``demo`` [N] (bool) marks demonstration rows (None: the batch has none);
     ``continues`` [N] (bool) the rows whose generation goes on in a later step (None: none does).
     For the parts that declare them (``build_batch``): ``turn_returns``, ``turn_states``,
     ``turn_index`` [N, L] and ``prompt_key`` [N] (see ``algo.context.Context``); ``subgroups`` [N, K] (long) the nested groups within its
@@ -156,6 +157,8 @@ class Batch:
     state_mask: Tensor | None = None
     continues: Tensor | None = None
     old_vocab_mean: Tensor | None = None
+    old_topk_index: Tensor | None = None
+    old_topk_logp: Tensor | None = None
     extra: dict[str, Tensor] = field(default_factory=dict)  # registered fields (algo.context.register_field)
 
     def __len__(self) -> int:

@@ -16,7 +16,9 @@ updates a batch, the KL-Convex term and reincarnation at step 51, and the mix al
 GRPO; replayed rows a step), ``search_cost`` (MASH's pay-per-search reward against GRPO on the search task;
 tool calls per episode), ``step_shaping`` (process rewards for the written equations, raw and bounded by Clip
 or Delta, against GRPO on 2-digit sums with room for working; the equations written), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
-problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
+problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``objectives`` (Lite PPO's
+advantage, RPG-REINFORCE with RPG-Style Clip, CoPG and TROLL against GRPO, and RPG and TROLL against
+GRPO with four updates a batch; the training samples' accuracy), ``turn_credit`` (IGPO against ``grpo_turn`` on the
 guessing game), ``tree`` (TreePO's and TreeRL's tree rollouts with their advantages, TreeRL's EPTree with
 GRPO's advantage, and Segment Policy Optimization's segment credit from Monte Carlo values, against GRPO;
 tokens decoded a step, and those decoded for the Monte Carlo values), ``label_free``
@@ -158,6 +160,20 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "eptree_grpo": ["rollout.group_sampler={name: eptree, forks: 3}"],
             "treerl": ["rollout.group_sampler={name: eptree, forks: 3}", "algo.advantage=treerl"],
             "segment_po": ["algo.advantage={name: segment_po, cut_interval: 1}", "algo.skip_equal_reward_groups=false"],
+        },
+    },
+    "objectives": {
+        "base": [], "metric": ("training samples correct", "reward/accuracy"),
+        "variants": {
+            "grpo": [],
+            "lite_ppo": ["algo.advantage=lite_ppo"],  # + token_mean, the default aggregation
+            "rpg": ["algo.advantage=dr_grpo", "algo.policy_loss={name: rpg, kl: ufkl, beta: 1e-4}"],
+            "copg": ["algo.policy_loss={name: copg, beta: 0.1, normalise: true}", "algo.loss_agg=seq_mean_token_sum"],
+            "troll": ["algo.policy_loss=troll"],
+            # four updates a batch: the ratio moves, so the clip, RPG-Style Clip and TROLL's projection act
+            "grpo_4mb": ["train.minibatches=4"],
+            "rpg_4mb": ["train.minibatches=4", "algo.advantage=dr_grpo", "algo.policy_loss={name: rpg, kl: ufkl, beta: 1e-4}"],
+            "troll_4mb": ["train.minibatches=4", "algo.policy_loss=troll"],
         },
     },
     "turn_credit": {

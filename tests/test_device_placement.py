@@ -20,9 +20,9 @@ from reinforge.algo.policy_losses import POLICY_LOSSES
 from reinforge.config import load_config
 
 N, T, V = 4, 5, 7
-LONG = {"group_index", "lengths", "turn_states", "turn_index", "prompt_key", "subgroups"}
+LONG = {"group_index", "lengths", "turn_states", "turn_index", "prompt_key", "subgroups", "old_topk_index"}
 BOOL = {"demo", "continues", "state_mask"}
-VOCAB = {"logp_vocab", "teacher_logp_vocab"}
+VOCAB = {"logp_vocab", "teacher_logp_vocab", "old_topk_logp", "old_topk_index"}
 ROW = {"rewards", "group_index", "lengths", "baseline", "prompt_key", "demo", "continues"}
 DEVICE_ERRORS = ("not on the expected device", "same device", "device type")
 

@@ -36,6 +36,9 @@ class Context:
     policy; with gradient when a part reads it). ``old_vocab_mean`` [N, T]: pi_old's mean log-probability
     over the vocabulary at each position, (1/V) sum_a log pi_old(a | y_<t), from its no-grad pass (a part
     declares the need ``old_vocab_mean``; ROVER's value of a state under the uniform policy).
+    ``old_topk_index`` [N, T, K] (long) and ``old_topk_logp`` [N, T, K]: a sparse support of pi_old at each
+    position and its log-probabilities there, from the same pass (the taken token in slot 0, then pi_old's
+    most probable others; a part declares the need ``old_topk``; TROLL's trust region).
 
     Full next-token distributions [N, T, V] (V: the vocabulary), computed only when a part reads
     them, rows of zeros off the loss mask: ``logp_vocab`` (log pi(. | y_<t) of the current policy,
@@ -74,6 +77,8 @@ class Context:
     ref_logp: Tensor | None = None
     entropy: Tensor | None = None
     old_vocab_mean: Tensor | None = None
+    old_topk_index: Tensor | None = None
+    old_topk_logp: Tensor | None = None
     logp_vocab: Tensor | None = None
     teacher_logp_vocab: Tensor | None = None
     values: Tensor | None = None

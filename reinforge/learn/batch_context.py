@@ -23,6 +23,7 @@ BATCH_FIELDS: dict[str, str] = {  # context field -> Batch attribute
     "old_logp": "old_logprobs", "sampling_logp": "sampling_logprobs", "ref_logp": "ref_logprobs", "values": "values",
     "returns": "returns", "advantages": "advantages", "demo": "demo", "continues": "continues",
     "teacher_logp_vocab": "teacher_logprobs", "old_vocab_mean": "old_vocab_mean",
+    "old_topk_index": "old_topk_index", "old_topk_logp": "old_topk_logp",
 }
 COMPUTED_FIELDS = CONTEXT_FIELDS - set(BATCH_FIELDS) - {"metadata"}
 """Not held by a batch: ``lengths`` (derived here) and what the learner's forward gives (the current

@@ -16,7 +16,8 @@ from reinforge.errors import TrainingDiverged
 from reinforge.types import Batch, Trajectory
 
 BATCH_TENSORS = ("rewards", "baseline", "sampling_logprobs", "old_logprobs", "ref_logprobs", "values",
-                 "token_rewards", "returns", "advantages", "teacher_logprobs", "old_vocab_mean")
+                 "token_rewards", "returns", "advantages", "teacher_logprobs", "old_vocab_mean",
+                 "old_topk_logp")
 
 
 def check_rewards(trajs: Sequence[Trajectory]) -> None:

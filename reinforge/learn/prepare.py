@@ -27,15 +27,18 @@ from reinforge.algo import ADVANTAGES
 from reinforge.algo.advantage_estimators import egae_token_rewards
 from reinforge.algo.context import PART_INPUTS, Context
 from reinforge.algo.returns import gae_advantages_and_returns
+from reinforge.algo.troll import OLD_TOPK_SLOTS, PAD_LOGP, old_support
 from reinforge.errors import ConfigError
 from reinforge.learn.batch_context import context_tensors
 from reinforge.learn.metric_sums import MetricSums, add_mismatch
 from reinforge.types import Batch, declares_stage
 
 # What the two stages write into the batch record (docs/architecture.md's step table; a test records them).
-PREPARE_WRITES = ("old_logprobs", "ref_logprobs", "values", "teacher_logprobs", "token_rewards", "old_vocab_mean")
+PREPARE_WRITES = ("old_logprobs", "ref_logprobs", "values", "teacher_logprobs", "token_rewards", "old_vocab_mean",
+                  "old_topk_index", "old_topk_logp")
 ADVANTAGE_WRITES = ("advantages", "returns")
 OLD_VOCAB_MEAN = "old_vocab_mean"  # the need (registry.NEEDS) served by pi_old's pass
+OLD_TOPK = "old_topk"  # likewise: pi_old's sparse support and its log-probs (algo/troll.py)
 
 
 class PreparesBatches:
@@ -53,7 +56,7 @@ class PreparesBatches:
         offset, total = self.parallel.layout(n)
         recompute_old = (t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
                          or bool({"old_logp", "entropy"} & ADVANTAGES.needs(self.algo.advantage))
-                         or OLD_VOCAB_MEAN in self.needs)
+                         or bool({OLD_VOCAB_MEAN, OLD_TOPK} & set(self.needs)))
         self._prepared = (batch, MetricSums(), offset)
         self._passes(batch, self._prepared[1], recompute_old, offset)
 
@@ -83,6 +86,8 @@ class PreparesBatches:
         teacher: Tensor | None = None  # [n, width, V], allocated at the first micro-batch
         ent = torch.zeros(n, width, dtype=dtype) if "entropy" in ADVANTAGES.needs(algo.advantage) else None
         vocab_mean = torch.zeros(n, width, dtype=dtype) if OLD_VOCAB_MEAN in self.needs else None
+        topk = ((torch.zeros(n, width, OLD_TOPK_SLOTS, dtype=torch.long),
+                 torch.full((n, width, OLD_TOPK_SLOTS), PAD_LOGP, dtype=dtype)) if OLD_TOPK in self.needs else None)
         passes = old is not None or ref is not None or values is not None or self.teacher is not None
         micros = self._micro_batches(batch) if passes else []
         if old is not None:
@@ -92,7 +97,7 @@ class PreparesBatches:
                 mb = batch.select(rows).to(self._device)  # the batch stays where it was built, its passes run here
                 cols = mb.input_ids.shape[1]
                 if old is not None:
-                    logp, h = self._old_pass(mb, ent is not None, vocab_mean, rows, cols)
+                    logp, h = self._old_pass(mb, ent is not None, (vocab_mean, topk), rows, cols)
                     old[rows, :cols] = logp.cpu()
                     if ent is not None:
                         ent[rows, :cols] = (h * mb.loss_mask).cpu()
@@ -107,6 +112,7 @@ class PreparesBatches:
                     teacher[rows, :cols] = dist
         batch.old_logprobs, batch.ref_logprobs, batch.values = old, ref, values
         batch.teacher_logprobs, batch.old_vocab_mean = teacher, vocab_mean
+        batch.old_topk_index, batch.old_topk_logp = topk if topk is not None else (None, None)
         self._old_entropy = ent
         if ref is not None and algo.kl.placement == "reward":
             kl = self.kl_estimator(old, ref) * batch.loss_mask
@@ -114,14 +120,22 @@ class PreparesBatches:
             batch.token_rewards = -self.kl_ctl.value * kl + (given.to(kl.dtype) if given is not None else 0.0)
             stats.add_tokens("kl_ref", kl, batch.loss_mask)
 
-    def _old_pass(self, mb: Batch, entropy: bool, vocab_mean: Tensor | None, rows: Tensor, cols: int
-                  ) -> tuple[Tensor, Tensor | None]:
-        """pi_old's log-probs (and entropies) of ``mb``; with ``vocab_mean``, also its mean log-probability over
-        the vocabulary at each position into ``vocab_mean[rows, :cols]`` (the full rows of this micro-batch only)."""
-        if vocab_mean is None:
+    def _old_pass(self, mb: Batch, entropy: bool, records: tuple[Tensor | None, tuple[Tensor, Tensor] | None],
+                  rows: Tensor, cols: int) -> tuple[Tensor, Tensor | None]:
+        """pi_old's log-probs (and entropies) of ``mb``. ``records`` = (vocab_mean, topk): with ``vocab_mean``,
+        also its mean log-probability over the vocabulary at each position into ``vocab_mean[rows, :cols]``;
+        with ``topk`` (index, log-probs), its sparse support at each position (``algo.troll.old_support``)
+        into ``topk[k][rows, :cols]`` (the full rows of this micro-batch only)."""
+        vocab_mean, topk = records
+        if vocab_mean is None and topk is None:
             return self._logprobs(self.model, mb, entropy=entropy)
         logp, h, dist = self._vocab_logprobs(self.model, mb, entropy=entropy)
-        vocab_mean[rows, :cols] = dist.mean(-1).cpu()
+        if vocab_mean is not None:
+            vocab_mean[rows, :cols] = dist.mean(-1).cpu()
+        if topk is not None:
+            index, values = old_support(dist, mb.input_ids[:, : dist.shape[1]])
+            topk[0][rows, :cols, : index.shape[-1]] = index.cpu()
+            topk[1][rows, :cols, : index.shape[-1]] = values.to(topk[1].dtype).cpu()
         return logp, h
 
     def _fill_advantages(self, batch: Batch | None, offset: int) -> None:
