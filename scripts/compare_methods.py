@@ -14,7 +14,8 @@ as in-group demonstrations against GRPO; the expert tokens' probability), ``remi
 prompts that come back: ReMix's mix of fresh and replayed rows with the ratio to their sampler, two
 updates a batch, the KL-Convex term and reincarnation at step 51, and the mix alone, ``repo_mix``, against
 GRPO; replayed rows a step), ``search_cost`` (MASH's pay-per-search reward against GRPO on the search task;
-tool calls per episode), ``step_shaping`` (process rewards for the written equations, raw and bounded by Clip
+tool calls per episode), ``step_search`` (StepSearch's information-gain and redundancy step rewards against PPO
+with the same critic on the search task; the episodes solved), ``step_shaping`` (process rewards for the written equations, raw and bounded by Clip
 or Delta, against GRPO on 2-digit sums with room for working; the equations written), ``weighting`` (EGSW's entropy-guided sequence weights, with and without the entropy, MGPO's MaxEnt-guided
 problem weights and GRPO-D's scheduled KL weight against GRPO; the training samples' accuracy), ``objectives`` (Lite PPO's
 advantage, RPG-REINFORCE with RPG-Style Clip, CoPG and TROLL against GRPO, and RPG and TROLL against
@@ -149,6 +150,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "variants": {
             "grpo": [],
             "search_cost": ["algo.reward_shapers=[{name: search_cost, penalty: exp, decay: 0.5}]"],
+        },
+    },
+    "step_search": {
+        "recipe": "agent_search", "prompts_per_step": 8, "base": ["task.heldout_size=100"],  # the recipe's
+        "metric": ("episodes solved (training)", "reward/accuracy"),
+        "also": [("tool calls per episode", "episode/tool_calls_mean")],
+        "variants": {
+            "ppo": ["algo.advantage=gae"],
+            "stepsearch": ["algo.advantage=stepsearch"],
         },
     },
     "tree": {
