@@ -44,6 +44,7 @@ from pydantic import ValidationError
 
 from reinforge.envs.calculator import evaluate, last_integer
 from reinforge.envs.tools import ToolError
+from reinforge.serve.agent_auth import reward_headers, reward_url
 
 MAX_TURNS = 4
 """Model calls per episode (tiny-agent needs 2: the tool call, then the answer)."""
@@ -109,6 +110,6 @@ def agent(base_url: str, task) -> float:
             [("user", task.prompt)] if isinstance(task.prompt, str) else [dict(m) for m in task.prompt]))
     ok = text is not None and score(text, task.answer)
     reward = float(ok)
-    _HTTP.post(base_url.removesuffix("/v1") + "/reward", json={"reward": reward, "info": {"correct": ok}},
+    _HTTP.post(reward_url(base_url), json={"reward": reward, "info": {"correct": ok}}, headers=reward_headers(base_url),
                timeout=60).raise_for_status()
     return reward
