@@ -234,3 +234,21 @@ def test_reinforge_serve_takes_the_key_from_the_flag_or_the_environment(monkeypa
     assert runner.invoke(app, ["serve", "--model", "x", "--api-key", "flag-key"]).exit_code == 0
     assert runner.invoke(app, ["serve", "--model", "x"], env={"REINFORGE_API_KEY": "env-key"}).exit_code == 0
     assert seen == [None, "flag-key", "env-key"]
+
+
+def test_the_recipe_options_reach_the_training_proxy(tok):
+    from reinforge.config import EnvConfig, RolloutConfig
+    from reinforge.orchestrate.collectors import build_collector
+
+    engine = ScriptedModel(tiny_random_llama(tok, max_positions=2048), tok, "cpu", seed=0)
+    env = EnvConfig.model_validate({"name": "agent", "agent": "agent_fixtures:returning_agent",
+                                    "agent_api_key": "recipe-key", "agent_reward_endpoint": False})
+    collector = build_collector(env, RolloutConfig(), engine, lambda: None, None, 2048)
+    try:
+        proxy = collector.runner.proxy
+        assert (proxy.api_key, proxy.reward_endpoint, proxy.open_on_call) == ("recipe-key", False, False)
+        assert httpx.get(collector.runner.url + "/episodes/x/v1/models").status_code == 401
+    finally:
+        collector.close()
+    default = EnvConfig.model_validate({"name": "agent", "agent": "agent_fixtures:returning_agent"})
+    assert (default.agent_api_key, default.agent_reward_endpoint) == (None, True)

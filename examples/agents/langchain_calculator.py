@@ -44,7 +44,7 @@ from pydantic import ValidationError
 
 from reinforge.envs.calculator import evaluate, last_integer
 from reinforge.envs.tools import ToolError
-from reinforge.serve.agent_auth import reward_headers, reward_url
+from reinforge.serve.agent_auth import api_key, reward_headers, reward_url
 
 MAX_TURNS = 4
 """Model calls per episode (tiny-agent needs 2: the tool call, then the answer)."""
@@ -83,7 +83,7 @@ def score(text: str, answer: str) -> bool:
 
 def play(base_url: str, messages: list[BaseMessage]) -> str | None:
     """One episode; the final answer's text, or None when the model misbehaved."""
-    llm = ChatOpenAI(base_url=base_url, api_key="unused", model="policy", max_retries=0,
+    llm = ChatOpenAI(base_url=base_url, api_key=api_key(base_url), model="policy", max_retries=0,
                      http_client=_HTTP).bind_tools([calc])
     for _ in range(MAX_TURNS):
         try:

@@ -48,7 +48,7 @@ from openai import AsyncOpenAI, BadRequestError
 
 from reinforge.envs.calculator import evaluate, last_integer
 from reinforge.envs.tools import ToolError
-from reinforge.serve.agent_auth import post_reward
+from reinforge.serve.agent_auth import api_key, post_reward
 
 MAX_TURNS = 4
 """Model calls per episode (tiny-agent needs 2: the tool call, then the answer)."""
@@ -83,7 +83,7 @@ def score(text: str | None, answer: str) -> bool:
 
 async def play(base_url: str, prompt) -> str | None:
     """One episode; the final answer's text, or None when the model misbehaved."""
-    async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key(base_url), max_retries=0) as client:
         agent = Agent(name="calculator", instructions=None, tools=[calc],
                       model=OpenAIChatCompletionsModel(model="policy", openai_client=client))
         try:

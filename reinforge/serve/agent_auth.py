@@ -9,7 +9,7 @@ reach another's.
 ``run_agent_episodes`` registers each episode's ``Credentials`` under its ``base_url`` while the
 agent runs; agent code posts the reward with ``post_reward(base_url, reward, info=...)`` (the token
 and key are sent for it), or builds its own request with ``reward_headers(base_url)``, or gives
-``api_key(base_url)`` to its OpenAI client when the proxy has a key. Needs no FastAPI.
+``api_key(base_url)`` to its OpenAI client when the proxy has a key. Needs httpx, not FastAPI.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import httpx  # at import, not in post_reward: a first import racing agent threads leaves them a half-made module
 
 from reinforge.errors import ReinforgeError
 
@@ -103,8 +105,6 @@ def post_reward(base_url: str, reward: float, info: Mapping[str, Any] | None = N
                 timeout: float = 60.0) -> dict[str, Any]:
     """Post the episode's reward (``POST <base_url without /v1>/reward``) with its token; raises on
     a refusal (``httpx.HTTPStatusError``). Returns the proxy's answer."""
-    import httpx
-
     body: dict[str, Any] = {"reward": reward}
     if info is not None:
         body["info"] = dict(info)
