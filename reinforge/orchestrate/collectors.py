@@ -196,7 +196,8 @@ class AgentDriven:
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
         trajectories = self.runner.run(tasks, params.n, group_offset=group_offset, greedy=params.greedy)
-        return Collected(trajectories, metrics={"agent/refused_rewards": float(self.runner.proxy.take_refused_rewards())})
+        refused = self.runner.proxy.take_refused_rewards()  # reward posts without their episode's token
+        return Collected(trajectories, metrics={"agent/refused_rewards": float(refused)})
 
     def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
         """Correct when the agent reported ``correct`` or, without it, for a reward of at least 1; no

@@ -86,10 +86,12 @@ class ApiKeyGuard:
         self.app, self._expected = app, f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") in self.OPEN:
+        if scope["type"] == "lifespan" or (scope["type"] == "http" and scope.get("path") in self.OPEN):
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
         if not hmac.compare_digest(given, self._expected):
+            if scope["type"] != "http":  # a websocket: closed with "policy violation"
+                return await send({"type": "websocket.close", "code": 1008})
             error = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <api key>'",
                              code="invalid_api_key")
             return await JSONResponse(error.body(), 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
