@@ -274,6 +274,9 @@ def serve(
                                                   "(<tool_call>{json}</tool_call>) or none (plain text)")] = "hermes",
     engine: Annotated[str, typer.Option(help="rollout engine: torch, vllm (make install-vllm; no streaming or top "
                                              "log-probs through it) or auto (as rollout.engine)")] = "torch",
+    api_key: Annotated[str | None, typer.Option(envvar="REINFORGE_API_KEY", show_default=False,
+                                                help="require 'Authorization: Bearer KEY' on every route but "
+                                                     "/health (401 otherwise)")] = None,
 ) -> None:
     """An OpenAI-compatible HTTP server over the rollout engine (/v1/models, /v1/completions, /v1/chat/completions)."""
 
@@ -292,7 +295,7 @@ def serve(
         limits = ServeLimits(max_body_bytes=max_body_bytes, max_prompts=max_prompts, max_sequences=max_sequences,
                              max_pending=max_pending)
         app_ = build_server_app(model, served_name, device, dtype, max_batch_sequences, seed, limits, tool_parser,
-                                engine)
+                                engine, api_key)
         name = app_.state.server.model_name
         Console().print(f"serving [bold]{name}[/] at http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
         uvicorn.run(app_, host=host, port=port, log_level="warning")

@@ -3,9 +3,9 @@ the way a user's agent code is (loaded by name: ``env.agent: agent_fixtures:arit
 
 from __future__ import annotations
 
-import httpx
 from openai import OpenAI
 
+from reinforge.serve.agent_auth import post_reward
 from reinforge.types import Task
 
 
@@ -14,9 +14,7 @@ def arithmetic_agent(base_url: str, task: Task) -> None:
     client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model="policy", messages=task.prompt)
     ok = reply.choices[0].message.content.strip() == task.answer
-    response = httpx.post(base_url.removesuffix("/v1") + "/reward",
-                          json={"reward": float(ok), "info": {"correct": ok}})
-    response.raise_for_status()
+    post_reward(base_url, float(ok), info={"correct": ok})
 
 
 def returning_agent(base_url: str, task: Task) -> float:

@@ -79,7 +79,7 @@ def answered_by(reply: Callable[[str, str], str]) -> Script:
 
 class StubOpenAI:
     """The app (``.app``) and what it recorded: ``requests[episode]`` (chat request bodies, in
-    order), ``rewards[episode]`` (the reward bodies), ``headers[episode]`` (the chat calls' headers)
+    order), ``rewards[episode]`` (the reward bodies), ``reward_tokens[episode]`` (their reward-token headers), ``headers[episode]`` (the chat calls' headers)
     and ``other`` (method, path of any other request)."""
 
     def __init__(self, script: Script) -> None:
@@ -87,6 +87,7 @@ class StubOpenAI:
         self.requests: dict[str, list[dict[str, Any]]] = {}
         self.headers: dict[str, list[dict[str, str]]] = {}
         self.rewards: dict[str, list[dict[str, Any]]] = {}
+        self.reward_tokens: dict[str, list[str | None]] = {}
         self.other: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         app = FastAPI()
@@ -107,6 +108,7 @@ class StubOpenAI:
             body = await request.json()
             with self._lock:
                 self.rewards.setdefault(episode_id, []).append(body)
+                self.reward_tokens.setdefault(episode_id, []).append(request.headers.get("x-reinforge-reward-token"))
             return JSONResponse({"episode_id": episode_id, "reward": body.get("reward"), "done": True})
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])

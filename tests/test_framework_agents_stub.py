@@ -21,6 +21,7 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 from stub_openai_server import StubOpenAI, completion, text_reply, tool_call_reply  # noqa: E402
 
 from reinforge.orchestrate.agent_episodes import BackgroundServer  # noqa: E402
+from reinforge.serve import agent_auth  # noqa: E402
 from reinforge.types import Task  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "agents"
@@ -71,7 +72,12 @@ def _play(server, module, *replies, task: Task = TASK) -> tuple[float, list[dict
     """(returned reward, the chat request bodies, the posted reward bodies) of one episode."""
     stub, plans, url = server
     episode = plans.new(*replies)
-    reward = module.agent(f"{url}/episodes/{episode}/v1", task)
+    base_url = f"{url}/episodes/{episode}/v1"
+    agent_auth.register(base_url, agent_auth.Credentials(episode, "stub-token"))  # as run_agent_episodes does
+    try:
+        reward = module.agent(base_url, task)
+    finally:
+        agent_auth.forget([base_url])
     return reward, stub.requests.get(episode, []), stub.rewards.get(episode, [])
 
 
@@ -84,6 +90,7 @@ def test_tool_call_then_answer(server, agent_module, answer, reward):
     got, requests, posted = _play(server, agent_module, tool_call_reply("482*37", call_id="call_x1"),
                                   text_reply(answer))
     assert got == reward and posted == [{"reward": reward, "info": {"correct": reward == 1.0}}]
+    assert all(tokens == ["stub-token"] for tokens in server[0].reward_tokens.values())  # sent by the helper
     first, second = requests
     # turn 1: the task's prompt only (no system message: the Agents SDK sends none without instructions)
     assert first["messages"] == [{"role": "user", "content": "482*37="}]

@@ -27,6 +27,7 @@ from reinforge.orchestrate.agent_episodes import (  # noqa: E402
 from reinforge.rollout.chat_splice import ChatSplicer  # noqa: E402
 from reinforge.rollout.torch_engine import TorchRolloutEngine  # noqa: E402
 from reinforge.rollout.types import GenerationRequest, SamplingParams  # noqa: E402
+from reinforge.serve.agent_auth import REWARD_TOKEN_HEADER, post_reward  # noqa: E402
 from reinforge.serve.proxy import AgentProxy, EpisodeError  # noqa: E402
 from reinforge.serve.worker import Job  # noqa: E402
 from reinforge.types import Task  # noqa: E402
@@ -69,6 +70,7 @@ def _reply(response) -> dict[str, str]:
 
 def test_two_calls_are_one_token_exact_trajectory(proxy, url, tok):
     base_url = episode_base_url(url, "exact")
+    proxy.open_episode("exact", reward_token="secret-exact")
     user, tool = {"role": "user", "content": "add 2+2"}, {"role": "tool", "content": "4"}
 
     def agent() -> list:
@@ -76,7 +78,8 @@ def test_two_calls_are_one_token_exact_trajectory(proxy, url, tok):
         first = client.chat.completions.create(model="gpt-4o", messages=[user], logprobs=True)
         second = client.chat.completions.create(model="gpt-4o", messages=[user, _reply(first), tool],
                                                 logprobs=True, max_tokens=4)
-        httpx.post(base_url.removesuffix("/v1") + "/reward", json={"reward": 0.5}).raise_for_status()
+        httpx.post(base_url.removesuffix("/v1") + "/reward", json={"reward": 0.5},
+                   headers={REWARD_TOKEN_HEADER: "secret-exact"}).raise_for_status()
         return [first, second]
 
     first, second = agent()
@@ -146,7 +149,7 @@ def test_concurrent_agent_episodes_are_grouped_by_task(proxy, url, tok):
         parts = {"role": "user", "content": [{"type": "text", "text": "g"}, {"type": "text", "text": "o"}]}
         client.chat.completions.create(model="m", messages=[*messages, first.choices[0].message, parts])
         if task.id == "b":  # a posted reward wins over the returned one
-            httpx.post(base_url.removesuffix("/v1") + "/reward", json={"reward": 10.0}).raise_for_status()
+            post_reward(base_url, 10.0)  # the harness's helper sends the episode's reward token
         return float(len(task.prompt))
 
     trajs = run_agent_episodes(tasks, agent, proxy, url, group_size=2, max_workers=6, group_offset=5)
@@ -207,11 +210,13 @@ def test_bad_requests_get_openai_errors_and_the_proxy_stays_up(proxy, url):
     assert e.value.body["code"] == "context_length_exceeded"
 
     r = httpx.post(f"{url}/episodes/nobody/reward", json={"reward": 1.0})
-    assert r.status_code == 404 and r.json()["error"]["code"] == "episode_not_found"
-    assert "nobody" in r.json()["error"]["message"]
-    r = httpx.post(f"{url}/episodes/nobody/reward", content=b"{oops", headers={"content-type": "application/json"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "reward_forbidden"
+    proxy.open_episode("bodies", reward_token="secret-bodies")
+    token = {REWARD_TOKEN_HEADER: "secret-bodies"}
+    r = httpx.post(f"{url}/episodes/bodies/reward", content=b"{oops",
+                   headers={"content-type": "application/json", **token})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    r = httpx.post(f"{url}/episodes/nobody/reward", json={"done": True})
+    r = httpx.post(f"{url}/episodes/bodies/reward", json={"done": True}, headers=token)
     assert r.status_code == 400 and r.json()["error"]["param"] == "reward"
     r = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": messages})
     assert r.status_code == 404 and "error" in r.json()
@@ -219,16 +224,18 @@ def test_bad_requests_get_openai_errors_and_the_proxy_stays_up(proxy, url):
     assert [m.id for m in client.models.list().data] == ["policy"]
     assert client.chat.completions.create(model="m", messages=messages).choices[0].finish_reason in ("stop", "length")
     assert proxy.status("errors").calls == 1  # rejected requests recorded nothing
-    proxy.discard(["errors"])
+    proxy.discard(["errors", "bodies"])
 
 
 def test_python_reward_done_flag_and_missing_rewards(proxy, url):
+    proxy.open_episode("py", reward_token="secret-py")
     client = _client(url, "py")
     messages = [{"role": "user", "content": "hi"}]
     first = client.chat.completions.create(model="m", messages=messages)
     with pytest.raises(EpisodeError, match=r"'py': no reward"):
         proxy.take_trajectories(["py"])
-    r = httpx.post(f"{url}/episodes/py/reward", json={"reward": 0.25, "done": False, "info": {"correct": True}})
+    r = httpx.post(f"{url}/episodes/py/reward", json={"reward": 0.25, "done": False, "info": {"correct": True}},
+                   headers={REWARD_TOKEN_HEADER: "secret-py"})
     assert r.status_code == 200 and r.json() == {"episode_id": "py", "reward": 0.25, "done": False, "calls": 1}
     client.chat.completions.create(model="m", messages=[*messages, _reply(first), {"role": "user", "content": "ok"}])
     proxy.set_reward("py", 2.0)  # replaces the posted reward and finishes the episode

@@ -44,6 +44,7 @@ from pydantic import ValidationError
 
 from reinforge.envs.calculator import evaluate, last_integer
 from reinforge.envs.tools import ToolError
+from reinforge.serve.agent_auth import api_key, reward_headers, reward_url
 
 MAX_TURNS = 4
 """Model calls per episode (tiny-agent needs 2: the tool call, then the answer)."""
@@ -82,7 +83,7 @@ def score(text: str, answer: str) -> bool:
 
 def play(base_url: str, messages: list[BaseMessage]) -> str | None:
     """One episode; the final answer's text, or None when the model misbehaved."""
-    llm = ChatOpenAI(base_url=base_url, api_key="unused", model="policy", max_retries=0,
+    llm = ChatOpenAI(base_url=base_url, api_key=api_key(base_url), model="policy", max_retries=0,
                      http_client=_HTTP).bind_tools([calc])
     for _ in range(MAX_TURNS):
         try:
@@ -109,6 +110,6 @@ def agent(base_url: str, task) -> float:
             [("user", task.prompt)] if isinstance(task.prompt, str) else [dict(m) for m in task.prompt]))
     ok = text is not None and score(text, task.answer)
     reward = float(ok)
-    _HTTP.post(base_url.removesuffix("/v1") + "/reward", json={"reward": reward, "info": {"correct": ok}},
+    _HTTP.post(reward_url(base_url), json={"reward": reward, "info": {"correct": ok}}, headers=reward_headers(base_url),
                timeout=60).raise_for_status()
     return reward

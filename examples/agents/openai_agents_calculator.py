@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 from agents import (
     Agent,
     MaxTurnsExceeded,
@@ -49,6 +48,7 @@ from openai import AsyncOpenAI, BadRequestError
 
 from reinforge.envs.calculator import evaluate, last_integer
 from reinforge.envs.tools import ToolError
+from reinforge.serve.agent_auth import api_key, post_reward
 
 MAX_TURNS = 4
 """Model calls per episode (tiny-agent needs 2: the tool call, then the answer)."""
@@ -83,7 +83,7 @@ def score(text: str | None, answer: str) -> bool:
 
 async def play(base_url: str, prompt) -> str | None:
     """One episode; the final answer's text, or None when the model misbehaved."""
-    async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key(base_url), max_retries=0) as client:
         agent = Agent(name="calculator", instructions=None, tools=[calc],
                       model=OpenAIChatCompletionsModel(model="policy", openai_client=client))
         try:
@@ -103,6 +103,5 @@ def agent(base_url: str, task) -> float:
     prompt = task.prompt if isinstance(task.prompt, str) else [dict(m) for m in task.prompt]
     ok = score(asyncio.run(play(base_url, prompt)), task.answer)
     reward = float(ok)
-    httpx.post(base_url.removesuffix("/v1") + "/reward", json={"reward": reward, "info": {"correct": ok}},
-               timeout=60).raise_for_status()
+    post_reward(base_url, reward, info={"correct": ok})  # with the episode's reward token
     return reward

@@ -181,6 +181,10 @@ class EnvConfig(InlineSection):
     agent: str | None = Field(None, description="env.name=agent: 'module:function' taking (base_url, task) and "
                               "returning the episode's reward (or posting it to the proxy)")
     agent_workers: int = Field(8, ge=1, description="env.name=agent: agent episodes run concurrently")
+    agent_api_key: str | None = Field(None, description="env.name=agent: the proxy requires 'Authorization: Bearer "
+                                      "KEY' of every call (agents read it with reinforge.serve.agent_auth.api_key)")
+    agent_reward_endpoint: bool = Field(True, description="env.name=agent: false = rewards only from the agent "
+                                        "function's return value (every reward post is refused)")
     concurrency: int = Field(64, ge=1, description="environment calls (steps, resets) of a turn run at once; "
                              "1 = one after another (the trajectories are the same either way)")
     step_timeout_s: float = Field(60.0, ge=0, description="an environment call running longer ends its episode "

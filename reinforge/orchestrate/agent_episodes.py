@@ -1,10 +1,11 @@
 """Black-box agent episodes: OpenAI-API agent code played through an ``AgentProxy``.
 
 ``run_agent_episodes`` runs ``agent(base_url, task)`` ``group_size`` times per task in threads;
-each run gets its own episode id and ``base_url`` (``<proxy>/episodes/<id>/v1``), which the agent
-gives to its OpenAI client. The agent reports the reward by returning a number, or by posting it
-(``POST <base_url without /v1>/reward``; a posted reward wins over the return value). One group
-per task: group ids ``group_offset + task index``.
+each run gets its own unguessable episode id (``t<task>s<sample>-`` and 128 random bits) and
+``base_url`` (``<proxy>/episodes/<id>/v1``), which the agent gives to its OpenAI client. The agent
+reports the reward by returning a number, or by posting it with the episode's reward token, which
+the base URL does not carry (``reinforge.serve.agent_auth.post_reward(base_url, reward)``; a
+posted reward wins over the return value). One group per task: group ids ``group_offset + task index``.
 
 Failures fail loudly (``AgentError`` naming the task and episode, after every run has ended, with
 the batch's episodes dropped from the proxy): an agent that raises, returns something other than a
@@ -21,7 +22,6 @@ import numbers
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -67,13 +67,20 @@ def run_agent_episodes(tasks: Sequence[Task], agent: Agent, proxy: AgentProxy, s
     index next, then the episode's segments)."""
     if group_size < 1 or max_workers < 1:
         raise ValueError(f"group_size and max_workers must be >= 1, got {group_size} and {max_workers}")
-    batch = uuid.uuid4().hex[:8]
-    runs = [(t, f"{batch}-{t}-{j}") for t in range(len(tasks)) for j in range(group_size)]
-    for _, eid in runs:
-        proxy.open_episode(eid)
-    with ThreadPoolExecutor(max_workers, thread_name_prefix="reinforge-agent") as pool:
-        futures = [pool.submit(agent, episode_base_url(server_url, eid), tasks[t]) for t, eid in runs]
-        outcomes = [(f.result(), None) if f.exception() is None else (None, f.exception()) for f in futures]
+    from reinforge.serve import agent_auth
+
+    runs = [(t, agent_auth.new_episode_id(f"t{t}s{j}")) for t in range(len(tasks)) for j in range(group_size)]
+    urls = [episode_base_url(server_url, eid) for _, eid in runs]
+    for (_, eid), url in zip(runs, urls, strict=True):
+        token = agent_auth.new_secret()
+        proxy.open_episode(eid, reward_token=token)
+        agent_auth.register(url, agent_auth.Credentials(eid, token, proxy.api_key))
+    try:
+        with ThreadPoolExecutor(max_workers, thread_name_prefix="reinforge-agent") as pool:
+            futures = [pool.submit(agent, url, tasks[t]) for (t, _), url in zip(runs, urls, strict=True)]
+            outcomes = [(f.result(), None) if f.exception() is None else (None, f.exception()) for f in futures]
+    finally:
+        agent_auth.forget(urls)
     failures: list[str] = []
     first_exc: BaseException | None = None
     for (t, eid), (value, exc) in zip(runs, outcomes, strict=True):
@@ -163,15 +170,18 @@ class AgentRunner:
     served on loopback, and the agent named in the recipe.
 
     Training episodes sample at the run's fixed temperature (``fixed_sampling``: the learner
-    assumes one); greedy episodes (held-out evaluation, ReMax's baseline) run at temperature 0."""
+    assumes one); greedy episodes (held-out evaluation, ReMax's baseline) run at temperature 0. The
+    proxy serves only the episodes it opened, under ``api_key`` when one is given; with
+    ``reward_endpoint=False`` rewards come only from the agent function's return value."""
 
     def __init__(self, spec: str, engine, *, max_tokens: int, temperature: float, top_p: float, top_k: int,
-                 workers: int) -> None:
+                 workers: int, api_key: str | None = None, reward_endpoint: bool = True) -> None:
         from reinforge.serve.proxy import AgentProxy
 
         self.agent, self.workers = load_agent(spec), workers
         self.proxy = AgentProxy(engine, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                fixed_sampling=True)
+                                fixed_sampling=True, api_key=api_key, reward_endpoint=reward_endpoint,
+                                open_on_call=False)
         self.server = BackgroundServer(self.proxy.app)
         self.url = self.server.start()
         self._lock = threading.Lock()

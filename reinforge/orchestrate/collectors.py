@@ -195,7 +195,9 @@ class AgentDriven:
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
-        return Collected(self.runner.run(tasks, params.n, group_offset=group_offset, greedy=params.greedy))
+        trajectories = self.runner.run(tasks, params.n, group_offset=group_offset, greedy=params.greedy)
+        refused = self.runner.proxy.take_refused_rewards()  # reward posts without their episode's token
+        return Collected(trajectories, metrics={"agent/refused_rewards": float(refused)})
 
     def outcome(self, trajectory: Trajectory) -> tuple[bool, str | None]:
         """Correct when the agent reported ``correct`` or, without it, for a reward of at least 1; no
@@ -238,7 +240,8 @@ def build_collector(env: EnvConfig, rollout: RolloutConfig, engine, make_env: Ca
         assert env.agent is not None  # EnvConfig checks it
         return AgentDriven(AgentRunner(env.agent, engine, max_tokens=limits.max_turn_tokens,
                                        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                                       workers=env.agent_workers))
+                                       workers=env.agent_workers, api_key=env.agent_api_key,
+                                       reward_endpoint=env.agent_reward_endpoint))
     if pool.steps is not None and (spec.multi_turn or spec.agent_driven):
         raise ConfigError(f"reward.step_verifier: env {env.name} is multi-turn; step rewards are for single-turn "
                           "completions (a multi-turn environment's steps have their own turn rewards)")

@@ -14,6 +14,7 @@ whose weights are managed elsewhere) it only bumps the policy version.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -34,9 +35,10 @@ class OpenAIRolloutEngine:
     def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
                     copy_policy: bool = True) -> OpenAIRolloutEngine:
         """An engine driving ``rollout.server_url``, whose weights are set to ``policy``'s now (it keeps
-        no copy: ``copy_policy`` does not apply)."""
+        no copy: ``copy_policy`` does not apply); the server's API key, if it has one, comes from the
+        ``REINFORGE_API_KEY`` environment variable (as ``reinforge serve --api-key`` reads it)."""
         engine = cls(rollout.server_url, rollout.server_model or model_path, tokenizer, seed=seed,
-                     sync_weights=rollout.sync_weights)
+                     sync_weights=rollout.sync_weights, api_key=os.environ.get("REINFORGE_API_KEY") or "EMPTY")
         engine.update_weights(policy, 0)
         return engine
 
@@ -59,6 +61,7 @@ class OpenAIRolloutEngine:
                 from None
         self.base_url = base_url.rstrip("/")
         self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=timeout_s, max_retries=2)
+        self._auth = {"Authorization": f"Bearer {api_key}"}
         self.model_name = model
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -80,7 +83,7 @@ class OpenAIRolloutEngine:
             root = self.base_url.removesuffix("/v1")
             try:
                 r = httpx.post(f"{root}/reinforge/weights", params={"version": version}, content=save(tensors),
-                               timeout=self.client.timeout)
+                               headers=self._auth, timeout=self.client.timeout)
             except httpx.HTTPError as e:
                 raise ReinforgeError(f"weight update to {root} failed: {e}") from None
             if r.status_code != 200:

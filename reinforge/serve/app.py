@@ -3,7 +3,8 @@
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with
 ``n``, ``stop``, ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``seed``,
 ``logprobs``, streaming), plus ``GET /reinforge/info`` and ``POST /reinforge/weights`` (new weights
-as a safetensors body, ``?version=N``) for a trainer that drives rollouts through this server.
+as a safetensors body, ``?version=N``) for a trainer that drives rollouts through this server, and
+``GET /health`` (the one route open without the API key, when the server has one).
 
 Stop sequences end the completion and are not part of the returned text (OpenAI semantics); the
 ``token_ids`` extension returns every sampled token, so they include the stop sequence's tokens.
@@ -26,7 +27,7 @@ from starlette.background import BackgroundTask
 
 from reinforge.rollout.engines import context_limit
 from reinforge.rollout.types import Generation, SamplingParams
-from reinforge.serve.http_guards import BodyLimit, install_error_handlers
+from reinforge.serve.http_guards import install_error_handlers, install_guards
 from reinforge.serve.schema import APIError, ChatCompletionRequest, CompletionRequest, ServeLimits, _Sampling
 from reinforge.serve.tool_calls import ToolUse, template_messages, tool_parser
 from reinforge.serve.worker import EngineWorker, Job, TokenEvent
@@ -36,10 +37,11 @@ DEFAULT_COMPLETION_TOKENS = 16
 
 def create_app(engine: Any, model_name: str, max_batch_sequences: int = 256,
                limits: ServeLimits | None = None, tool_parser_name: str | None = "hermes",
-               parameter_names: list[str] | None = None) -> FastAPI:
+               parameter_names: list[str] | None = None, api_key: str | None = None) -> FastAPI:
     """The server app over a rollout engine (any registered one); ``tool_parser_name`` reads tool calls
     out of chat replies (``reinforge/serve/tool_calls.py``; None or ``"none"``: replies are plain
-    text); ``parameter_names``: what ``/reinforge/weights`` must receive (default: the engine's model's)."""
+    text); ``parameter_names``: what ``/reinforge/weights`` must receive (default: the engine's model's);
+    ``api_key``: every route but ``GET /health`` then needs ``Authorization: Bearer <api_key>`` (401)."""
     limits = limits or ServeLimits()
     names = parameter_names if parameter_names is not None else [n for n, _ in engine.model.named_parameters()]
     server = _Server(engine, model_name, max_batch_sequences, limits, tool_parser(tool_parser_name))
@@ -51,8 +53,7 @@ def create_app(engine: Any, model_name: str, max_batch_sequences: int = 256,
 
     app = FastAPI(title="reinforge OpenAI-compatible server", lifespan=lifespan)
     app.state.server = server
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
-
+    install_guards(app, limits.max_body_bytes, api_key)
     install_error_handlers(app)
 
     @app.get("/v1/models")

@@ -1,7 +1,10 @@
-"""What every reinforge HTTP app installs: OpenAI-style error bodies and a request-body size limit."""
+"""What every reinforge HTTP app installs: OpenAI-style error bodies, a request-body size limit, an
+optional API key (``Authorization: Bearer``) on every route but ``GET /health``, and that route."""
 
 from __future__ import annotations
 
+import hmac
+import os
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,6 +13,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from reinforge.serve.schema import APIError
+
+API_KEY_ENV = "REINFORGE_API_KEY"
+"""The environment variable an API key is read from when none is given."""
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -65,3 +71,46 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class ApiKeyGuard:
+    """ASGI middleware: every request but ``GET /health`` needs ``Authorization: Bearer <api_key>``
+    (compared in constant time); otherwise a 401 with an OpenAI-style body (``code: invalid_api_key``),
+    as vLLM's ``--api-key`` does."""
+
+    OPEN = ("/health",)
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        if not api_key:
+            raise ValueError("api_key must not be empty")
+        self.app, self._expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" or (scope["type"] == "http" and scope.get("path") in self.OPEN):
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self._expected):
+            if scope["type"] != "http":  # a websocket: closed with "policy violation"
+                return await send({"type": "websocket.close", "code": 1008})
+            error = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <api key>'",
+                             code="invalid_api_key")
+            return await JSONResponse(error.body(), 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def install_guards(app: FastAPI, max_body_bytes: int, api_key: str | None) -> None:
+    """The body limit, the API key (when one is given; outermost, so an unauthorised request is
+    refused before its body is read) and ``GET /health`` (open, for load balancers and launchers)."""
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if api_key:
+        app.add_middleware(ApiKeyGuard, api_key=api_key)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+
+def resolve_api_key(given: str | None) -> str | None:
+    """``given``, else the ``REINFORGE_API_KEY`` environment variable (as vLLM reads ``VLLM_API_KEY``),
+    else None (no key: every route is open)."""
+    return given or os.environ.get(API_KEY_ENV) or None

@@ -11,8 +11,13 @@ then at least one new message, with the same ``tools``) continues that segment b
 tokens are never re-tokenised. Any other call (the first one, or one that rewrote history) starts
 a new segment from ``prompt_ids(messages)``. Each segment becomes one ``Trajectory``.
 
-Rewards: ``POST /episodes/<id>/reward`` with ``{"reward": float, "done": true, "info": {...}}`` or
-``AgentProxy.set_reward``. ``take_trajectories`` requires a reward for every episode it is given
+Rewards: ``POST /episodes/<id>/reward`` with ``{"reward": float, "done": true, "info": {...}}`` and
+the episode's reward token (``X-Reinforge-Reward-Token``, given to ``open_episode``; the model-facing
+base URL does not carry it), or ``AgentProxy.set_reward``. A post without the right token, to an
+episode without one, or to a proxy built with ``reward_endpoint=False`` (rewards only from the
+agent function's return value) is a 403, logged and counted (``take_refused_rewards``); the same
+answer whether or not the episode exists. ``api_key``: every route but ``GET /health`` needs
+``Authorization: Bearer <api_key>`` (reinforge/serve/http_guards.py). ``take_trajectories`` requires a reward for every episode it is given
 (else ``EpisodeError`` naming them, and nothing is taken) and drops what it returns.
 """
 
@@ -33,6 +38,7 @@ from torch import Tensor, nn
 from reinforge.rollout.chat_splice import ChatSplicer, ChatTemplateError, Message
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import Generation, SamplingParams
+from reinforge.serve.agent_auth import secret_matches
 from reinforge.serve.app import _usage
 from reinforge.serve.proxy_app import (
     EpisodeError,
@@ -68,12 +74,17 @@ class AgentProxy:
     names or arguments) is an *echo mismatch*: with ``on_echo_mismatch="new_segment"`` the call starts
     a new segment, and the mismatch is logged, counted in the trajectories' ``echo_mismatches`` and
     named in the response's ``reinforge.echo_mismatch``; with ``"error"`` the call gets a 400.
+
+    Access: ``api_key`` (every route but ``/health``), ``reward_endpoint`` (False: every reward post
+    is refused; rewards come from ``set_reward``), ``open_on_call`` (False: a call to an episode not
+    opened by ``open_episode`` is a 404 instead of opening it).
     """
 
     def __init__(self, engine: TorchRolloutEngine, *, max_tokens: int = 256, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, fixed_sampling: bool = False, model_name: str = "policy",
                  max_batch_sequences: int = 256, tool_parser_name: str | None = "hermes",
-                 on_echo_mismatch: str = "new_segment") -> None:
+                 on_echo_mismatch: str = "new_segment", api_key: str | None = None, reward_endpoint: bool = True,
+                 open_on_call: bool = True) -> None:
         if max_tokens < 1 or not 0 <= temperature <= 2 or not 0 < top_p <= 1 or top_k < 0:
             raise ValueError(f"bad sampling defaults: max_tokens={max_tokens} (>= 1), temperature={temperature} "
                              f"(0..2), top_p={top_p} (0 < p <= 1), top_k={top_k} (>= 0)")
@@ -83,6 +94,8 @@ class AgentProxy:
         self.engine, self.tokenizer, self.model_name = engine, engine.tokenizer, model_name
         self.max_tokens, self.temperature, self.top_p, self.top_k = max_tokens, temperature, top_p, top_k
         self.fixed_sampling = fixed_sampling
+        self.api_key, self.reward_endpoint, self.open_on_call = api_key, reward_endpoint, open_on_call
+        self.refused_rewards = 0
         self.max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
         self._splicers: dict[str, ChatSplicer] = {"null": ChatSplicer(self.tokenizer)}  # fails early on a bad template
         self._episodes: dict[str, _Episode] = {}
@@ -94,12 +107,35 @@ class AgentProxy:
         self.app = _build_app(self)
 
     # ------------------------------------------------------------------ Python API
-    def open_episode(self, episode_id: str) -> None:
-        """Register an episode before its first call (so a reward can come before any call)."""
+    def open_episode(self, episode_id: str, reward_token: str | None = None) -> None:
+        """Register an episode before its first call (so a reward can come before any call);
+        ``reward_token``: the secret a reward post for it must carry (None: none is taken over HTTP)."""
         with self._lock:
             if episode_id in self._episodes or episode_id in self._closed:
                 raise EpisodeError(f"episode {episode_id!r} already exists or was already taken")
-            self._episodes[episode_id] = _Episode(episode_id)
+            self._episodes[episode_id] = _Episode(episode_id, reward_token=reward_token)
+
+    def authorize_reward(self, episode_id: str, token: str | None) -> None:
+        """A reward post's check: the episode exists and ``token`` is its reward token, else a 403
+        (the same whether the episode exists or not), logged and counted."""
+        with self._lock:
+            ep = self._episodes.get(episode_id)
+            if self.reward_endpoint and ep is not None and secret_matches(token, ep.reward_token):
+                return
+            self.refused_rewards += 1
+        reason = ("the proxy takes rewards only from the agent function (reward_endpoint=False)"
+                  if not self.reward_endpoint else "no reward token" if not token else "wrong reward token")
+        log.warning("reward post for episode %.80r refused: %s", episode_id, reason)
+        raise APIError(403, "reward refused: a reward post needs its episode's reward token (the "
+                            "X-Reinforge-Reward-Token header; reinforge.serve.agent_auth.post_reward sends it)"
+                       if self.reward_endpoint else "reward refused: this proxy takes rewards only from the agent "
+                       "function's return value", code="reward_forbidden", type_="permission_error")
+
+    def take_refused_rewards(self) -> int:
+        """Reward posts refused since the last call (a metric: ``agent/refused_rewards``)."""
+        with self._lock:
+            n, self.refused_rewards = self.refused_rewards, 0
+            return n
 
     def set_reward(self, episode_id: str, reward: float, done: bool = True,
                    info: Mapping[str, Scalar] | None = None) -> EpisodeStatus:
@@ -284,6 +320,9 @@ class AgentProxy:
             if episode_id in self._closed:
                 raise APIError(409, f"episode {episode_id!r} was already taken or discarded; use a new episode id",
                                code="episode_closed")
+            if not self.open_on_call:
+                raise APIError(404, "unknown episode: this proxy serves only the episodes its harness opened",
+                               code="episode_not_found")
             ep = self._episodes[episode_id] = _Episode(episode_id)
         if ep.done:
             raise APIError(409, f"episode {episode_id!r} is finished (a reward with done=true, or finish()); use a new episode id",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from reinforge.errors import ReinforgeError
 from reinforge.rollout.chat_splice import Message
-from reinforge.serve.http_guards import BodyLimit, install_error_handlers
+from reinforge.serve.agent_auth import REWARD_TOKEN_HEADER
+from reinforge.serve.http_guards import install_error_handlers, install_guards
 from reinforge.serve.schema import APIError, ChatCompletionRequest, ChatMessage, ServeLimits
 
 Scalar = int | float | str | bool
@@ -55,12 +56,15 @@ def _follows(messages: list[Message], tip: list[Message]) -> bool:
 
 
 def _build_app(proxy: Any) -> FastAPI:
-    """The routes of an ``AgentProxy`` (reinforge/serve/proxy.py): models, chat completions, reward."""
+    """The routes of an ``AgentProxy`` (reinforge/serve/proxy.py): models, chat completions, reward
+    (its token checked before the body is read), health; the API key when the proxy has one."""
     app = FastAPI(title="reinforge agent proxy")
     app.state.proxy = proxy
-    app.add_middleware(BodyLimit, max_bytes=ServeLimits().max_body_bytes)
-
+    install_guards(app, ServeLimits().max_body_bytes, proxy.api_key)
     install_error_handlers(app)
+
+    def reward_allowed(episode_id: str, token: str | None = Header(None, alias=REWARD_TOKEN_HEADER)) -> None:
+        proxy.authorize_reward(episode_id, token)
 
     @app.get("/episodes/{episode_id}/v1/models")
     async def models(episode_id: str) -> dict[str, Any]:
@@ -71,7 +75,7 @@ def _build_app(proxy: Any) -> FastAPI:
     async def chat(episode_id: str, req: ChatCompletionRequest) -> dict[str, Any]:
         return await proxy.chat(episode_id, req)
 
-    @app.post("/episodes/{episode_id}/reward")
+    @app.post("/episodes/{episode_id}/reward", dependencies=[Depends(reward_allowed)])
     async def reward(episode_id: str, body: RewardBody) -> dict[str, Any]:
         try:
             status = proxy.set_reward(episode_id, body.reward, body.done, body.info)

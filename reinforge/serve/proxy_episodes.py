@@ -73,6 +73,7 @@ class _Episode:
     info: dict[str, Scalar] = field(default_factory=dict)
     done: bool = False
     echo_mismatches: int = 0
+    reward_token: str | None = field(default=None, repr=False)
 
 
 @dataclass
