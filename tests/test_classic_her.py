@@ -12,7 +12,7 @@ import pytest
 
 gym = pytest.importorskip("gymnasium")
 
-from reinforge.classic.config import classic_config_from_dict  # noqa: E402
+from reinforge.classic.config import classic_config_from_dict, load_classic_config  # noqa: E402
 from reinforge.classic.dqn import DQN, DQNSettings  # noqa: E402
 from reinforge.classic.envs import EnvConfig, make_vec_env, require_gymnasium  # noqa: E402
 from reinforge.classic.goal_envs import BIT_FLIPPING_ID, POINT_REACH_ID, BitFlippingEnv, PointReachEnv  # noqa: E402
@@ -129,21 +129,17 @@ def test_her_settings_are_validated():
         DQN(make_vec_env(EnvConfig(num_envs=1), 0.99, 0), 0, DQNSettings(her=HERSettings()))
 
 
-# DQN for bit flipping: the paper's 256-unit hidden layer, Adam 1e-3, gamma 0.98, batch 128, Polyak 0.05
-BIT_DQN = {"name": "dqn", "lr": 1e-3, "gamma": 0.98, "buffer_size": 100_000, "batch_size": 128, "learning_starts": 256,
-           "train_frequency": 16, "gradient_steps": 8, "target_update_interval": 16, "tau": 0.05, "start_e": 0.5,
-           "end_e": 0.05, "exploration_fraction": 0.5, "hidden": [256], "loss": "huber"}
-
-
-def _bit_flipping_success(tmp_path, name: str, n_bits: int, steps: int, her: dict | None, seed: int = 0) -> float:
-    """The share of 100 greedy evaluation episodes that reach their goal (return above -n)."""
+def _bit_flipping_success(tmp_path, name: str, n_bits: int, steps: int, her: bool, seed: int = 0) -> float:
+    """The shipped bit_flipping_dqn_her recipe (``her: false``: without HER) at ``n_bits`` and ``steps``: the
+    share of its 100 greedy evaluation episodes that reach their goal (a return above -n)."""
     from reinforge.classic.run import train_classic
 
-    agent = dict(BIT_DQN, **({"her": her} if her else {}))
-    cfg = classic_config_from_dict({"seed": seed, "output_dir": str(tmp_path), "name": name, "classic": {
-        "agent": agent, "env": {"id": BIT_FLIPPING_ID, "num_envs": 1, "kwargs": {"n_bits": n_bits}},
-        "train": {"total_env_steps": steps, "log_every": 10**6}, "eval": {"episodes": 100}}})
+    cfg = load_classic_config("bit_flipping_dqn_her", [
+        f"output_dir={tmp_path}", f"name={name}", f"seed={seed}", f"classic.env.kwargs.n_bits={n_bits}",
+        f"classic.train.total_env_steps={steps}", "classic.train.log_every=1000000",
+        *([] if her else ["classic.agent.her=null"])])
     returns = json.loads((train_classic(cfg).run_dir / "eval.json").read_text())["returns"]
+    assert len(returns) == 100
     return sum(r > -n_bits for r in returns) / len(returns)
 
 
@@ -152,32 +148,29 @@ def test_dqn_her_solves_bit_flipping_where_dqn_fails(tmp_path):
     """8 bits, 5,000 steps (625 episodes at most), seed 0, the same settings: DQN+HER (future, k = 4)
     reaches the goal in at least 90 of 100 greedy episodes, plain DQN in at most 15 (measured: 100 and 4;
     about 5 s each on one idle core)."""
-    assert _bit_flipping_success(tmp_path, "her", 8, 5000, {"strategy": "future", "k": 4}) >= 0.9
-    assert _bit_flipping_success(tmp_path, "plain", 8, 5000, None) <= 0.15
+    assert _bit_flipping_success(tmp_path, "her", 8, 5000, her=True) >= 0.9
+    assert _bit_flipping_success(tmp_path, "plain", 8, 5000, her=False) <= 0.15
 
 
 @pytest.mark.learning  # about 100 s on one core: make test-learning (the 8-bit form above is in the default suite)
 def test_dqn_her_solves_15_bit_flipping_where_dqn_fails(tmp_path):
     """15 bits (the paper's plain DQN fails beyond about 13), 20,000 steps, seed 0: DQN+HER reaches every goal
-    of 100 greedy episodes, plain DQN none (measured: 100 and 0; 10 bits at 8,000 steps, seeds 0 and 1: the
-    same)."""
-    assert _bit_flipping_success(tmp_path, "her", 15, 20_000, {"strategy": "future", "k": 4}) >= 0.9
-    assert _bit_flipping_success(tmp_path, "plain", 15, 20_000, None) <= 0.05
+    of 100 greedy episodes, plain DQN none (measured: 100 and 0; the recipe's 10 bits at 8,000 steps, seeds
+    0 and 1: the same)."""
+    assert _bit_flipping_success(tmp_path, "her", 15, 20_000, her=True) >= 0.9
+    assert _bit_flipping_success(tmp_path, "plain", 15, 20_000, her=False) <= 0.05
 
 
 @pytest.mark.slow
 def test_sac_her_learns_to_reach_2d_goals(tmp_path):
-    """SAC+HER on reinforge/PointReach-v0, 2,000 steps (40 episodes), seed 0: its first 10 training episodes
-    (500 random-action steps, then the fresh policy) reach the goal in at most 3, its 50 greedy evaluation
-    episodes in at least 80% and on average within 25 steps (measured: 1 of 10, then 100% and a mean
-    return of -9.9; seed 1: 94%, -13.8; plain SAC at the same budget: 4%, -49.8)."""
+    """The shipped point_reach_sac_her recipe (SAC+HER on reinforge/PointReach-v0, 2,000 steps = 40 episodes),
+    seed 0: its first 10 training episodes (500 random-action steps, then the fresh policy) reach the goal in at
+    most 3, its 50 greedy evaluation episodes in at least 80% and on average within 25 steps (measured: 1 of
+    10, then 100% and a mean return of -9.9; seed 1: 94%, -13.8; plain SAC at the same budget: 4%, -49.8)."""
     from reinforge.classic.run import train_classic
 
-    agent = {"name": "sac", "gamma": 0.98, "buffer_size": 100_000, "batch_size": 128, "learning_starts": 500,
-             "hidden": [64, 64], "policy_lr": 1e-3, "q_lr": 1e-3, "her": {"strategy": "future", "k": 4}}
-    cfg = classic_config_from_dict({"seed": 0, "output_dir": str(tmp_path), "name": "sac-her", "classic": {
-        "agent": agent, "env": {"id": POINT_REACH_ID, "num_envs": 1},
-        "train": {"total_env_steps": 2000, "log_every": 10**6}, "eval": {"episodes": 50}}})
+    cfg = load_classic_config("point_reach_sac_her", [f"output_dir={tmp_path}", "name=sac-her", "seed=0",
+                                                      "classic.train.log_every=1000000"])
     run_dir = train_classic(cfg).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = [r["episode/return_mean"] for r in records if "episode/return_mean" in r][:10]
