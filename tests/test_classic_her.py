@@ -115,6 +115,14 @@ def test_the_replay_holds_each_step_once_with_its_goal_and_k_times_relabelled():
     assert reached.mean() > 0.25  # relabelled goals are reached far more often than the 1/16 chance
 
 
+def test_a_namespaced_id_names_one_run_directory(tmp_path):
+    from reinforge.classic.run import create_classic_run_dir
+
+    cfg = classic_config_from_dict({"output_dir": str(tmp_path), "classic": {"env": {"id": BIT_FLIPPING_ID}}})
+    path = create_classic_run_dir(cfg)
+    assert path.parent == tmp_path and path.name.endswith("-reinforge-BitFlipping-v0-ppo")
+
+
 def test_her_settings_are_validated():
     base = {"classic": {"env": {"id": BIT_FLIPPING_ID}, "agent": {"name": "dqn", "her": {"strategy": "future", "k": 4}}}}
     cfg = classic_config_from_dict(base)
