@@ -155,7 +155,7 @@ def _bit_flipping_success(tmp_path, name: str, n_bits: int, steps: int, her: boo
 def test_dqn_her_solves_bit_flipping_where_dqn_fails(tmp_path):
     """8 bits, 5,000 steps (625 episodes at most), seed 0, the same settings: DQN+HER (future, k = 4)
     reaches the goal in at least 90 of 100 greedy episodes, plain DQN in at most 15 (measured: 100 and 4;
-    about 5 s each on one idle core)."""
+    seed 1: 100 and 13; 5-7 s each on one core)."""
     assert _bit_flipping_success(tmp_path, "her", 8, 5000, her=True) >= 0.9
     assert _bit_flipping_success(tmp_path, "plain", 8, 5000, her=False) <= 0.15
 
