@@ -16,16 +16,17 @@ Time limits: a truncated episode bootstraps from its last observation (``termina
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from reinforge.algo.qlearning import q_learning_targets
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
-from reinforge.classic.envs import finished_episodes, next_observations, obs_tensor
+from reinforge.classic.envs import finished_episodes, flat_obs_dim, next_observations, obs_tensor
+from reinforge.classic.her import HERSettings, HindsightReplay
 from reinforge.classic.networks import action_spec, polyak_update
 from reinforge.classic.replay import NStep, Replay, store_vector_step
 from reinforge.errors import ConfigError
@@ -52,6 +53,14 @@ class DQNSettings(Settings):
     loss: Literal["mse", "huber"] = Field("mse", description="regression loss on the TD error")
     max_grad_norm: float | None = Field(None, gt=0, description="global gradient-norm clip (None = none)")
     hidden: list[int] = Field(default_factory=lambda: [120, 84], min_length=1, description="MLP widths (ReLU)")
+    her: HERSettings | None = Field(None, description="hindsight experience replay on a goal environment "
+                                    "({strategy: future, k: 4}; classic/her.py); None = off")
+
+    @model_validator(mode="after")
+    def _her_one_step(self) -> Self:
+        if self.her is not None and self.n_step != 1:
+            raise ValueError("her relabels 1-step transitions: n_step must be 1")
+        return self
 
 
 def q_network(obs_dim: int, hidden: list[int], actions: int) -> nn.Sequential:
@@ -74,7 +83,7 @@ class DQN:
         if not spec.discrete:
             raise ConfigError("classic.agent: dqn needs a Discrete action space; "
                               f"{envs.single_action_space} is not (use ppo)")
-        obs_dim, self.n_actions = int(np.prod(envs.single_observation_space.shape)), spec.n
+        obs_dim, self.n_actions = flat_obs_dim(envs.single_observation_space), spec.n
         torch.manual_seed(seed)
         self.net = q_network(obs_dim, cfg.hidden, spec.n)
         self.target = q_network(obs_dim, cfg.hidden, spec.n)
@@ -83,10 +92,11 @@ class DQN:
         self.generator = torch.Generator().manual_seed(seed)
         self.replay = Replay(cfg.buffer_size, obs_dim, seed)
         self.nstep = [NStep(cfg.n_step, cfg.gamma, self.replay) for _ in range(envs.num_envs)]
+        self.her = HindsightReplay(cfg.her, self.replay, envs, cfg.gamma, seed) if cfg.her is not None else None
         self.steps_per_iteration = cfg.train_frequency * envs.num_envs
         self.env_steps, self.last_target_update = 0, 0
         obs, _ = envs.reset(seed=seed)
-        self.obs = obs_tensor(obs)
+        self.raw_obs, self.obs = obs, obs_tensor(obs)
 
     def epsilon(self, progress: float) -> float:
         """Linear from start_e to end_e over the first ``exploration_fraction`` of the run."""
@@ -106,9 +116,12 @@ class DQN:
     def _env_step(self, epsilon: float) -> list[tuple[float, int]]:
         action = self.act(self.obs, False, epsilon)
         obs, reward, terminated, truncated, info = self.envs.step(action.numpy())
-        store_vector_step(self.nstep, self.obs.numpy(), action.numpy(), reward, next_observations(obs, info),
-                          terminated, truncated)
-        self.obs = obs_tensor(obs)
+        if self.her is not None:
+            self.her.store_vector_step(self.raw_obs, action.numpy(), reward, obs, info, terminated, truncated)
+        else:
+            store_vector_step(self.nstep, self.obs.numpy(), action.numpy(), reward, next_observations(obs, info),
+                              terminated, truncated)
+        self.raw_obs, self.obs = obs, obs_tensor(obs)
         self.env_steps += self.envs.num_envs
         return finished_episodes(info)
 

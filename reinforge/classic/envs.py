@@ -90,6 +90,9 @@ def require_gymnasium() -> ModuleType:
         import gymnasium
     except ImportError:
         raise ReinforgeError("classic RL needs gymnasium: pip install 'reinforge[classic]'") from None
+    from reinforge.classic.goal_envs import register_goal_envs
+
+    register_goal_envs()
     return gymnasium
 
 
@@ -153,6 +156,8 @@ def make_vec_env(cfg: EnvConfig, gamma: float, seed: int, num_envs: int | None =
     envs.action_space.seed(seed)
     bare = gym.make(cfg.id, **cfg.kwargs)  # ClipAction widens a Box to (-inf, inf): keep the real bounds
     envs.bounded_action_space = bare.action_space
+    if hasattr(bare.unwrapped, "compute_reward"):  # a goal environment: its reward function, for HER (her.py)
+        envs.goal_env = bare.unwrapped
     bare.close()
     return envs
 
@@ -169,12 +174,13 @@ def finished_episodes(info: dict[str, Any]) -> list[tuple[float, int]]:
 
 
 def final_observations(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """The indices of the environments whose episode ended in this step and their last observations."""
+    """The indices of the environments whose episode ended in this step and their last observations,
+    flattened as the networks see them (``flat_observation``)."""
     mask = info.get("_final_obs")
     if mask is None or not np.any(mask):
         return np.zeros(0, dtype=np.int64), np.zeros((0,))
     index = np.flatnonzero(mask)
-    return index, np.stack([np.asarray(info["final_obs"][i]) for i in index])
+    return index, np.stack([flat_observation(info["final_obs"][i]) for i in index])
 
 
 def next_observations(obs: Any, info: dict[str, Any]) -> np.ndarray:
@@ -182,15 +188,38 @@ def next_observations(obs: Any, info: dict[str, Any]) -> np.ndarray:
     episode ended, its last observation (the returned one already starts the next episode)."""
     out = obs_tensor(obs).numpy().copy()
     index, final = final_observations(info)
-    for k, i in enumerate(index):
-        out[i] = np.asarray(final[k], dtype=np.float32).reshape(-1)
+    if len(index):
+        out[index] = final
     return out
 
 
+def goal_input(obs: dict[str, Any]) -> np.ndarray:
+    """A goal environment's network input, concat(observation, desired goal) on the last axis (HER,
+    arXiv:1707.01495: the policy and the value see the state and the goal)."""
+    parts = [np.asarray(obs["observation"], dtype=np.float32), np.asarray(obs["desired_goal"], dtype=np.float32)]
+    lead = parts[0].shape[:-1] if parts[0].ndim > 1 else parts[0].shape[:0]
+    return np.concatenate([p.reshape(*lead, -1) for p in parts], -1)
+
+
+def flat_observation(obs: Any) -> np.ndarray:
+    """One environment's observation as the flat float32 vector the networks see."""
+    if isinstance(obs, dict):
+        return goal_input(obs).reshape(-1)
+    return np.asarray(obs, dtype=np.float32).reshape(-1)
+
+
+def flat_obs_dim(space: Any) -> int:
+    """The width of ``flat_observation`` for one environment's observation space."""
+    if hasattr(space, "spaces") and "desired_goal" in space.spaces:
+        return int(np.prod(space["observation"].shape)) + int(np.prod(space["desired_goal"].shape))
+    return int(np.prod(space.shape))
+
+
 def obs_tensor(obs: Any) -> Tensor:
-    """A batch of observations as a float32 [B, D] tensor (each observation flattened)."""
-    array = np.asarray(obs, dtype=np.float32)
-    return torch.from_numpy(array.reshape(array.shape[0], -1))
+    """A batch of observations as a float32 [B, D] tensor (each observation flattened; a goal
+    environment's dict batch as concat(observation, desired goal))."""
+    array = goal_input(obs) if isinstance(obs, dict) else np.asarray(obs, dtype=np.float32)
+    return torch.from_numpy(np.ascontiguousarray(array.reshape(array.shape[0], -1)))
 
 
 def obs_normalizers(envs: Any) -> list[Any]:

@@ -33,7 +33,8 @@ class ClassicResult:
 
 
 def create_classic_run_dir(cfg: ClassicConfig) -> Path:
-    return new_run_dir(Path(cfg.output_dir), cfg.name, f"{cfg.classic.env.id}-{cfg.classic.agent}")
+    env = cfg.classic.env.id.replace("/", "-")  # a namespaced id (reinforge/BitFlipping-v0) is one directory
+    return new_run_dir(Path(cfg.output_dir), cfg.name, f"{env}-{cfg.classic.agent}")
 
 
 class _Weights:

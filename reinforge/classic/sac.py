@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from reinforge.algo.qlearning import soft_q_targets
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
 from reinforge.classic.dqn import q_network
-from reinforge.classic.envs import finished_episodes, next_observations, obs_tensor
+from reinforge.classic.envs import finished_episodes, flat_obs_dim, next_observations, obs_tensor
+from reinforge.classic.her import HERSettings, HindsightReplay
 from reinforge.classic.networks import action_spec, polyak_update
 from reinforge.classic.replay import NStep, Replay, store_vector_step
 from reinforge.errors import ConfigError
@@ -55,6 +56,14 @@ class SACSettings(Settings):
     autotune: bool = Field(True, description="tune alpha to the target entropy -dim(A)")
     n_step: int = Field(1, ge=1, description="rewards summed before bootstrapping")
     hidden: list[int] = Field(default_factory=lambda: [256, 256], min_length=1, description="MLP widths (ReLU)")
+    her: HERSettings | None = Field(None, description="hindsight experience replay on a goal environment "
+                                    "({strategy: future, k: 4}; classic/her.py); None = off")
+
+    @model_validator(mode="after")
+    def _her_one_step(self) -> Self:
+        if self.her is not None and self.n_step != 1:
+            raise ValueError("her relabels 1-step transitions: n_step must be 1")
+        return self
 
 
 class SquashedGaussian(nn.Module):
@@ -117,7 +126,7 @@ class SAC:
         space = getattr(envs, "bounded_action_space", envs.single_action_space)
         if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
             raise ConfigError(f"classic.agent: sac squashes actions into the Box's bounds; {space} has none")
-        obs_dim = int(np.prod(envs.single_observation_space.shape))
+        obs_dim = flat_obs_dim(envs.single_observation_space)
         torch.manual_seed(seed)
         self.actor = SquashedGaussian(obs_dim, cfg.hidden, np.asarray(space.low), np.asarray(space.high))
         self.critics, self.targets = Critics(obs_dim, spec.dim, cfg.hidden), Critics(obs_dim, spec.dim, cfg.hidden)
@@ -132,10 +141,11 @@ class SAC:
         self.generator = torch.Generator().manual_seed(seed)
         self.replay = Replay(cfg.buffer_size, obs_dim, seed, action_dim=spec.dim)
         self.nstep = [NStep(cfg.n_step, cfg.gamma, self.replay) for _ in range(envs.num_envs)]
+        self.her = HindsightReplay(cfg.her, self.replay, envs, cfg.gamma, seed) if cfg.her is not None else None
         self.steps_per_iteration = cfg.train_frequency * envs.num_envs
         self.env_steps, self.critic_steps = 0, 0
         obs, _ = envs.reset(seed=seed)
-        self.obs = obs_tensor(obs)
+        self.raw_obs, self.obs = obs, obs_tensor(obs)
 
     @property
     def alpha(self) -> float:
@@ -152,9 +162,12 @@ class SAC:
         else:
             action = self.act(self.obs, False).numpy()
         obs, reward, terminated, truncated, info = self.envs.step(action)
-        store_vector_step(self.nstep, self.obs.numpy(), action, reward, next_observations(obs, info),
-                          terminated, truncated)
-        self.obs = obs_tensor(obs)
+        if self.her is not None:
+            self.her.store_vector_step(self.raw_obs, action, reward, obs, info, terminated, truncated)
+        else:
+            store_vector_step(self.nstep, self.obs.numpy(), action, reward, next_observations(obs, info),
+                              terminated, truncated)
+        self.raw_obs, self.obs = obs, obs_tensor(obs)
         self.env_steps += self.envs.num_envs
         return finished_episodes(info)
 
