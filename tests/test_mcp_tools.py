@@ -1,0 +1,133 @@
+"""MCP tools (reinforge/envs/mcp_tools.py) against a local stdio MCP server (tests/mcp_calculator_server.py):
+listing, calls, error results, timeouts, concurrency, a server dying mid-episode, clean close, recipe config."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mcp", reason="the agents extra (mcp) is not installed")
+psutil = pytest.importorskip("psutil")
+
+from reinforge.envs.mcp_tools import MCPServerConfig, MCPToolbox  # noqa: E402
+from reinforge.envs.tools import MalformedToolCall, ToolCall, ToolResult  # noqa: E402
+
+SERVER = str(Path(__file__).with_name("mcp_calculator_server.py"))
+
+
+def _server(**options) -> MCPServerConfig:
+    return MCPServerConfig(command=sys.executable, args=(SERVER,), **options)
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture(scope="module")
+def box():
+    toolbox = MCPToolbox(_server(timeout_s=5.0))
+    yield toolbox
+    toolbox.close()
+
+
+def test_the_servers_tools_are_listed_as_chat_template_schemas(box):
+    assert box.names == ["calc", "sleep", "die"]
+    assert box.schemas[0] == {"type": "function", "function": {
+        "name": "calc", "description": "Evaluate integer arithmetic with + - * and parentheses.",
+        "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}
+    only = MCPToolbox(_server(tools=("calc",)))
+    try:
+        assert only.names == ["calc"]
+    finally:
+        only.close()
+
+
+def test_calls_return_results_and_every_failure_is_an_error_result(box):
+    assert box.call(ToolCall("calc", {"expr": "482*37"})).content == "17834"
+    assert box.call(ToolCall("calc", {"expr": "(2+3)*-4"})).ok
+    cases = [
+        (ToolCall("nope", {}), "error: unknown tool 'nope'; available: calc, sleep, die"),
+        (ToolCall("calc", {}), "error: bad arguments for calc: missing required argument 'expr'"),
+        (ToolCall("calc", {"expr": "1", "x": 2}), "error: bad arguments for calc: unexpected argument 'x' (takes: expr)"),
+        (MalformedToolCall("<tool_call>{", "invalid JSON"), "error: malformed tool call: invalid JSON"),
+    ]
+    for call, message in cases:
+        assert box.call(call) == ToolResult(message, False)
+    server_side = box.call(ToolCall("calc", {"expr": "7/2"}))  # the server's own error, passed on
+    assert not server_side.ok and "only integers, + - * and parentheses are allowed, not '7 / 2'" in server_side.content
+    wrong_type = box.call(ToolCall("calc", {"expr": 5}))  # types are checked by the server
+    assert not wrong_type.ok and "valid string" in wrong_type.content
+
+
+def test_timeouts_and_the_concurrency_bound_hold():
+    box = MCPToolbox(_server(timeout_s=1.6, max_concurrency=1))
+    try:
+        results = [None, None]
+
+        def call(i: int) -> None:
+            results[i] = box.call(ToolCall("sleep", {"seconds": 1.0}))
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # one slot: the second call waits ~1 s for it, then would need 1 s more: over 1.6 s
+        assert sorted(r.ok for r in results) == [False, True]
+        assert "error: timed out after 1.6s" in [r.content for r in results]
+        assert box.call(ToolCall("calc", {"expr": "2*3"})).content == "6"  # the session survives a timeout
+    finally:
+        box.close()
+
+
+def test_a_server_dying_mid_episode_is_an_error_result_then_a_reconnection():
+    before = _children()
+    box = MCPToolbox(_server(max_reconnects=1))
+    try:
+        (first,) = _children() - before
+        died = box.call(ToolCall("die", {}))
+        assert not died.ok and "died during the call" in died.content and "Connection closed" in died.content
+        assert box.call(ToolCall("calc", {"expr": "20*21"})).content == "420"  # reconnected: a new process
+        assert first not in _children() and len(_children() - before) == 1
+        box.call(ToolCall("die", {}))
+        dead = box.call(ToolCall("calc", {"expr": "1+1"}))
+        assert not dead.ok and "is dead" in dead.content and "max_reconnects=1 used" in dead.content
+    finally:
+        box.close()
+
+
+def test_close_stops_the_server_process():
+    before = _children()
+    box = MCPToolbox(_server())
+    (pid,) = _children() - before
+    box.close()
+    box.close()  # idempotent
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid not in _children()
+    assert box.call(ToolCall("calc", {"expr": "1"})).content == "error: the MCP toolbox is closed"
+
+
+def test_config_errors_name_the_field():
+    from reinforge.envs.registry import EnvironmentConfigError, build_environment
+
+    with pytest.raises(ValueError, match="exactly one of command"):
+        MCPServerConfig()
+    with pytest.raises(ValueError, match="args, env and cwd go with command"):
+        MCPServerConfig(url="http://127.0.0.1:1/mcp", args=("x",))
+    bad = {
+        "mcp: give exactly one of command": {"args": ["x"]},
+        "mcp.bogus: Extra inputs are not permitted": {"command": "x", "bogus": 1},
+        "mcp.timeout_s: Input should be greater than 0": {"command": "x", "timeout_s": 0},
+        "mcp: MCP server '/no/such/server': cannot connect": {"command": "/no/such/server"},
+        "mcp: tools: MCP server .* has no tool 'nope'; it lists: calc, sleep, die": {
+            "command": sys.executable, "args": [SERVER], "tools": ["nope"]},
+    }
+    for message, mcp in bad.items():
+        with pytest.raises(EnvironmentConfigError, match=f"env: 'calculator': {message}"):
+            build_environment("calculator", None, None, {"mcp": mcp})
