@@ -131,3 +131,28 @@ def test_config_errors_name_the_field():
     for message, mcp in bad.items():
         with pytest.raises(EnvironmentConfigError, match=f"env: 'calculator': {message}"):
             build_environment("calculator", None, None, {"mcp": mcp})
+
+
+@pytest.mark.slow
+def test_tiny_agent_tools_trains_on_the_calculator_with_tools_served_over_mcp(tmp_path):
+    """A training step of agent_calculator whose ``calc`` runs in the MCP server: the episodes call it there
+    (the server logs every expression) and are scored."""
+    from reinforge.config import load_config
+    from reinforge.envs.mcp_tools import close_all
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    log = tmp_path / "calc.log"
+    mcp = f"{{command: {sys.executable}, args: [{SERVER}], tools: [calc], env: {{MCP_CALC_LOG: {log}}}}}"
+    try:
+        result = train(load_config("agent_calculator", [
+            f"output_dir={tmp_path}", "model.path=tiny-agent-tools", "train.steps=1", "rollout.prompts_per_step=2",
+            "rollout.group_size=4", "task.heldout_size=4", "eval.every=0", "eval.final_samples=0",
+            "checkpoint.every=0", "log.report=false", f"env.mcp={mcp}"]))
+    finally:
+        close_all()
+    (row,) = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if m["step"] == 1]
+    calls = log.read_text().splitlines()
+    assert calls and all("*" in expr for expr in calls)  # 3-digit x 2-digit products, computed by the server
+    assert len(calls) >= row["episode/tool_calls_mean"] * 8 > 0  # the 8 training episodes' calls reached the server
+    assert row["episode/tool_errors_mean"] * 8 < len(calls) and "reward/mean" in row
