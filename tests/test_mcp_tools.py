@@ -156,3 +156,39 @@ def test_tiny_agent_tools_trains_on_the_calculator_with_tools_served_over_mcp(tm
     assert calls and all("*" in expr for expr in calls)  # 3-digit x 2-digit products, computed by the server
     assert len(calls) >= row["episode/tool_calls_mean"] * 8 > 0  # the 8 training episodes' calls reached the server
     assert row["episode/tool_errors_mean"] * 8 < len(calls) and "reward/mean" in row
+
+
+@pytest.mark.slow
+def test_an_agent_through_the_proxy_calls_tools_served_over_mcp(tmp_path, monkeypatch):
+    """examples/agents/mcp_calculator.py: the proxy's function calling with the MCP server's tools; the
+    episodes are token-exact single segments and their calls reached the server."""
+    pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+    import importlib
+
+    from reinforge.data.agent_tasks import calculator_task
+    from reinforge.envs.mcp_tools import close_all
+    from reinforge.models.loading import load_model, load_tokenizer
+    from reinforge.orchestrate.agent_episodes import BackgroundServer, run_agent_episodes
+    from reinforge.rollout.torch_engine import TorchRolloutEngine
+    from reinforge.serve.proxy import AgentProxy
+
+    log = tmp_path / "calc.log"
+    monkeypatch.setenv("MCP_SERVER", f"env MCP_CALC_LOG={log} {sys.executable} {SERVER}")  # (a minimal environment)
+    monkeypatch.setenv("MCP_TOOLS", "calc")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "agents"))
+    module = importlib.import_module("mcp_calculator")
+    module.toolbox.cache_clear()
+    tok = load_tokenizer("tiny-agent-tools")
+    proxy = AgentProxy(TorchRolloutEngine(load_model("tiny-agent-tools", "float32", "cpu"), tok, "cpu", seed=0),
+                       max_tokens=64, temperature=1.0, fixed_sampling=True)
+    try:
+        with BackgroundServer(proxy.app) as url:
+            tasks = [calculator_task(i * 997, (3, 2), "*") for i in range(2)]
+            trajs = run_agent_episodes(tasks, module.agent, proxy, url, group_size=4, max_workers=4)
+    finally:
+        proxy.close()
+        close_all()
+        module.toolbox.cache_clear()
+    called = [t for t in trajs if t.metadata["turns"] >= 2]
+    assert len(trajs) == 8 and called and all(t.metadata["echo_mismatches"] == 0 for t in trajs)
+    assert len(log.read_text().splitlines()) >= len(called)  # each calling episode's calc ran on the server
