@@ -1,9 +1,11 @@
 """A tiny stdio MCP server for the tests: ``calc(expr)`` (integer + - * and parentheses), ``sleep(seconds)``
-and ``die()`` (the process exits at once, as a crashed server would). Run: python tests/mcp_calculator_server.py.
+and ``die()`` (the process exits at once, as a crashed server would). Run: python tests/mcp_calculator_server.py
+(stdio) or ... --http PORT (streamable HTTP).
 With ``MCP_CALC_LOG`` set, every ``calc`` call appends its expression to that file."""
 
 import ast
 import os
+import sys
 import time
 
 from mcp.server.mcpserver import MCPServer
@@ -50,4 +52,7 @@ def die() -> str:
 
 
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":  # streamable HTTP on 127.0.0.1:PORT/mcp
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

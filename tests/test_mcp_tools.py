@@ -192,3 +192,38 @@ def test_an_agent_through_the_proxy_calls_tools_served_over_mcp(tmp_path, monkey
     called = [t for t in trajs if t.metadata["turns"] >= 2]
     assert len(trajs) == 8 and called and all(t.metadata["echo_mismatches"] == 0 for t in trajs)
     assert len(log.read_text().splitlines()) >= len(called)  # each calling episode's calc ran on the server
+
+
+def test_a_streamable_http_server_is_reached_by_url():
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # wait for the server to listen
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "the HTTP server did not start"
+                time.sleep(0.1)
+        box = MCPToolbox(MCPServerConfig(url=f"http://127.0.0.1:{port}/mcp", tools=("calc",), timeout_s=5))
+        try:
+            assert box.names == ["calc"] and box.call(ToolCall("calc", {"expr": "12*12"})) == ToolResult("144", True)
+            assert "unknown tool 'sleep'" in box.call(ToolCall("sleep", {"seconds": 0})).content
+            server.terminate()
+            server.wait(10)
+            gone = box.call(ToolCall("calc", {"expr": "1+1"}))  # the server stopped: an error result
+            assert not gone.ok and "died during the call" in gone.content
+            again = box.call(ToolCall("calc", {"expr": "1+1"}))  # reconnecting to nothing fails, also as a result
+            assert not again.ok and "reconnecting failed" in again.content
+        finally:
+            box.close()
+    finally:
+        server.terminate()
+        server.wait(10)
