@@ -100,6 +100,27 @@ def test_a_server_dying_mid_episode_is_an_error_result_then_a_reconnection():
         box.close()
 
 
+def test_a_dead_server_can_fail_the_environment_step_instead():
+    """on_server_failure=episode_error: the step raises, and the loop ends the episode as env_error (or stops
+    the run) by reward.on_error; tool errors and timeouts are still results."""
+    from reinforge.envs.calculator import CalculatorEnv
+    from reinforge.envs.mcp_tools import MCPServerFailure
+    from reinforge.types import Task
+
+    box = MCPToolbox(_server(on_server_failure="episode_error", max_reconnects=0))
+    try:
+        env = CalculatorEnv(toolbox=box)
+        env.reset(Task(id="t", prompt="6*7=", answer="42"))
+        ok = env.step({"role": "assistant", "content": '<tool_call>{"name": "calc", "arguments": {"expr": "6/7"}}</tool_call>'})
+        assert ok.info["tool_errors"] == 1 and not ok.done  # the tool's own error: a result
+        with pytest.raises(MCPServerFailure, match="died during the call"):
+            env.step({"role": "assistant", "content": '<tool_call>{"name": "die", "arguments": {}}</tool_call>'})
+        with pytest.raises(MCPServerFailure, match="is dead"):
+            box.call(ToolCall("calc", {"expr": "1"}))
+    finally:
+        box.close()
+
+
 def test_close_stops_the_server_process():
     before = _children()
     box = MCPToolbox(_server())

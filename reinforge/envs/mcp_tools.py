@@ -25,7 +25,7 @@ import copy
 import threading
 import weakref
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -51,6 +51,9 @@ class MCPServerConfig(BaseModel):
     max_concurrency: int = Field(8, ge=1, description="tool calls in flight at once")
     max_output_chars: int = Field(1000, ge=1, description="longer results are cut")
     max_reconnects: int = Field(3, ge=0, description="reconnections after the server died, in all")
+    on_server_failure: Literal["tool_error", "episode_error"] = Field(
+        "tool_error", description="a dead server: an error result the model sees (tool_error), or `call` raises "
+        "MCPServerFailure so the environment step fails and reward.on_error decides (episode_error)")
 
     @model_validator(mode="after")
     def _one_transport(self) -> MCPServerConfig:
@@ -82,6 +85,10 @@ def _result_text(result: Any) -> str:
 
 class MCPSessionDead(RuntimeError):
     """The server is gone and may not be reconnected."""
+
+
+class MCPServerFailure(RuntimeError):
+    """Raised by `MCPToolbox.call` under ``on_server_failure="episode_error"`` when the server is dead."""
 
 
 class MCPToolbox:
@@ -215,7 +222,8 @@ class MCPToolbox:
     # ------------------------------------------------------------ calls
 
     def call(self, call: ToolCall | MalformedToolCall) -> ToolResult:
-        """Run one call on the server; every failure is an ``error: ...`` result, never an exception."""
+        """Run one call on the server; every failure is an ``error: ...`` result, never an exception
+        (except a dead server under ``on_server_failure="episode_error"``: `MCPServerFailure`)."""
         if isinstance(call, MalformedToolCall):
             return ToolResult(f"error: malformed tool call: {call.error}", False)
         params = self._params.get(call.name)
@@ -227,7 +235,7 @@ class MCPToolbox:
         try:
             self._ensure_session()
         except MCPSessionDead as e:
-            return ToolResult(_cap(f"error: {e}", self.max_output_chars), False)
+            return self._server_failure(str(e))
         future = asyncio.run_coroutine_threadsafe(self._call(call), self._loop)
         try:
             result = future.result(self.timeout_s)
@@ -235,13 +243,18 @@ class MCPToolbox:
             future.cancel()
             return ToolResult(f"error: timed out after {self.timeout_s:g}s", False)
         except MCPSessionDead as e:
-            return ToolResult(_cap(f"error: {e}", self.max_output_chars), False)
+            return self._server_failure(str(e))
         except Exception as e:  # noqa: BLE001 - the transport failed
             return ToolResult(_cap(f"error: MCP server {self.where!r}: {_describe(e)}", self.max_output_chars), False)
         text = _result_text(result)
         if result.is_error:
             return ToolResult(_cap(f"error: {text}", self.max_output_chars), False)
         return ToolResult(_cap(text, self.max_output_chars), True)
+
+    def _server_failure(self, message: str) -> ToolResult:
+        if self.config.on_server_failure == "episode_error":
+            raise MCPServerFailure(message)
+        return ToolResult(_cap(f"error: {message}", self.max_output_chars), False)
 
     async def _call(self, call: ToolCall) -> Any:
         from mcp import MCPError
