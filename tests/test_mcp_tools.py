@@ -248,3 +248,18 @@ def test_a_streamable_http_server_is_reached_by_url():
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_episodes_share_one_toolbox_per_server_config():
+    from reinforge.envs.mcp_tools import close_all
+    from reinforge.envs.registry import build_environment
+
+    before = _children()
+    make = build_environment("calculator", None, None, {"mcp": {"command": sys.executable, "args": [SERVER],
+                                                                "tools": ["calc"]}})
+    try:
+        first, second = make(), make()
+        assert first.tools is second.tools and first.tools.names == ["calc"]
+        assert len(_children() - before) == 1  # one server process for every episode
+    finally:
+        close_all()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import copy
+import os
 import threading
 import weakref
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -111,6 +112,7 @@ class MCPToolbox:
         self._dead_reason: str | None = None
         self._reconnects = 0
         self._closed = False
+        self._pid = os.getpid()  # a forked child cannot use this loop thread: it opens its own toolbox
         self._slots = asyncio.Semaphore(config.max_concurrency)
         try:
             tools = self._connect()
@@ -323,12 +325,12 @@ _TOOLBOXES_LOCK = threading.Lock()
 
 
 def mcp_toolbox(config: MCPServerConfig | dict[str, Any]) -> MCPToolbox:
-    """The shared toolbox of a server config (one session per config and process, opened on first use)."""
+    """The shared toolbox of a server config (one connection per config and process, opened on first use)."""
     if not isinstance(config, MCPServerConfig):
         config = MCPServerConfig.model_validate(config)
     with _TOOLBOXES_LOCK:
         box = _TOOLBOXES.get(config)
-        if box is None or box._closed:
+        if box is None or box._closed or box._pid != os.getpid():
             box = _TOOLBOXES[config] = MCPToolbox(config)
         return box
 
