@@ -14,11 +14,14 @@ import operator
 import re
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reinforge.envs.base import Message, StepResult
 from reinforge.envs.tools import Toolbox, ToolError, parse_tool_calls, tool_message
 from reinforge.types import Task
+
+if TYPE_CHECKING:
+    from reinforge.envs.mcp_tools import MCPToolbox
 
 MAX_EXPR_CHARS = 100
 MAX_DIGITS = 30  # every literal, intermediate value and result stays below 10**MAX_DIGITS in size
@@ -101,7 +104,7 @@ class CalculatorEnv:
     schemas to render into the chat template. The task's answer must be an integer.
     """
 
-    def __init__(self, toolbox: Toolbox | None = None, max_tool_calls: int = 3, system_prompt: str | None = None) -> None:
+    def __init__(self, toolbox: Toolbox | MCPToolbox | None = None, max_tool_calls: int = 3, system_prompt: str | None = None) -> None:
         if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int) or max_tool_calls < 0:
             raise ValueError(f"max_tool_calls must be an integer >= 0, got {max_tool_calls!r}")
         self.tools = toolbox if toolbox is not None else calculator_toolbox()

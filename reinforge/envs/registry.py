@@ -18,6 +18,7 @@ from reinforge.envs.base import Environment
 from reinforge.envs.calculator import CalculatorEnv
 from reinforge.envs.code_interpreter import CodeInterpreterEnv
 from reinforge.envs.guessing import GuessingEnv
+from reinforge.envs.mcp_tools import mcp_toolbox_of
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.search import SearchEnv
 from reinforge.envs.single_turn import SingleTurnEnv
@@ -81,8 +82,12 @@ def _single_turn(verifier: Verifier | None, system_prompt: str | None) -> Enviro
 
 @register_environment("calculator", task_kinds=("calculator", "arithmetic"),
                       description="calc tool calls, then a final integer answer (last integer == task.answer)")
-def _calculator(verifier: Verifier | None, system_prompt: str | None, max_tool_calls: int = 3) -> Environment:
-    return CalculatorEnv(max_tool_calls=max_tool_calls, system_prompt=system_prompt)
+def _calculator(
+    verifier: Verifier | None, system_prompt: str | None, max_tool_calls: int = 3, mcp: dict[str, Any] | None = None,
+) -> Environment:
+    """``mcp``: the tools of an MCP server instead of the built-in ``calc`` (reinforge/envs/mcp_tools.py)."""
+    return CalculatorEnv(max_tool_calls=max_tool_calls, system_prompt=system_prompt,
+                         toolbox=None if mcp is None else mcp_toolbox_of(mcp))
 
 
 @register_environment("guessing", task_kinds=("guessing",),
