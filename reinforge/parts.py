@@ -14,6 +14,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.classic.dqn  # noqa: F401  (classic agents: dqn)
     import reinforge.classic.impala  # noqa: F401  (classic agents: impala)
     import reinforge.classic.ppo  # noqa: F401  (classic agents: ppo)
+    import reinforge.classic.rlpd  # noqa: F401  (classic agents: rlpd)
     import reinforge.classic.sac  # noqa: F401  (classic agents: sac)
     import reinforge.data.budgets  # noqa: F401  (uniform, knapsack rollout budgets)
     import reinforge.data.curriculum  # noqa: F401  (difficulty_filter, dump task samplers)

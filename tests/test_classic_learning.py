@@ -89,3 +89,37 @@ def test_pendulum_sac_beats_minus_300(tmp_path):
     assert result.stopped == "return", f"no -200 within {result.env_steps} steps"
     evaluation = json.loads((result.run_dir / "eval.json").read_text())
     assert evaluation["eval/return_mean"] > -300, evaluation["eval/return_mean"]
+
+
+@pytest.mark.learning  # about 6 min on 2 loaded cores: make test-learning (RLPD's parts: tests/test_classic_rlpd.py)
+def test_pendulum_rlpd_beats_learning_from_scratch(tmp_path):
+    """RLPD with data logged by a short SAC run reaches an episode return of -300 in fewer online steps than
+    SAC from scratch at the same budget (4,000 steps) and seed; learning starts at step 1000 for both.
+    scripts/rlpd_pendulum.py --seeds 0 runs the same (docs/classic.md, "RLPD")."""
+    import numpy as np
+
+    from reinforge.classic.envs import EnvConfig, make_vec_env
+    from reinforge.classic.offline import collect_box, save_parquet
+    from reinforge.classic.rlpd import RLPD, RLPDSettings
+    from reinforge.classic.sac import SAC, SACSettings
+
+    def pendulum(seed: int):  # noqa: ANN202
+        return make_vec_env(EnvConfig(id="Pendulum-v1", num_envs=1), 0.99, seed)
+
+    def first_at(agent, steps: int = 4000, threshold: float = -300.0) -> int:  # noqa: ANN001
+        while agent.env_steps < steps:
+            if any(ret >= threshold for ret, _ in agent.iterate(agent.env_steps / steps).episodes):
+                return agent.env_steps
+        return steps + 1
+
+    logger = SAC(pendulum(100), 100, SACSettings(learning_starts=1000))
+    while logger.env_steps < 4000:
+        logger.iterate(0.0)
+    data = collect_box(logger, pendulum(600), 2000, 600)
+    assert float(np.sum(data.reward)) / 10 < -300  # the data's own policy is below the threshold
+    save_parquet(data, tmp_path / "data.parquet")
+    rlpd = RLPD(pendulum(0), 0, RLPDSettings(offline_data=str(tmp_path / "data.parquet"), learning_starts=1000,
+                                             utd=2, hidden=[128, 128], batch_size=128))
+    sac = SAC(pendulum(0), 0, SACSettings(learning_starts=1000))
+    rlpd_step, sac_step = first_at(rlpd), first_at(sac)
+    assert rlpd_step < sac_step, (rlpd_step, sac_step)

@@ -2,11 +2,13 @@
 policy, with the behaviour log-probs, saved as Parquet (one row per step).
 
 Columns: ``episode``, ``t``, ``obs`` and ``next_obs`` (lists of floats; at an episode's end its last
-observation), ``action`` (int), ``reward``, ``terminated``,
+observation), ``action`` (int; a list of floats for Box actions, ``collect_box``), ``reward``, ``terminated``,
 ``truncated``, ``behavior_logp`` = log mu(a_t | s_t). The epsilon-soft policy of a greedy agent
 (``agent.act(obs, deterministic=True)``, e.g. a trained DQN) over n discrete actions is
 mu(a | s) = epsilon / n + (1 - epsilon) [a = greedy(s)], and ``soft_logp`` gives any such policy's
-log-probs for logged actions (the target policy's, for ``algo/ope.py``).
+log-probs for logged actions (the target policy's, for ``algo/ope.py``). ``collect_box`` logs a
+continuous-action agent's own stochastic policy (``agent.act(obs, deterministic=False)``, e.g. SAC's) with
+``behavior_logp`` NaN (not recorded): data for offline-to-online learners (classic/rlpd.py), not for OPE.
 """
 
 from __future__ import annotations
@@ -95,12 +97,35 @@ def collect(agent: Any, envs: Any, episodes: int, epsilon: float, seed: int, max
     return Logged(**{k: np.asarray(v) for k, v in rows.items()})
 
 
+def collect_box(agent: Any, envs: Any, steps: int, seed: int) -> Logged:
+    """Whole episodes of ``agent``'s sampled actions on the single Box-action environment of ``envs``, until
+    the first episode end from ``steps`` steps on."""
+    rows: dict[str, list] = {k: [] for k in Logged.__dataclass_fields__}
+    obs, _ = envs.reset(seed=seed)
+    episode, t = 0, 0
+    while len(rows["t"]) < steps or t > 0:
+        action = np.asarray(agent.act(obs_tensor(obs), False), dtype=np.float32).reshape(1, -1)
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        for key, value in (("episode", episode), ("t", t), ("obs", np.asarray(obs[0], dtype=np.float32)),
+                           ("next_obs", next_observations(next_obs, info)[0]), ("action", action[0]),
+                           ("reward", float(reward[0])), ("terminated", bool(terminated[0])),
+                           ("truncated", bool(truncated[0])), ("behavior_logp", float("nan"))):
+            rows[key].append(value)
+        t += 1
+        if terminated[0] or truncated[0]:
+            episode, t = episode + 1, 0
+        obs = next_obs
+    return Logged(**{k: np.asarray(v) for k, v in rows.items()})
+
+
 def save_parquet(data: Logged, path: str | Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     columns = {k: getattr(data, k) for k in Logged.__dataclass_fields__}
     columns["obs"], columns["next_obs"] = [row.tolist() for row in data.obs], [row.tolist() for row in data.next_obs]
+    if data.action.ndim > 1:
+        columns["action"] = [row.tolist() for row in data.action]
     pq.write_table(pa.table(columns), str(path))
 
 
@@ -110,4 +135,6 @@ def load_parquet(path: str | Path) -> Logged:
     table = pq.read_table(str(path)).to_pydict()
     data = {k: np.asarray(v) for k, v in table.items()}
     data["obs"], data["next_obs"] = (np.asarray(table[k], dtype=np.float32) for k in ("obs", "next_obs"))
+    if data["action"].ndim > 1:
+        data["action"] = np.asarray(table["action"], dtype=np.float32)
     return Logged(**data)
