@@ -47,6 +47,7 @@ from reinforge.config.task import (
     AgentTaskConfig,
     ArithmeticTaskConfig,
     ColumnsConfig,
+    EnvTaskConfig,
     FileTaskConfig,
     JsonlTaskConfig,
     JudgeConfig,
@@ -64,7 +65,7 @@ from reinforge.config.task import (
 
 __all__ = [
     "DEFAULT_RECIPE", "PRESETS_DIR", "RECIPES_DIR", "TASK_KINDS", "AgentTaskConfig", "AlgoConfig",
-    "ArithmeticTaskConfig", "CheckpointConfig", "ColumnsConfig", "CriticConfig", "EnvConfig", "EvalConfig",
+    "ArithmeticTaskConfig", "CheckpointConfig", "ColumnsConfig", "CriticConfig", "EnvConfig", "EnvTaskConfig", "EvalConfig",
     "FileTaskConfig", "GroupSamplerConfig", "JsonlTaskConfig", "JudgeConfig", "KLConfig", "LogConfig", "LoraConfig",
     "LossTermConfig", "MismatchConfig", "ModelConfig", "OrchestrateConfig", "PartConfig", "RGTaskItem",
     "ReasoningGymTaskConfig", "RewardConfig", "RewardModelConfig", "RewardShaperConfig", "RewardTermConfig", "RolloutConfig", "RunConfig",

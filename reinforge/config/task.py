@@ -209,8 +209,16 @@ class AgentTaskConfig(TaskConfigBase, InlineSection):
         return dict(self._options or {})
 
 
+class EnvTaskConfig(TaskConfigBase):
+    """The environment's own tasks: an adapter's catalogue (a verifiers taskset, OpenEnv reset seeds,
+    TextArena games), built from ``env`` (reinforge/envs/adapter_tasks.py). The verifier is unused: the
+    environment scores its episodes."""
+
+    kind: Literal["env"] = "env"
+
+
 TASK_KINDS: tuple[type[TaskConfigBase], ...] = (
-    ArithmeticTaskConfig, JsonlTaskConfig, TableTaskConfig, ReasoningGymTaskConfig, AgentTaskConfig,
+    ArithmeticTaskConfig, JsonlTaskConfig, TableTaskConfig, ReasoningGymTaskConfig, AgentTaskConfig, EnvTaskConfig,
 )
 DEFAULT_TASK_KIND = "arithmetic"
 REPLACED_KEYS = {"prompt_key": "columns.prompt", "answer_key": "columns.answer"}
@@ -234,7 +242,7 @@ def _task_input(data: Any) -> Any:
 
 
 TaskConfig = Annotated[
-    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig,
+    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig | EnvTaskConfig,
     Field(discriminator="kind"),
     BeforeValidator(_task_input),
 ]

@@ -8,6 +8,8 @@ from typing import Any
 from reinforge.config import (
     AgentTaskConfig,
     ArithmeticTaskConfig,
+    EnvConfig,
+    EnvTaskConfig,
     JsonlTaskConfig,
     ReasoningGymTaskConfig,
     TableTaskConfig,
@@ -62,5 +64,12 @@ TASK_SOURCES: dict[type[TaskConfigBase], Callable[[Any], TaskSplits]] = {
 }
 
 
-def build_task_splits(cfg: TaskConfigBase) -> TaskSplits:
+def build_task_splits(cfg: TaskConfigBase, env: EnvConfig | None = None) -> TaskSplits:
+    """The splits of ``cfg``; ``task.kind=env`` takes the tasks of the environment ``env`` names."""
+    if isinstance(cfg, EnvTaskConfig):
+        from reinforge.envs.adapter_tasks import environment_task_splits
+
+        if env is None:
+            raise ConfigError("task.kind=env: the tasks come from the run's env section, which is not given here")
+        return environment_task_splits(env.name, env.params, cfg.heldout_size, cfg.seed)
     return TASK_SOURCES[type(cfg)](cfg)

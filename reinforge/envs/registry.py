@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from reinforge.data.base import TaskSplits
 from reinforge.envs.base import Environment
 from reinforge.envs.calculator import CalculatorEnv
 from reinforge.envs.code_interpreter import CodeInterpreterEnv
@@ -22,6 +23,7 @@ from reinforge.envs.mcp_tools import mcp_toolbox_of
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.search import SearchEnv
 from reinforge.envs.single_turn import SingleTurnEnv
+from reinforge.envs.verifiers_env import VerifiersEnv, load_verifiers, verifiers_splits
 from reinforge.errors import ConfigError
 from reinforge.registry import Registry, kind
 from reinforge.rewards.verifiers import Verifier
@@ -32,6 +34,7 @@ class EnvironmentConfigError(ConfigError, ValueError):
 
 
 AGENT = "agent"
+ENV_TASKS = "env"  # task.kind of an environment's own tasks (envs/adapter_tasks.py)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class EnvSpec:
     description: str
     multi_turn: bool = True
     agent_driven: bool = False  # episodes are played by a black-box agent (env.agent) through the proxy
+    tasks: Callable[..., TaskSplits] | None = None  # its own tasks (task.kind=env): (heldout_size, seed, **params)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -61,12 +65,14 @@ ENVIRONMENTS: Registry[EnvSpec] = kind("env", Registry("environment"))
 def register_environment(
     name: str, *, description: str, paper: str = "-", uses_verifier: bool = False,
     task_kinds: tuple[str, ...] | None = None, multi_turn: bool = True, agent_driven: bool = False,
+    tasks: Callable[..., TaskSplits] | None = None,
 ) -> Callable[[Callable[..., Environment]], Callable[..., Environment]]:
     """Register ``make(verifier, system_prompt, **params) -> Environment`` as environment ``name``
-    (``env.name`` in a recipe; its keyword parameters are written beside it, their defaults its own)."""
+    (``env.name`` in a recipe; its keyword parameters are written beside it, their defaults its own).
+    ``tasks(heldout_size, seed, **params)``: the environment's own train / held-out splits (``task.kind=env``)."""
 
     def deco(make: Callable[..., Environment]) -> Callable[..., Environment]:
-        spec = EnvSpec(name, make, uses_verifier, task_kinds, description, multi_turn, agent_driven)
+        spec = EnvSpec(name, make, uses_verifier, task_kinds, description, multi_turn, agent_driven, tasks)
         ENVIRONMENTS.register(name, description=description, paper=paper)(spec)
         return make
 
@@ -131,6 +137,23 @@ def _agent(verifier: Verifier | None, system_prompt: str | None) -> Environment:
                       "the OpenAI-compatible proxy, not by an Environment")
 
 
+def _verifiers_tasks(heldout_size: int, seed: int, id: str = "", env_id: str = "", args: dict | None = None,
+                     env_args: dict | None = None, limit: int | None = None, **_: Any) -> TaskSplits:
+    return verifiers_splits(load_verifiers(id, env_id, args, env_args, limit), heldout_size, seed)
+
+
+@register_environment("verifiers", task_kinds=(ENV_TASKS,), tasks=_verifiers_tasks,
+                      description="a verifiers (0.4) taskset and Env by id: its tasks, its Env's turns, its rubric's "
+                      "scores (reinforge/envs/verifiers_env.py)")
+def _verifiers(
+    verifier: Verifier | None, system_prompt: str | None, id: str = "", env_id: str = "", args: dict | None = None,
+    env_args: dict | None = None, limit: int | None = None, timeout_s: float = 60.0, correct_at: float = 1.0,
+) -> Environment:
+    """``id``: the taskset (module or package); ``env_id``: its Env ('' = the taskset's own); ``args`` / ``env_args``:
+    their config fields; ``limit``: tasks taken; ``timeout_s``: one wait on the Env's coroutine."""
+    return VerifiersEnv(load_verifiers(id, env_id, args, env_args, limit), system_prompt, timeout_s, correct_at)
+
+
 def environment_spec(name: str) -> EnvSpec:
     if name not in ENVIRONMENTS:
         raise EnvironmentConfigError(f"env.name: unknown environment {name!r}; allowed: {', '.join(ENVIRONMENTS.in_order())}")
@@ -162,6 +185,9 @@ def build_environment(
 
 def check_task_kind(env_name: str, task_kind: str) -> None:
     """Raise when environment ``env_name`` is not built for task source ``task_kind``."""
-    kinds = environment_spec(env_name).task_kinds
+    spec = environment_spec(env_name)
+    if task_kind == ENV_TASKS and spec.tasks is None:
+        raise EnvironmentConfigError(f"task.kind={ENV_TASKS}: env {env_name!r} has no tasks of its own")
+    kinds = spec.task_kinds
     if kinds is not None and task_kind not in kinds:
         raise EnvironmentConfigError(f"env {env_name!r} needs task.kind in {', '.join(kinds)}, got {task_kind!r}")

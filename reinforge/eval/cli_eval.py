@@ -52,7 +52,7 @@ def run_eval(
         spec = {"kind": task, "heldout_size": heldout_size, **({"path": str(data)} if data else {})}
         task_cfg = config_from_dict({"task": spec}, source="--task/--data").task
         verifier = resolve_verifier(task_cfg.verifier)
-    splits = build_task_splits(task_cfg)
+    splits = build_task_splits(task_cfg, run_cfg.env if run_cfg is not None else None)
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= samples]))
     if any(k < 1 or k > max(samples, 1) for k in ks) and samples:
         raise ConfigError(f"--ks: every k must be in [1, --samples={samples}], got {ks}")

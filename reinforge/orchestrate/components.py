@@ -190,7 +190,7 @@ def build_components(cfg: RunConfig) -> Components:
         raise ConfigError("model.device=auto: build_components takes a resolved config (resolve_config(cfg))")
     distributed.check(cfg)
     seed_everything(cfg.seed)
-    splits = build_task_splits(cfg.task)  # fail on bad data before loading any model
+    splits = build_task_splits(cfg.task, cfg.env)  # fail on bad data before loading any model
     tokenizer = load_tokenizer(cfg.model.path)
     policy = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device)
     needs = required_inputs(cfg.algo)  # what the run's parts declare (registry.Entry.needs)

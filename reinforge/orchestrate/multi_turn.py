@@ -287,6 +287,7 @@ def _trajectory(ep: _Episode, group_offset: int, tokenizer) -> Trajectory:
                   "truncated": ep.truncated, "reward_status": "ok",
                   "final_text": ep.texts[-1].strip() if ep.texts and not ep.truncated else None,
                   "observations": ep.observations,
+                  **{k: ep.info[k] for k in ("reward_terms", "reward_term_errors") if isinstance(ep.info.get(k), dict)},
                   **{k: v for k, v in ep.info.items() if k != "correct" and isinstance(v, int | float | str | bool)}},
         token_versions=ep.versions,
     )
