@@ -23,6 +23,7 @@ from reinforge.envs.mcp_tools import mcp_toolbox_of
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.search import SearchEnv
 from reinforge.envs.single_turn import SingleTurnEnv
+from reinforge.envs.textarena_env import TextArenaEnv, textarena_splits
 from reinforge.envs.verifiers_env import VerifiersEnv, load_verifiers, verifiers_splits
 from reinforge.errors import ConfigError
 from reinforge.registry import Registry, kind
@@ -152,6 +153,22 @@ def _verifiers(
     """``id``: the taskset (module or package); ``env_id``: its Env ('' = the taskset's own); ``args`` / ``env_args``:
     their config fields; ``limit``: tasks taken; ``timeout_s``: one wait on the Env's coroutine."""
     return VerifiersEnv(load_verifiers(id, env_id, args, env_args, limit), system_prompt, timeout_s, correct_at)
+
+
+def _textarena_tasks(heldout_size: int, seed: int, game: str = "", games: int = 256, **_: Any) -> TaskSplits:
+    return textarena_splits(game, games, heldout_size, seed)
+
+
+@register_environment("textarena", task_kinds=(ENV_TASKS,), tasks=_textarena_tasks,
+                      description="a TextArena game: the policy in one seat, a random or scripted opponent in the "
+                      "others; reward by win / draw / loss (reinforge/envs/textarena_env.py)")
+def _textarena(
+    verifier: Verifier | None, system_prompt: str | None, game: str = "", games: int = 256, player: int = 0,
+    num_players: int = 2, opponent: str = "random", win: float = 1.0, draw: float = 0.5, loss: float = 0.0,
+) -> Environment:
+    """``game``: a TextArena env id; ``games``: seeded games (tasks); ``player``: our seat; ``opponent``: random
+    or 'module:function'; ``win`` / ``draw`` / ``loss``: the reward of each outcome."""
+    return TextArenaEnv(game, player, num_players, opponent, win, draw, loss, system_prompt)
 
 
 def environment_spec(name: str) -> EnvSpec:
