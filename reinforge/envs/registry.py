@@ -20,6 +20,7 @@ from reinforge.envs.calculator import CalculatorEnv
 from reinforge.envs.code_interpreter import CodeInterpreterEnv
 from reinforge.envs.guessing import GuessingEnv
 from reinforge.envs.mcp_tools import mcp_toolbox_of
+from reinforge.envs.openenv_env import OpenEnvEnv, openenv_splits
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.search import SearchEnv
 from reinforge.envs.single_turn import SingleTurnEnv
@@ -169,6 +170,23 @@ def _textarena(
     """``game``: a TextArena env id; ``games``: seeded games (tasks); ``player``: our seat; ``opponent``: random
     or 'module:function'; ``win`` / ``draw`` / ``loss``: the reward of each outcome."""
     return TextArenaEnv(game, player, num_players, opponent, win, draw, loss, system_prompt)
+
+
+def _openenv_tasks(heldout_size: int, seed: int, url: str = "", episodes: int = 256, **_: Any) -> TaskSplits:
+    return openenv_splits(episodes, heldout_size, seed, url)
+
+
+@register_environment("openenv", task_kinds=(ENV_TASKS,), tasks=_openenv_tasks,
+                      description="an OpenEnv server over HTTP (one session per episode): its observations, the "
+                      "model's text as the action, its rewards (reinforge/envs/openenv_env.py)")
+def _openenv(
+    verifier: Verifier | None, system_prompt: str | None, url: str = "", episodes: int = 256,
+    action_field: str = "message", observation_field: str = "", reset_args: dict | None = None,
+    action_args: dict | None = None, seeded: bool = True, timeout_s: float = 30.0,
+) -> Environment:
+    """``url``: the server; ``episodes``: reset seeds (tasks); ``action_field``: the action's text field;
+    ``observation_field``: the observation's text field ('' = every field); ``timeout_s``: one call."""
+    return OpenEnvEnv(url, action_field, observation_field, reset_args, action_args, seeded, timeout_s, system_prompt)
 
 
 def environment_spec(name: str) -> EnvSpec:

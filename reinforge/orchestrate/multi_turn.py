@@ -15,7 +15,8 @@ each episode on its own) keeps the generation batches, and so the samples, indep
 long each tool took: the price is that a turn waits for its slowest call.
 An environment call that times out ends its episode (``metadata["truncated"] = "env_timeout"``,
 reward 0 for that turn); one that raises stops the run, or with ``on_error="zero"`` ends its
-episode the same way (``"env_error"``), as ``reward.on_error`` does for reward calls.
+episode the same way (``"env_error"``), as ``reward.on_error`` does for reward calls. A reset that fails
+(a dead server) stops the run too, or under ``"zero"`` leaves an episode with no model turn (untrained).
 Limits: ``max_turns`` model turns, ``max_total_tokens`` for the whole sequence (prompt included),
 ``max_turn_tokens`` per model turn. An episode stopped by a limit is truncated: ``finish_reason``
 "length" and ``metadata["truncated"]`` names the limit.
@@ -39,6 +40,7 @@ from reinforge.orchestrate.env_calls import EnvCalls, EnvOutcome
 from reinforge.rewards.pool import VerifierError
 from reinforge.rollout.chat_splice import ChatSplicer
 from reinforge.rollout.engines import context_limit
+from reinforge.rollout.prompts import prompt_messages
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 from reinforge.types import Task, Trajectory
 
@@ -126,7 +128,7 @@ def run_episodes(
     environment that raises."""
     calls = env_calls or EnvCalls()
     splicers = _Splicers(engine.tokenizer)
-    episodes = _start(tasks, make_env, params.n, seed, splicers, calls)
+    episodes = _start(tasks, make_env, params.n, seed, splicers, calls, on_error)
     limit = _context_limit(engine, limits)
     for ep in episodes:
         if ep.prompt_len >= limit:
@@ -146,21 +148,30 @@ def run_episodes(
 
 
 def _start(tasks: Sequence[Task], make_env: Callable[[], Environment], n: int, seed: int, splicers: _Splicers,
-           calls: EnvCalls) -> list[_Episode]:
-    """``n`` fresh environments per task, reset concurrently (a reset that fails or times out stops the run)."""
+           calls: EnvCalls, on_error: str | Callable[[], str] = "raise") -> list[_Episode]:
+    """``n`` fresh environments per task, reset concurrently. A reset that fails or times out stops the run,
+    or under ``on_error="zero"`` ends its episode before the first turn (the task's own prompt, no model
+    tokens: an untrained member of its group with reward 0, ``truncated: env_error``)."""
     envs = [(t, j, make_env()) for t in range(len(tasks)) for j in range(n)]
     outcomes = calls.run([partial(env.reset, tasks[t], seed * 1_000_003 + t * 997 + j) for t, j, env in envs])
     episodes = []
     for (t, _, env), outcome in zip(envs, outcomes, strict=True):
-        if outcome.error is not None or outcome.timed_out:
+        failed = outcome.error is not None or outcome.timed_out
+        if failed and (on_error() if callable(on_error) else on_error) != "zero":
             why = f"timed out after {calls.timeout_s:g} s" if outcome.timed_out else repr(outcome.error)
             raise ReinforgeError(f"environment {type(env).__name__}: reset on task {tasks[t].id!r} {why}") from outcome.error
-        messages = outcome.value
+        messages = prompt_messages(tasks[t].prompt, None) if failed else outcome.value
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         splicer = splicers.for_env(env)
         ids = splicer.prompt_ids(messages)
-        episodes.append(_Episode(tasks[t], t, env, splicer, ids, len(ids), state=state_key(env, messages)))
+        ep = _Episode(tasks[t], t, env, splicer, ids, len(ids), state=state_key(env, messages))
+        if failed:
+            why = f"timed out after {calls.timeout_s:g} s" if outcome.timed_out else \
+                f"{type(outcome.error).__name__}: {outcome.error}"
+            ep.info["env_error"] = f"reset {why}"
+            ep.end("env_timeout" if outcome.timed_out else "env_error")
+        episodes.append(ep)
     return episodes
 
 
@@ -290,6 +301,7 @@ def _trajectory(ep: _Episode, group_offset: int, tokenizer) -> Trajectory:
                   **{k: ep.info[k] for k in ("reward_terms", "reward_term_errors") if isinstance(ep.info.get(k), dict)},
                   **{k: v for k, v in ep.info.items() if k != "correct" and isinstance(v, int | float | str | bool)}},
         token_versions=ep.versions,
+        trainable=bool(ep.turn_spans),  # an episode whose reset failed has no model tokens
     )
 
 
