@@ -109,6 +109,7 @@ def test_episode_over_http_sessions_with_rewards_and_done(server):
     assert env.reset(task, 0)[-1]["content"] == f"prompt: after {seed}\nexpected: {seed + 1}"
 
 
+@pytest.mark.slow
 def test_collector_plays_episodes_and_rewards_sum_per_turn(server):
     from reinforge.models.loading import load_model, load_tokenizer
     from reinforge.rollout.torch_engine import TorchRolloutEngine

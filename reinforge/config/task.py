@@ -210,10 +210,7 @@ class AgentTaskConfig(TaskConfigBase, InlineSection):
 
 
 class EnvTaskConfig(TaskConfigBase):
-    """The environment's own tasks: an adapter's catalogue (a verifiers taskset, OpenEnv reset seeds,
-    TextArena games), built from ``env`` (reinforge/envs/adapter_tasks.py). The verifier is unused: the
-    environment scores its episodes."""
-
+    """The environment's own tasks, made from ``env`` (envs/registry.py ``environment_task_splits``)."""
     kind: Literal["env"] = "env"
 
 

@@ -67,7 +67,7 @@ TASK_SOURCES: dict[type[TaskConfigBase], Callable[[Any], TaskSplits]] = {
 def build_task_splits(cfg: TaskConfigBase, env: EnvConfig | None = None) -> TaskSplits:
     """The splits of ``cfg``; ``task.kind=env`` takes the tasks of the environment ``env`` names."""
     if isinstance(cfg, EnvTaskConfig):
-        from reinforge.envs.adapter_tasks import environment_task_splits
+        from reinforge.envs.registry import environment_task_splits
 
         if env is None:
             raise ConfigError("task.kind=env: the tasks come from the run's env section, which is not given here")

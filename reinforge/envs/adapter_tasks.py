@@ -1,20 +1,17 @@
 """``task: {kind: env}``: the tasks of an environment that brings its own (an adapter's catalogue).
 
-An environment registered with ``tasks=`` (reinforge/envs/registry.py) makes its train and held-out
-splits from its own parameters (``env.*``): a verifiers taskset's rows, an OpenEnv server's reset seeds,
-TextArena game seeds. `seeded_splits` holds out a seeded random subset, so the splits never overlap and
-the ids are stable.
+An environment registered with ``tasks=`` (reinforge/envs/registry.py, `environment_task_splits`) makes its
+train and held-out splits from its own parameters (``env.*``): a verifiers taskset's rows, an OpenEnv
+server's reset seeds, TextArena game seeds. `seeded_splits` holds out a seeded random subset, so the splits
+never overlap and the ids are stable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 
 from reinforge.data.base import TaskSplits
-from reinforge.errors import ConfigError
 from reinforge.types import Task
 
 
@@ -26,18 +23,3 @@ def seeded_splits(tasks: Sequence[Task], heldout_size: int, seed: int, name: str
     held = set(np.random.default_rng(seed).permutation(n)[:heldout_size].tolist())
     return TaskSplits(train=[t for i, t in enumerate(tasks) if i not in held],
                       heldout=[t for i, t in enumerate(tasks) if i in held], name=name)
-
-
-def environment_task_splits(env_name: str, params: dict[str, Any], heldout_size: int, seed: int) -> TaskSplits:
-    """The splits environment ``env_name`` makes from its parameters (a ConfigError naming the field)."""
-    from reinforge.envs.registry import ENVIRONMENTS, environment_spec
-
-    spec = environment_spec(env_name)
-    if spec.tasks is None:
-        with_tasks = [n for n in ENVIRONMENTS.in_order() if ENVIRONMENTS.get(n).tasks is not None]
-        raise ConfigError(f"task.kind=env: env.name={env_name} has no tasks of its own; environments that have: "
-                          f"{', '.join(with_tasks)}")
-    try:
-        return spec.tasks(heldout_size=heldout_size, seed=seed, **{**spec.params, **params})
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"task.kind=env (env.name={env_name}): {e}") from None

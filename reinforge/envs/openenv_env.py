@@ -2,8 +2,8 @@
 
 ``url`` is an OpenEnv server (``http://host:port``; ``openenv serve``, a Docker image, a Hugging Face
 Space). An OpenEnv server's plain ``POST /reset`` and ``POST /step`` routes make a fresh environment per
-request, so an episode of several steps uses the session route the official client uses: each of our
-episodes is one ``GenericEnvClient`` session (its WebSocket ``/ws`` under ``url``, its own environment
+request, so an episode of several steps uses the WebSocket route the official client uses: each of our
+episodes is one ``GenericEnvClient`` connection (its WebSocket ``/ws`` under ``url``, its own environment
 instance on the server), opened at ``reset`` and closed when the episode ends.
 
 What maps to what:

@@ -177,7 +177,7 @@ def _openenv_tasks(heldout_size: int, seed: int, url: str = "", episodes: int = 
 
 
 @register_environment("openenv", task_kinds=(ENV_TASKS,), tasks=_openenv_tasks,
-                      description="an OpenEnv server over HTTP (one session per episode): its observations, the "
+                      description="an OpenEnv server over HTTP (one connection per episode): its observations, the "
                       "model's text as the action, its rewards (reinforge/envs/openenv_env.py)")
 def _openenv(
     verifier: Verifier | None, system_prompt: str | None, url: str = "", episodes: int = 256,
@@ -226,3 +226,17 @@ def check_task_kind(env_name: str, task_kind: str) -> None:
     kinds = spec.task_kinds
     if kinds is not None and task_kind not in kinds:
         raise EnvironmentConfigError(f"env {env_name!r} needs task.kind in {', '.join(kinds)}, got {task_kind!r}")
+
+
+def environment_task_splits(env_name: str, params: dict[str, Any], heldout_size: int, seed: int) -> TaskSplits:
+    """``task.kind=env``: the splits environment ``env_name`` makes from its parameters (a ConfigError naming
+    the field)."""
+    spec = environment_spec(env_name)
+    if spec.tasks is None:
+        with_tasks = [n for n in ENVIRONMENTS.in_order() if ENVIRONMENTS.get(n).tasks is not None]
+        raise EnvironmentConfigError(f"task.kind={ENV_TASKS}: env.name={env_name} has no tasks of its own; "
+                                     f"environments that have: {', '.join(with_tasks)}")
+    try:
+        return spec.tasks(heldout_size=heldout_size, seed=seed, **{**spec.params, **params})
+    except (TypeError, ValueError) as e:
+        raise EnvironmentConfigError(f"task.kind={ENV_TASKS} (env.name={env_name}): {e}") from None

@@ -93,9 +93,12 @@ def random_opponent(observation: str, player_id: int, rng: random.Random) -> str
     return rng.choice(moves) if moves else "[0]"
 
 
+OPPONENTS: dict[str, Callable[[str, int, random.Random], str]] = {"random": random_opponent}
+
+
 def resolve_opponent(opponent: Any) -> Callable[[str, int, random.Random], str]:
-    if opponent == "random":
-        return random_opponent
+    if isinstance(opponent, str) and opponent in OPPONENTS:
+        return OPPONENTS[opponent]
     if not isinstance(opponent, str) or ":" not in opponent:
         raise ValueError(f"env.opponent must be 'random' or 'module:function', got {opponent!r}")
     module, _, name = opponent.partition(":")
