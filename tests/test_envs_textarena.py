@@ -180,3 +180,21 @@ def test_nothing_downloads(monkeypatch):
     with no_downloads("Hangman-v0"), pytest.raises(RuntimeError, match="NLTK data 'words'.*not installed"):
         nltk.download("words")
     assert nltk.download is not None and nltk.download.__name__ == "download"
+
+
+def test_task_kind_env_takes_the_environments_own_tasks():
+    from reinforge.config import config_from_dict
+    from reinforge.data.sources import build_task_splits
+    from reinforge.errors import ConfigError
+
+    cfg = config_from_dict({"task": {"kind": "env", "heldout_size": 2},
+                            "env": {"name": "textarena", "game": GAME, "games": 6, "max_turns": 5}})
+    splits = build_task_splits(cfg.task, cfg.env)
+    assert len(splits.train) == 4 and len(splits.heldout) == 2 and splits.name == f"textarena({GAME})"
+    assert sorted(t.metadata["game_seed"] for t in [*splits.train, *splits.heldout]) == list(range(6))
+    with pytest.raises(ConfigError, match="env 'single_turn' has no tasks of its own"):
+        config_from_dict({"task": {"kind": "env"}})
+    with pytest.raises(ConfigError, match="env 'textarena' needs task.kind in env"):
+        config_from_dict({"task": {"kind": "arithmetic"}, "env": {"name": "textarena", "game": GAME}})
+    with pytest.raises(ConfigError, match="task.kind=env: the tasks come from the run's env section"):
+        build_task_splits(cfg.task)

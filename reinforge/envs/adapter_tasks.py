@@ -9,6 +9,7 @@ never overlap and the ids are stable.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 
 from reinforge.data.base import TaskSplits
