@@ -15,6 +15,7 @@ the collector's limits.
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from collections.abc import Awaitable, Callable
@@ -23,15 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 _LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_PID = 0
 _LOOP_LOCK = threading.Lock()
 
 
 def shared_loop() -> asyncio.AbstractEventLoop:
-    """The event loop (in a daemon thread) that every bridge's coroutines run on."""
-    global _LOOP
+    """The event loop (in a daemon thread) that every bridge's coroutines run on; a forked process (a
+    rollout worker) starts its own, the parent's thread does not exist there."""
+    global _LOOP, _LOOP_PID
     with _LOOP_LOCK:
-        if _LOOP is None or _LOOP.is_closed():
-            _LOOP = asyncio.new_event_loop()
+        if _LOOP is None or _LOOP.is_closed() or _LOOP_PID != os.getpid():
+            _LOOP, _LOOP_PID = asyncio.new_event_loop(), os.getpid()
             threading.Thread(target=_LOOP.run_forever, name="reinforge-episode-bridge", daemon=True).start()
         return _LOOP
 
