@@ -187,3 +187,26 @@ def test_bad_config_names_the_field(server):
             build_environment("openenv", None, None, params)
     with pytest.raises(ValueError, match="env.episodes"):
         openenv_splits(1, 1, 0, server)
+
+
+@pytest.mark.slow
+def test_training_goes_on_when_the_server_is_dead_under_on_error_zero(tmp_path):
+    """Every reset fails (nothing listens at the URL): each step's episodes end as environment errors,
+    untrained, and the run finishes its steps."""
+    from reinforge.config import config_from_dict
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    cfg = config_from_dict({
+        "preset": "grpo", "output_dir": str(tmp_path), "model": {"path": "tiny-base"},
+        "task": {"kind": "env", "heldout_size": 2},
+        "env": {"name": "openenv", "url": f"http://127.0.0.1:{_free_port()}", "episodes": 6, "timeout_s": 2,
+                "max_turns": 2, "max_turn_tokens": 3},
+        "reward": {"on_error": "zero"},
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 3},
+        "train": {"steps": 2}, "eval": {"every": 0, "final_samples": 0}, "checkpoint": {"every": 0},
+        "log": {"report": False},
+    })
+    rows = [m for m in read_jsonl(train(cfg).run_dir / "metrics.jsonl") if "env/errors" in m]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["env/errors"] == 4 and r["reward/mean"] == 0.0 for r in rows)
