@@ -93,23 +93,35 @@ def _cfg(tmp_path, name, *overrides):
     return load_config(None, [
         f"output_dir={tmp_path}", f"name={name}", "model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8",
         "rollout.prompts_per_step=4", "rollout.group_size=4", "task.heldout_size=8", "train.time_limit_s=0",
-        "train.steps=3", "train.lr=5e-3", "eval.final_samples=0", "eval.every=0", "log.report=false", "seed=3",
+        "train.steps=3", "train.lr=5e-3", "algo.skip_equal_reward_groups=false", "eval.final_samples=0", "eval.every=0", "log.report=false", "seed=3",
         *overrides,
     ])
 
 
 @pytest.mark.slow
-def test_lora_grpo_with_adapter_sync_matches_merged_sync(tmp_path):
-    runs = {}
+def test_lora_grpo_with_adapter_sync_matches_merged_sync(tmp_path, monkeypatch):
+    runs, calls = {}, []  # calls: (what the engine received, its bytes)
+    adapter, weights = TorchRolloutEngine.update_adapter, TorchRolloutEngine.update_weights
+    monkeypatch.setattr(TorchRolloutEngine, "update_adapter", lambda self, name, w, version=None: (
+        calls.append(("adapter", w.nbytes())), adapter(self, name, w, version))[1])
+    monkeypatch.setattr(TorchRolloutEngine, "update_weights", lambda self, state, version: (
+        calls.append(("full", 0)), weights(self, state, version))[1])
+    received = {}
     for sync in ("merged", "adapter"):
+        calls.clear()
         result = train(_cfg(tmp_path, sync, f"model.lora.sync={sync}",
                             "model.lora.target_modules=[q_proj,v_proj,up_proj]"))
         runs[sync] = [r for r in read_jsonl(result.run_dir / "metrics.jsonl") if "train/loss" in r]
+        received[sync] = list(calls)
     assert len(runs["merged"]) == len(runs["adapter"]) == 3
     for m, a in zip(runs["merged"], runs["adapter"], strict=True):
-        assert m["reward/mean"] == a["reward/mean"]
+        assert m["reward/mean"] == a["reward/mean"]  # the same completions sampled
         assert a["train/loss"] == pytest.approx(m["train/loss"], abs=1e-5)
-    assert len({r["reward/mean"] for r in runs["merged"]}) > 1 or runs["merged"][0]["reward/mean"] > 0
+        assert a["train/logprob_mismatch"] < 1e-4  # the engine's unmerged adapter is the learner's policy
+    assert runs["adapter"][-1]["train/loss"] != runs["adapter"][0]["train/loss"]
+    assert {kind for kind, _ in received["merged"]} == {"full"}
+    pushed = [n for kind, n in received["adapter"] if kind == "adapter" and n > 0]
+    assert {kind for kind, _ in received["adapter"]} == {"adapter"} and len(pushed) >= 3  # after every update
 
 
 def test_adapter_sync_is_refused_where_it_cannot_work(tmp_path, tiny_tokenizer):
