@@ -37,7 +37,14 @@ from torch import Tensor, nn
 from reinforge.config import LoraConfig
 from reinforge.errors import ConfigError
 from reinforge.learn.logprobs import token_logprobs
-from reinforge.learn.lora import adapter_weights, check_targets, peft_config, restore_adapter, save_adapter, wrap_lora
+from reinforge.learn.lora import (
+    adapter_weights,
+    check_targets,
+    peft_config,
+    restore_adapter,
+    save_adapter,
+    wrap_lora,
+)
 from reinforge.learn.optim import build_optimizer
 from reinforge.models.adapters import quiet_peft
 from reinforge.models.lean_lora import AdapterWeights

@@ -21,6 +21,8 @@ from reinforge.learn import distributed
 from reinforge.learn.critic import build_critic
 from reinforge.learn.learner import Learner
 from reinforge.learn.lora import adapter_weights, is_lora_model, merged_weights
+from reinforge.models.adapters import ADAPTER_NAME
+from reinforge.models.lean_lora import AdapterWeights
 from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.orchestrate.collectors import Collector, build_collector, episode_limits, sampling_params
 from reinforge.orchestrate.multi_turn import EpisodeLimits
@@ -30,8 +32,6 @@ from reinforge.rewards.build import run_reward_pool
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.engines import build_engine as build_rollout_engine
-from reinforge.models.adapters import ADAPTER_NAME
-from reinforge.models.lean_lora import AdapterWeights
 from reinforge.rollout.engines import effective_engine, engine_spec, with_mixin
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine

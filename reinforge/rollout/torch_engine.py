@@ -16,8 +16,8 @@ from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
 from reinforge.models.lean_llama import SUPPORTED_MODEL_TYPES, LeanLlama
-from reinforge.models.lean_lora import AdapterWeights
 from reinforge.models.lean_llama import supports as lean_supports
+from reinforge.models.lean_lora import AdapterWeights
 from reinforge.models.precision import compute_dtype
 from reinforge.rollout.continuous import StepCallback, generate_continuous
 from reinforge.rollout.decoding import HFDecoder, LeanDecoder, left_pad
