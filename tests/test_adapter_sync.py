@@ -129,6 +129,9 @@ def test_adapter_sync_is_refused_where_it_cannot_work(tmp_path, tiny_tokenizer):
         _cfg(tmp_path, "x", "model.lora.sync=adapter", "model.lora.bias=all")
     with pytest.raises(ConfigError, match="orchestrate.mode=sync"):
         _cfg(tmp_path, "x", "model.lora.sync=adapter", "orchestrate.mode=async")
+    with pytest.raises(ConfigError, match="rollout.engine=openai does not apply unmerged adapters"):
+        build_engine(_cfg(tmp_path, "x", "model.lora.sync=adapter", "rollout.engine=openai",
+                          "rollout.server_url=http://127.0.0.1:9/v1"), load_model("tiny-base"), tiny_tokenizer)
     cfg = _cfg(tmp_path, "x", "model.lora.sync=adapter")
     engine = build_engine(cfg, load_model("tiny-base"), tiny_tokenizer)
     assert engine.default_adapter == "default" and engine.adapters == ["default"]
