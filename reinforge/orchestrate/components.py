@@ -89,7 +89,7 @@ def seed_everything(seed: int) -> None:
 class _MergesLora:
     """A rollout engine of a LoRA run: the loop hands ``update_weights`` the learner's peft model;
     the engine receives its merged weights (learn/lora.py), as a plain model of the base's
-    architecture has them. Nothing here takes adapters directly."""
+    architecture has them (``model.lora.sync=merged``, the default)."""
 
     def update_weights(self, state: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
         super().update_weights(merged_weights(state) if is_lora_model(state) else state, version)  # type: ignore[misc]
