@@ -139,3 +139,52 @@ def test_adapter_sync_is_refused_where_it_cannot_work(tmp_path, tiny_tokenizer):
     with pytest.raises(ReinforgeError, match="model.lora.sync=merged"):
         engine.update_adapter("default", adapter_weights(_policy(load_model("tiny-base"), seed=0)))
 
+
+
+def _tiny64(kind):
+    """A float64 Llama or Qwen2 (GQA; Qwen2 with q/k/v biases, made non-zero)."""
+    from numerics import float64_model
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=40, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = (LlamaForCausalLM(LlamaConfig(**common)) if kind == "llama"
+             else Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))).eval()
+    if kind == "qwen2":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.bias.normal_()
+                layer.self_attn.k_proj.bias.normal_()
+    return float64_model(model)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_lean_forward_with_unmerged_adapters_equals_peft(kind):
+    """Prefill, cached decode and slot decode of the lean forward, rows under two adapters and the
+    base in one batch, equal the peft model's HF forward with that row's adapter (float64)."""
+    from numerics import assert_exact, float64_model
+
+    from reinforge.models.lean_llama import LeanLlama
+
+    model = _tiny64(kind)
+    lean = LeanLlama(copy.deepcopy(model))
+    policies = [float64_model(_policy(model, seed=s, targets=t)) for s, t in ((1, ALL), (2, ["k_proj", "down_proj"]))]
+    for name, policy in zip(("x", "y"), policies, strict=True):
+        lean.adapters.set(name, adapter_weights(policy))
+    ids = torch.randint(1, 40, (3, 6), generator=torch.Generator().manual_seed(0))
+    nxt = torch.randint(1, 40, (3, 1), generator=torch.Generator().manual_seed(1))
+    rows = torch.tensor([0, 1, -1])
+    with torch.no_grad():
+        full = torch.cat([ids, nxt], dim=1)
+        expected = torch.stack([m(input_ids=full[i : i + 1]).logits[0, -2:] for i, m in enumerate([*policies, model])])
+    want_prefill, want_step = expected[:, 0], expected[:, 1]  # row i: policy x, policy y, the base
+    cache, key = lean.new_cache(3, 8), torch.ones(3, 7, dtype=torch.bool)
+    pos = torch.arange(7).expand(3, 7)
+    assert_exact(lean.forward(ids, pos[:, :6], key, cache, rows), want_prefill, "prefill")
+    assert_exact(lean.forward(nxt, pos[:, 6:], key, cache, rows), want_step, "cached decode")
+    slots = lean.new_slot_cache(3, 8)
+    lengths, index = torch.full((3,), 6), torch.arange(3)
+    assert_exact(lean.prefill_slots(ids, lengths, slots, index, index, rows), want_prefill, "slot prefill")
+    assert_exact(lean.decode_slots(nxt[:, 0], lengths, slots, adapters=rows), want_step, "slot decode")
