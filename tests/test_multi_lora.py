@@ -157,3 +157,38 @@ def test_forward_gives_each_row_its_adapter():
         alone = multi.forward(ids[rows], mask[rows], [name] * len(rows))
         assert_all_exact([mixed[rows]], [alone])
     assert not torch.allclose(multi.forward(ids, mask, ["y"] * 3)[0], mixed[0])
+
+
+def test_adapters_trained_together_are_served_by_one_engine(tiny_tokenizer):
+    """The service's path: adapters trained in one MultiLora, pushed as A and B to one engine, sampled
+    in one mixed batch, each row as with that adapter's merged weights."""
+    from reinforge.learn.lora import merged_weights
+    from reinforge.rollout.torch_engine import TorchRolloutEngine
+    from reinforge.rollout.types import GenerationRequest, SamplingParams
+
+    base = load_model("tiny-base")
+    multi = MultiLora(copy.deepcopy(base))
+    for name, seed in (("x", 0), ("y", 1)):
+        multi.create_adapter(name, LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "up_proj"]),
+                             seed=seed, adam=AdamParams(lr=0.05))
+    ids = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 9, 10, 2], [1, 4, 4, 4, 2], [1, 11, 12, 13, 2]])
+    for _ in range(2):
+        multi.forward_backward(ids, torch.ones_like(ids), ["x", "y", "x", "y"], lambda logp, rows: -logp.sum())
+        multi.optim_step("x")
+        multi.optim_step("y")
+    engine = TorchRolloutEngine(copy.deepcopy(base), tiny_tokenizer)
+    for name in ("x", "y"):
+        assert all(b.abs().max() > 0 for _, b, _ in multi.adapter_weights(name).modules.values())  # trained
+        engine.update_adapter(name, multi.adapter_weights(name))
+    prompts, names = [[1, 5, 6], [1, 8], [1, 4, 12]], ["x", "y", "y"]
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    requests = [GenerationRequest(p, str(i), adapter=n) for i, (p, n) in enumerate(zip(prompts, names, strict=True))]
+    mixed = engine.generate(requests, params)
+    for name in ("x", "y"):
+        multi.model.set_adapter(name)
+        merged = TorchRolloutEngine(copy.deepcopy(base), tiny_tokenizer)
+        merged.update_weights(merged_weights(multi.model), 1)
+        want = merged.generate([GenerationRequest(p, str(i)) for i, p in enumerate(prompts)], params)
+        for i in [i for i, n in enumerate(names) if n == name]:
+            assert mixed[i].token_ids == want[i].token_ids
+            assert torch.allclose(torch.tensor(mixed[i].logprobs), torch.tensor(want[i].logprobs), atol=1e-4)
