@@ -23,6 +23,8 @@ OTHER_MEANINGS = {
     ("rewards/build.py", "auto"), ("learn/distributed.py", "auto"), ("orchestrate/loop.py", "auto"),
     # model.device "auto" (the GPU when present), not the rollout engine "auto"
     ("config/model.py", "auto"), ("orchestrate/components.py", "auto"),
+    # peft's LoRA bias option "none" (model.lora.bias), not a mismatch mode
+    ("config/model.py", "none"), ("learn/multi_lora.py", "none"),
 }
 
 

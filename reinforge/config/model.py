@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from reinforge.config.base import _Strict
 
@@ -21,6 +21,9 @@ class LoraConfig(_Strict):
         description="module names (suffixes) that get adapters, e.g. q_proj, gate_proj, up_proj, down_proj",
     )
     bias: Literal["none", "all", "lora_only"] = Field("none", description="which biases train (peft's bias option)")
+    sync: Literal["merged", "adapter"] = Field(
+        "merged", description="what reaches the rollout engine after an update: merged weights W + (alpha/r) B A, "
+        "or the adapter tensors alone (A, B), which the engine applies unmerged (torch engine, sync mode)")
 
     @field_validator("target_modules")
     @classmethod
@@ -28,6 +31,13 @@ class LoraConfig(_Strict):
         if any(not name.strip() for name in v):
             raise ValueError("module names must be non-empty, e.g. [q_proj, v_proj]")
         return v
+
+    @model_validator(mode="after")
+    def _adapter_sync(self) -> LoraConfig:
+        if self.sync == "adapter" and self.bias != "none":
+            raise ValueError(f"model.lora.sync=adapter sends A and B alone, not the trained biases of "
+                             f"bias={self.bias}: use bias=none or sync=merged")
+        return self
 
 
 class ModelConfig(_Strict):

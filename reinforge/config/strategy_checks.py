@@ -14,7 +14,7 @@ RunConfig = Any
 def check_strategies(cfg: RunConfig) -> None:
     """Every check below, in order."""
     for check in (one_baseline_producer, rollout_parts_run_in_one_rank, carried_generations_fit,
-                  state_values_are_estimated, reference_rewards_fit):
+                  state_values_are_estimated, reference_rewards_fit, adapter_sync_fits):
         check(cfg)
 
 
@@ -110,3 +110,12 @@ def reference_rewards_fit(cfg: RunConfig) -> None:
     if stateful and cfg.train.world_size > 1:
         raise ValueError(f"reward term {stateful[0]!r}: RLPR's std filter keeps an EMA over every prompt's samples; "
                          "run it with train.world_size=1 (or params: {std_filter: false})")
+
+
+def adapter_sync_fits(cfg: RunConfig) -> None:
+    """Adapter-only sync (``model.lora.sync=adapter``) goes from the learner to its own engine; the
+    asynchronous workers receive merged weights through shared memory (orchestrate/shared_weights.py)."""
+    lora = cfg.model.lora
+    if lora.enabled and lora.sync == "adapter" and cfg.orchestrate.mode == "async":
+        raise ValueError("model.lora.sync=adapter: the asynchronous rollout workers receive merged weights; "
+                         "use orchestrate.mode=sync or model.lora.sync=merged")

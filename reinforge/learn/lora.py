@@ -8,8 +8,8 @@ optimizer sees the adapter parameters alone.
   no second copy of the weights.
 - Rollout engine: gets merged weights ``W + (alpha / r) * B @ A`` under the plain HF parameter
   names (``merged_weights``), computed per layer on access without modifying the training
-  model. The engine runs a plain HF model (and its lean forward); no engine here takes
-  adapters directly.
+  model; or, with ``model.lora.sync=adapter``, the adapter tensors alone (``adapter_weights``),
+  which the torch engine applies unmerged.
 - Checkpoints: the adapter alone (``adapter_config.json`` + ``adapter_model.safetensors``, the
   peft format), restored exactly by ``restore_adapter``; ``models.adapters.merge_adapter`` turns
   such a directory into a plain HF model (eval, serve, ``reinforge export``).
@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from reinforge.config import LoraConfig
 from reinforge.errors import ConfigError
 from reinforge.models.adapters import ADAPTER_NAME, ADAPTER_WEIGHTS, quiet_peft
+from reinforge.models.lean_lora import AdapterWeights
 
 
 def _peft():
@@ -51,7 +52,26 @@ def _matches(module_name: str, target: str) -> bool:
     return module_name == target or module_name.endswith("." + target)
 
 
-def wrap_lora(model: nn.Module, cfg: LoraConfig, base_path: str | None = None, seed: int = 0) -> nn.Module:
+def check_targets(model: nn.Module, targets: list[str]) -> None:
+    """Every name of ``targets`` must match a module of ``model`` (else a ConfigError naming its linear layers)."""
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(_matches(n, t) for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ConfigError(f"model.lora.target_modules: {missing} match no module of the model; its linear "
+                          f"layers are: {', '.join(linear)}")
+
+
+def peft_config(cfg: LoraConfig):  # type: ignore[no-untyped-def]
+    """peft's ``LoraConfig`` for ``model.lora``."""
+    return _peft().LoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+        bias=cfg.bias, task_type="CAUSAL_LM",
+    )
+
+
+def wrap_lora(model: nn.Module, cfg: LoraConfig, base_path: str | None = None, seed: int = 0,
+              adapter_name: str = ADAPTER_NAME) -> nn.Module:
     """``model`` with LoRA adapters on ``cfg.target_modules``; only the adapters (and the biases
     ``cfg.bias`` names) train. Modifies ``model`` in place (peft injects the adapter layers).
 
@@ -60,21 +80,12 @@ def wrap_lora(model: nn.Module, cfg: LoraConfig, base_path: str | None = None, s
     is recorded in the adapter config, so a saved adapter knows its base (``models.adapters.merge_adapter``).
     """
     peft = _peft()
-    names = [name for name, _ in model.named_modules()]
-    missing = [t for t in cfg.target_modules if not any(_matches(n, t) for n in names)]
-    if missing:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ConfigError(f"model.lora.target_modules: {missing} match no module of the model; its linear "
-                          f"layers are: {', '.join(linear)}")
-    peft_cfg = peft.LoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
-        bias=cfg.bias, task_type="CAUSAL_LM",
-    )
+    check_targets(model, list(cfg.target_modules))
     with torch.random.fork_rng(devices=[]), quiet_peft():
         torch.manual_seed(seed)
-        wrapped = peft.get_peft_model(model, peft_cfg)
+        wrapped = peft.get_peft_model(model, peft_config(cfg), adapter_name=adapter_name)
     if base_path is not None:
-        wrapped.peft_config[ADAPTER_NAME].base_model_name_or_path = _portable_base_path(base_path)
+        wrapped.peft_config[adapter_name].base_model_name_or_path = _portable_base_path(base_path)
     return wrapped
 
 
@@ -142,30 +153,49 @@ def merged_weights(model: nn.Module) -> Mapping[str, Tensor]:
     return MergedWeights(model) if is_lora_model(model) else dict(model.named_parameters())
 
 
+def adapter_weights(model: nn.Module, adapter_name: str = ADAPTER_NAME) -> AdapterWeights:
+    """Adapter ``adapter_name`` of the peft ``model`` as an engine receives it in adapter-only sync
+    (``model.lora.sync=adapter``): per adapted layer, under its plain HF module name, A [r, in],
+    B [out, r] and the scale alpha / r. The tensors are the model's own (detached, not copied)."""
+    from peft.tuners.lora import LoraLayer
+
+    modules = {}
+    for name, module in model.get_base_model().named_modules():
+        if isinstance(module, LoraLayer) and adapter_name in module.lora_A:
+            if adapter_name in getattr(module, "lora_variant", {}):
+                raise NotImplementedError(f"adapter-only sync of a {type(module.lora_variant[adapter_name]).__name__}")
+            modules[name] = (module.lora_A[adapter_name].weight.detach(), module.lora_B[adapter_name].weight.detach(),
+                             float(module.scaling[adapter_name]))
+    if not modules:
+        raise KeyError(f"the model has no LoRA adapter {adapter_name!r}")
+    return AdapterWeights(modules)
+
+
 # ---------------------------------------------------------------------- adapter files
-def save_adapter(model: nn.Module, directory: Path) -> None:
+def save_adapter(model: nn.Module, directory: Path, adapter_name: str = ADAPTER_NAME) -> None:
     """The adapter alone, in peft's format (``PeftModel.from_pretrained`` reads it)."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
     # save_embedding_layers=False: reinforge never resizes the vocabulary, and "auto" would look
     # the base model up on the Hub
-    state = get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME, save_embedding_layers=False)
+    state = get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers=False)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / ADAPTER_WEIGHTS))
-    model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
+    model.peft_config[adapter_name].save_pretrained(str(directory))
 
 
 @torch.no_grad()
-def restore_adapter(model: nn.Module, directory: Path) -> None:
-    """Load a saved adapter into the LoRA policy ``model`` exactly (every adapter tensor must be there)."""
+def restore_adapter(model: nn.Module, directory: Path, adapter_name: str = ADAPTER_NAME) -> None:
+    """Load a saved adapter into the LoRA policy ``model`` (its adapter ``adapter_name``) exactly (every
+    adapter tensor must be there)."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 
     state = load_file(str(Path(directory) / ADAPTER_WEIGHTS), device=str(next(model.parameters()).device))
-    expected = set(get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME, save_embedding_layers=False))
+    expected = set(get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers=False))
     if set(state) != expected:
         raise ConfigError(f"{directory}: the saved adapter does not fit model.lora (missing "
                           f"{sorted(expected - set(state))[:3]}, unexpected {sorted(set(state) - expected)[:3]})")
-    result = set_peft_model_state_dict(model, state, adapter_name=ADAPTER_NAME)
+    result = set_peft_model_state_dict(model, state, adapter_name=adapter_name)
     if result.unexpected_keys:
         raise ConfigError(f"{directory}: adapter tensors the model has no place for: {result.unexpected_keys[:3]}")

@@ -24,5 +24,6 @@ def lr_factor(step: int, cfg: Any) -> float:
 def build_optimizer(params: list[nn.Parameter], cfg: Any) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over ``params`` with the ``train`` section's settings, and its LR schedule."""
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                                  eps=getattr(cfg, "eps", 1e-8),
                                   **({"fused": True} if cfg.fused_optimizer else {}))
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, cfg=cfg))

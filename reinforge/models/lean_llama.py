@@ -5,7 +5,9 @@ Q/K/V and gate/up projections are fused into one matmul each, the KV cache is pr
 once per batch, and rotary tables come from the HF model's own ``rotary_emb`` (so static rope
 scalings match). Used by the rollout engine for supported architectures (everything else falls
 back to the HF forward); training's shared-prefix forward uses its rotary helpers and ``supports``.
-A parity test checks its logits against HF.
+A parity test checks its logits against HF. Unmerged LoRA adapters (``self.adapters``, several at once,
+chosen per row by the ``adapters`` argument of each forward) add their terms to the projections
+(models/lean_lora.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from reinforge.models.lean_lora import LeanAdapters
 from reinforge.models.packed_linear import GatedMLP, PackedLinear
 from reinforge.models.precision import at_least_float32
 
@@ -97,6 +100,7 @@ class LeanLlama:
         rotary = hf_model.model.rotary_emb
         self.inv_freq = rotary.inv_freq.float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.adapters = LeanAdapters(self.n_layers)
         self.sync()
 
     @torch.no_grad()
@@ -139,13 +143,39 @@ class LeanLlama:
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
+    def _rows(self, adapters: Tensor | None) -> Tensor | None:
+        return adapters if adapters is not None and len(self.adapters) else None
+
+    def _qkv(self, i: int, w: dict, h: Tensor, rows: Tensor | None, decode: bool = False) -> Tensor:
+        """The fused q, k, v projection (``decode``: the copy with pre-scaled queries), adapters added."""
+        out = w["qkv_dec" if decode else "qkv"](h)
+        if rows is None:
+            return out
+        q_rows, kv_rows = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        delta = self.adapters.qkv_delta(i, h, rows, (q_rows, kv_rows, kv_rows), self.head_dim ** -0.5 if decode else 1.0)
+        return out if delta is None else out + delta
+
+    def _attn_out(self, i: int, w: dict, att: Tensor, x: Tensor, rows: Tensor | None) -> Tensor:
+        out = w["o"].fused(att, x, "add")
+        delta = self.adapters.delta(i, "o_proj", att, rows) if rows is not None else None
+        return out if delta is None else out + delta
+
+    def _mlp(self, i: int, w: dict, x: Tensor, rows: Tensor | None) -> Tensor:
+        h = self._rms(x, w["ln2"])
+        if rows is None or not self.adapters.adapts_mlp(i):
+            return w["mlp"](h, x)
+        return self.adapters.mlp(i, w["mlp"], h, x, rows)
+
     @torch.no_grad()
-    def forward(self, ids: Tensor, positions: Tensor, key_mask: Tensor, cache: KVCache) -> Tensor:
+    def forward(self, ids: Tensor, positions: Tensor, key_mask: Tensor, cache: KVCache,
+                adapters: Tensor | None = None) -> Tensor:
         """Logits of the last position for ``ids`` [B, T] appended to ``cache``.
 
         ``positions`` [B, T] are rotary positions; ``key_mask`` [B, cache.length + T] is True for
         keys that may be attended to (False for padding); causality inside the new block is added here.
+        ``adapters`` [B]: each row's adapter index in ``self.adapters`` (-1 or None: the base).
         """
+        rows = self._rows(adapters)
         b, t = ids.shape
         start, end = cache.length, cache.length + t
         x = F.embedding(ids, self.embed)
@@ -157,7 +187,7 @@ class LeanLlama:
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
-            q, k, v = w["qkv"](h).split([hq * d, hk * d, hk * d], dim=-1)
+            q, k, v = self._qkv(i, w, h, rows).split([hq * d, hk * d, hk * d], dim=-1)
             q = apply_rotary(q.view(b, t, hq, d).transpose(1, 2), cos, sin)
             k = apply_rotary(k.view(b, t, hk, d).transpose(1, 2), cos, sin)
             cache.k[i, :, :, start:end] = k
@@ -165,18 +195,21 @@ class LeanLlama:
             att = F.scaled_dot_product_attention(
                 q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask, enable_gqa=hq != hk
             )
-            x = w["o"].fused(att.transpose(1, 2).reshape(b, t, hq * d), x, "add")
-            x = w["mlp"](self._rms(x, w["ln2"]), x)
+            x = self._attn_out(i, w, att.transpose(1, 2).reshape(b, t, hq * d), x, rows)
+            x = self._mlp(i, w, x, rows)
         cache.length = end
         return self.head(self._rms(x[:, -1], self.norm))
 
     @torch.no_grad()
-    def prefill_slots(self, ids: Tensor, lengths: Tensor, cache: SlotCache, slots: Tensor, source: Tensor) -> Tensor:
+    def prefill_slots(self, ids: Tensor, lengths: Tensor, cache: SlotCache, slots: Tensor, source: Tensor,
+                      adapters: Tensor | None = None) -> Tensor:
         """Run right-padded prompts ``ids`` [U, P] (``lengths`` [U]) and copy prompt ``source[j]``'s keys
         and values into slot ``slots[j]`` (one prompt may fill several slots: shared-prefix sampling).
+        ``adapters`` [U]: each prompt's adapter index (-1 or None: the base).
 
         Returns the logits after each prompt's last token, [U, vocab].
         """
+        rows = self._rows(adapters)
         u, t = ids.shape
         x = F.embedding(ids, self.embed)
         positions = torch.arange(t, device=ids.device).expand(u, t)
@@ -187,15 +220,15 @@ class LeanLlama:
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
-            q, k, v = w["qkv"](h).split([hq * d, hk * d, hk * d], dim=-1)
+            q, k, v = self._qkv(i, w, h, rows).split([hq * d, hk * d, hk * d], dim=-1)
             q = apply_rotary(q.view(u, t, hq, d).transpose(1, 2), cos, sin)
             k = apply_rotary(k.view(u, t, hk, d).transpose(1, 2), cos, sin)
             v = v.view(u, t, hk, d).transpose(1, 2)
             cache.k[i, slots, :, :t] = k[source]
             cache.v[i, slots, :, :t] = v[source]
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hk)
-            x = w["o"].fused(att.transpose(1, 2).reshape(u, t, hq * d), x, "add")
-            x = w["mlp"](self._rms(x, w["ln2"]), x)
+            x = self._attn_out(i, w, att.transpose(1, 2).reshape(u, t, hq * d), x, rows)
+            x = self._mlp(i, w, x, rows)
         last = x[torch.arange(u, device=ids.device), lengths - 1]
         return self.head(self._rms(last, self.norm))
 
@@ -209,17 +242,18 @@ class LeanLlama:
         return table
 
     @torch.no_grad()
-    def decode_slots(self, ids: Tensor, positions: Tensor, cache: SlotCache, width: int | None = None) -> Tensor:
+    def decode_slots(self, ids: Tensor, positions: Tensor, cache: SlotCache, width: int | None = None,
+                     adapters: Tensor | None = None) -> Tensor:
         """One token per slot: ``ids`` [S] at ``positions`` [S] (= the slot's current length); writes its
         keys/values at that position and attends to positions <= it. Returns logits [S, vocab].
         ``width``: an upper bound of ``positions.max() + 1`` the caller knows (the attention window; none:
-        read from ``positions``, a host synchronisation on a GPU).
+        read from ``positions``, a host synchronisation on a GPU). ``adapters`` [S]: each slot's adapter index.
 
         Decode-specific shortcuts: rotary from a precomputed table, one additive mask for all
         layers, the cache written with a single ``index_copy_`` per tensor, attention as two
         batched matmuls (one query per row, so no flash tiling is needed).
         """
-        n = ids.shape[0]
+        n, rows = ids.shape[0], self._rows(adapters)
         width = min(width, cache.k.shape[3]) if width is not None else int(positions.max()) + 1
         x = F.embedding(ids, self.embed)  # [S, hidden]
         cos_t, sin_t = self.rotary_table(cache.k.shape[3], ids.device)
@@ -234,7 +268,7 @@ class LeanLlama:
                 + positions[:, None]).reshape(-1)
         for i, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
-            qkv = w["qkv_dec"](h).view(n, hq + 2 * hk, d)
+            qkv = self._qkv(i, w, h, rows, decode=True).view(n, hq + 2 * hk, d)
             qk = apply_rotary(qkv[:, : hq + hk], cos, sin)  # queries and keys in one pass
             q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hk :]
             kc, vc = cache.k[i], cache.v[i]
@@ -244,6 +278,6 @@ class LeanLlama:
             qg = q.view(n, hk, group, d)
             scores = torch.matmul(qg, keys.transpose(-1, -2)) + bias[:, None]  # [S, kv, group, W], q pre-scaled
             att = torch.matmul(torch.softmax(at_least_float32(scores), dim=-1).to(values.dtype), values)  # [S, kv, group, d]
-            x = w["o"].fused(att.reshape(n, hq * d), x, "add")
-            x = w["mlp"](self._rms(x, w["ln2"]), x)
+            x = self._attn_out(i, w, att.reshape(n, hq * d), x, rows)
+            x = self._mlp(i, w, x, rows)
         return self.head(self._rms(x, self.norm))

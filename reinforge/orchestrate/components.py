@@ -20,7 +20,9 @@ from reinforge.errors import ConfigError
 from reinforge.learn import distributed
 from reinforge.learn.critic import build_critic
 from reinforge.learn.learner import Learner
-from reinforge.learn.lora import is_lora_model, merged_weights
+from reinforge.learn.lora import adapter_weights, is_lora_model, merged_weights
+from reinforge.models.adapters import ADAPTER_NAME
+from reinforge.models.lean_lora import AdapterWeights
 from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.orchestrate.collectors import Collector, build_collector, episode_limits, sampling_params
 from reinforge.orchestrate.multi_turn import EpisodeLimits
@@ -30,7 +32,7 @@ from reinforge.rewards.build import run_reward_pool
 from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.engines import build_engine as build_rollout_engine
-from reinforge.rollout.engines import effective_engine, with_mixin
+from reinforge.rollout.engines import effective_engine, engine_spec, with_mixin
 from reinforge.rollout.openai_engine import OpenAIRolloutEngine
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import SamplingParams
@@ -87,10 +89,22 @@ def seed_everything(seed: int) -> None:
 class _MergesLora:
     """A rollout engine of a LoRA run: the loop hands ``update_weights`` the learner's peft model;
     the engine receives its merged weights (learn/lora.py), as a plain model of the base's
-    architecture has them. Nothing here takes adapters directly."""
+    architecture has them (``model.lora.sync=merged``, the default)."""
 
     def update_weights(self, state: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
         super().update_weights(merged_weights(state) if is_lora_model(state) else state, version)  # type: ignore[misc]
+
+
+class _SendsAdapters:
+    """A rollout engine of a LoRA run with ``model.lora.sync=adapter``: it keeps the base and receives
+    the adapter's A and B alone (``learn.lora.adapter_weights``), applied unmerged at decode time;
+    every request runs that adapter (``default_adapter``)."""
+
+    def update_weights(self, state: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
+        if is_lora_model(state):
+            self.update_adapter(ADAPTER_NAME, adapter_weights(state), version)  # type: ignore[attr-defined]
+        else:
+            super().update_weights(state, version)  # type: ignore[misc]
 
 
 class _GathersShards:
@@ -113,12 +127,21 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer, seed: int |
     (default: the run's). A LoRA run's engine takes merged weights; an FSDP2 rank's gathers the shards.
     ``copy_policy=False``: ``policy`` is the engine's own (a rollout worker's or evaluation's copy)."""
     mixins: tuple[type, ...] = ()
+    adapters = cfg.model.lora.enabled and cfg.model.lora.sync == "adapter"
+    if adapters and not engine_spec(cfg.rollout.engine).takes_adapters:
+        raise ConfigError(f"model.lora.sync=adapter: rollout.engine={cfg.rollout.engine} does not apply unmerged "
+                          "adapters; use rollout.engine=torch or model.lora.sync=merged")
     if cfg.model.lora.enabled:
-        mixins = (_MergesLora,)
+        mixins = (_SendsAdapters,) if adapters else (_MergesLora,)
     elif cfg.train.world_size > 1 and cfg.train.parallel == "fsdp":  # (LoRA with FSDP is refused)
         mixins = (_GathersShards,)
-    return build_rollout_engine(cfg.rollout, policy, tokenizer, cfg.model.device, cfg.seed if seed is None else seed,
-                                cfg.model.path, copy_policy=copy_policy, mixins=mixins)
+    engine = build_rollout_engine(cfg.rollout, policy, tokenizer, cfg.model.device,
+                                  cfg.seed if seed is None else seed, cfg.model.path, copy_policy=copy_policy,
+                                  mixins=mixins)
+    if adapters:
+        engine.default_adapter = ADAPTER_NAME
+        engine.update_adapter(ADAPTER_NAME, AdapterWeights({}), None)  # none yet (the base); fails early if unsupported
+    return engine
 
 
 @dataclass

@@ -77,15 +77,16 @@ def generate_continuous(engine: TorchRolloutEngine, requests: list[GenerationReq
     out = SlotOutputs.empty(rows + 1, max_new, engine.pad_id, engine.version, engine._logprob_dtype, dev)
     slots = Slots.empty(n_slots, engine.lean.embed.shape[0], engine._logprob_dtype, dev)
     host = HostSlots.empty(n_slots)
+    adapters = engine._adapter_rows(requests)  # each request's adapter index, None: the base for all
     eos = torch.tensor(sorted(engine.eos_ids), device=dev)
     every = 1 if on_step is not None or params.stop else max(1, engine.sync_every)
     next_request, pending = 0, None
     while True:
         host.row = slots.row.tolist()  # the one read-back of these steps
         if pending is not None and max(host.row) >= 0:  # the last step's forward, if a slot goes on
-            _forward(engine, slots, cache, *pending)
+            _forward(engine, slots, cache, *pending, adapters is not None)
         pending = None
-        next_request += _admit(engine, requests, next_request, n, slots, host, cache)
+        next_request += _admit(engine, requests, next_request, n, slots, host, cache, adapters)
         busy = host.busy()
         if not busy:
             break
@@ -98,7 +99,7 @@ def generate_continuous(engine: TorchRolloutEngine, requests: list[GenerationReq
         left, offset = host.bounds(busy, max_new)
         for _ in range(min(every, left)):
             if pending is not None:
-                _forward(engine, slots, cache, *pending)
+                _forward(engine, slots, cache, *pending, adapters is not None)
             pending = _sample_step(engine, out, slots, host, eos, params, generator, on_step, rows, offset)
     chunk = [(req, i) for req in requests for i in range(n)]
     return engine._collect(chunk, out.tok[:rows], out.lp[:rows], out.len[:rows], out.stop[:rows], out.ver[:rows])
@@ -127,11 +128,13 @@ def _sample_step(engine: TorchRolloutEngine, out: SlotOutputs, slots: Slots, hos
 
 
 def _forward(engine: TorchRolloutEngine, slots: Slots, cache, ids: Tensor, going: Tensor,
-             width: int) -> None:  # type: ignore[no-untyped-def]
-    """One decode forward over the slots: the going slots' last tokens in, their next logits out."""
+             width: int, adapted: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """One decode forward over the slots: the going slots' last tokens in, their next logits out
+    (``adapted``: each slot under its LoRA adapter)."""
     if engine._staged is not None or engine.weight_poll is not None:
         engine._apply_pending()  # in-flight weight update: the next tokens get the new version
-    slots.logits = at_least_float32(engine.lean.decode_slots(ids, torch.where(going, slots.pos, 0), cache, width))
+    slots.logits = at_least_float32(engine.lean.decode_slots(ids, torch.where(going, slots.pos, 0), cache, width,
+                                                             slots.adapter if adapted else None))
     slots.pos += going
     slots.step += going
 
@@ -150,8 +153,9 @@ def _finished(engine: TorchRolloutEngine, out: SlotOutputs, row: Tensor, step: T
 
 
 def _admit(engine: TorchRolloutEngine, requests: list[GenerationRequest], start: int, n: int, slots: Slots,
-           host: HostSlots, cache) -> int:  # type: ignore[no-untyped-def]
-    """Admit waiting requests from ``start`` into the free slots (prefill once per prompt, n slots each)."""
+           host: HostSlots, cache, adapters: Tensor | None = None) -> int:  # type: ignore[no-untyped-def]
+    """Admit waiting requests from ``start`` into the free slots (prefill once per prompt, n slots each;
+    ``adapters``: every request's adapter index)."""
     free = [i for i, r in enumerate(host.row) if r < 0]
     admit = min(len(free) // n, len(requests) - start)
     if not admit:
@@ -164,7 +168,10 @@ def _admit(engine: TorchRolloutEngine, requests: list[GenerationRequest], start:
     lengths = torch.tensor(lengths_l, device=dev)
     ids = right_pad([r.prompt_ids for r in batch], engine.pad_id, dev)
     source = torch.arange(admit, device=dev).repeat_interleave(n)
-    prompt_logits = engine.lean.prefill_slots(ids, lengths, cache, taken, source)
+    mine = adapters[start : start + admit] if adapters is not None else None
+    prompt_logits = engine.lean.prefill_slots(ids, lengths, cache, taken, source, mine)
+    if mine is not None:
+        slots.adapter[taken] = mine[source]
     slots.logits[taken] = at_least_float32(prompt_logits[source])
     slots.row[taken] = torch.arange(start * n, (start + admit) * n, device=dev)
     slots.pos[taken] = lengths[source]

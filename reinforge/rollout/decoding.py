@@ -35,21 +35,24 @@ class HFDecoder:
 
 
 class LeanDecoder:
-    """Decode steps through ``LeanLlama`` with a cache preallocated for the whole generation."""
+    """Decode steps through ``LeanLlama`` with a cache preallocated for the whole generation;
+    ``adapters`` [prompts]: each prompt's adapter index (None: the base for all)."""
 
-    def __init__(self, lean: LeanLlama, prompts: int, max_len: int) -> None:
-        self.lean, self.cache = lean, lean.new_cache(prompts, max_len)
+    def __init__(self, lean: LeanLlama, prompts: int, max_len: int, adapters: Tensor | None = None) -> None:
+        self.lean, self.cache, self.adapters = lean, lean.new_cache(prompts, max_len), adapters
 
     def start(self, ids: Tensor, attention: Tensor, repeat: int) -> Tensor:
         """Prefill each prompt once, then share its cache among its ``repeat`` samples."""
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        logits = self.lean.forward(ids, positions, attention.bool(), self.cache)
+        logits = self.lean.forward(ids, positions, attention.bool(), self.cache, self.adapters)
         if repeat > 1:
             self.cache.repeat_interleave(repeat)
+        if self.adapters is not None:
+            self.adapters = self.adapters.repeat_interleave(repeat)
         return logits.repeat_interleave(repeat, dim=0)
 
     def step(self, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
-        return self.lean.forward(ids, positions, attention.bool(), self.cache)
+        return self.lean.forward(ids, positions, attention.bool(), self.cache, self.adapters)
 
 
 def right_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tensor:
@@ -97,20 +100,23 @@ class SlotOutputs:
 @dataclass
 class Slots:
     """Per cache slot: the output row it holds (-1: free), its next position (= cache length), the tokens
-    generated so far, and the logits of its next token."""
+    generated so far, the logits of its next token and its LoRA adapter's index (-1: the base)."""
 
     row: Tensor
     pos: Tensor
     step: Tensor
     logits: Tensor
+    adapter: Tensor
 
     @classmethod
     def empty(cls, n_slots: int, vocab: int, lp_dtype: torch.dtype, dev: torch.device) -> Slots:
         return cls(row=torch.full((n_slots,), -1, dtype=torch.long, device=dev),
                    pos=torch.zeros(n_slots, dtype=torch.long, device=dev),
                    step=torch.zeros(n_slots, dtype=torch.long, device=dev),
-                   logits=torch.zeros(n_slots, vocab, device=dev, dtype=lp_dtype))
+                   logits=torch.zeros(n_slots, vocab, device=dev, dtype=lp_dtype),
+                   adapter=torch.full((n_slots,), -1, dtype=torch.long, device=dev))
 
     def keep(self, going: Tensor) -> None:
         """Compact to the slots ``going`` (the cache is compacted alongside)."""
         self.row, self.pos, self.step, self.logits = self.row[going], self.pos[going], self.step[going], self.logits[going]
+        self.adapter = self.adapter[going]

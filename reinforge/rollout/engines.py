@@ -8,6 +8,8 @@ instead of the engine's name:
 * ``replicable``: every process can hold its own engine with its own copy of the weights, so
   asynchronous rollout workers and data-parallel ranks can each run one;
 * ``needs_server``: the engine drives a server at ``rollout.server_url``;
+* ``takes_adapters``: the engine applies unmerged LoRA adapters (``update_adapter``), so a LoRA run
+  can send it the adapter tensors alone (``model.lora.sync=adapter``);
 * ``resolve`` (optional): the entry stands for another engine, chosen from the whole run config
   (``auto``: the faster engine for the model and hardware). ``effective_engine`` computes the choice
   (the config checks read it, assigning nothing); ``orchestrate.components.resolve_config`` writes it
@@ -39,20 +41,22 @@ class EngineSpec:
     description: str
     engine_class: type
     resolve: Callable[[Any], str] | None = None
+    takes_adapters: bool = False
 
 
 ROLLOUT_ENGINES: Registry[EngineSpec] = kind("engine", Registry("rollout engine"))
 
 
 def register_engine(name: str, *, description: str, replicable: bool, needs_server: bool = False,
-                    paper: str = "-", resolve: Callable[[Any], str] | None = None) -> Callable[[type], type]:
+                    paper: str = "-", resolve: Callable[[Any], str] | None = None,
+                    takes_adapters: bool = False) -> Callable[[type], type]:
     """Register an engine class as ``rollout.engine: name``; the class provides
     ``from_config(rollout, policy, tokenizer, device, seed, model_path, copy_policy=True)``
     (``policy`` is the plain model, before any LoRA adapters; an engine that keeps weights in
     process copies it unless ``copy_policy`` is false, as in a rollout worker that loaded its own)."""
 
     def deco(cls: type) -> type:
-        spec = EngineSpec(name, replicable, needs_server, description, cls, resolve)
+        spec = EngineSpec(name, replicable, needs_server, description, cls, resolve, takes_adapters)
         ROLLOUT_ENGINES.register(name, description=description, paper=paper)(spec)
         return cls
 

@@ -15,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
-from reinforge.models.lean_llama import LeanLlama
+from reinforge.models.lean_llama import SUPPORTED_MODEL_TYPES, LeanLlama
 from reinforge.models.lean_llama import supports as lean_supports
+from reinforge.models.lean_lora import AdapterWeights
 from reinforge.models.precision import compute_dtype
 from reinforge.rollout.continuous import StepCallback, generate_continuous
 from reinforge.rollout.decoding import HFDecoder, LeanDecoder, left_pad
@@ -30,7 +31,7 @@ None (it may also apply them itself with ``update_weights``, e.g. under a shared
 
 
 @register_engine("torch", description="the in-process engine: continuous batching over the policy's own copy",
-                 replicable=True)
+                 replicable=True, takes_adapters=True)
 class TorchRolloutEngine:
     """Rollout engine over an HF causal LM that it owns (a copy of the learner's weights).
 
@@ -45,6 +46,12 @@ class TorchRolloutEngine:
     after the switch carry the new one (``Generation.token_versions``), and the keys/values
     already cached were computed by the old weights (as in AReaL and PipelineRL; the learner's
     recomputed log-probs and the mismatch correction account for it).
+
+    LoRA adapters, unmerged (adapter-only sync, docs/lora.md): ``update_adapter(name, weights)`` loads
+    one adapter's A and B (``AdapterWeights``) beside the base, which stays as it is; a request names
+    its adapter (``GenerationRequest.adapter``, else ``default_adapter``; until that one has arrived,
+    the base), and one generation batch may mix adapters (models/lean_lora.py). Needs the lean forward
+    (Llama, Qwen2).
     """
 
     @classmethod
@@ -81,6 +88,7 @@ class TorchRolloutEngine:
         self._logprob_dtype = compute_dtype(next(self.model.parameters()).dtype)
         self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
         self._staged_lock = threading.Lock()
+        self.default_adapter: str | None = None  # the adapter of requests that name none
 
     def stage_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
         """Hand over new weights to apply at the next decode step (or the next ``generate``); the
@@ -109,6 +117,40 @@ class TorchRolloutEngine:
         if self.lean is not None:
             self.lean.sync()
         self.version = version
+
+    # ------------------------------------------------------------------ adapters
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters this engine serves."""
+        return list(self.lean.adapters.adapters) if self.lean is not None else []
+
+    def update_adapter(self, name: str, weights: AdapterWeights, version: int | None = None) -> None:
+        """Serve adapter ``name`` with ``weights`` (added, or replaced in place of the old ones; the engine
+        copies them); ``version``: the policy version its generations carry from now on."""
+        if self.lean is None:
+            raise ReinforgeError(f"unmerged LoRA adapters need the lean forward, which supports model types "
+                                 f"{sorted(SUPPORTED_MODEL_TYPES)}; this model is "
+                                 f"{getattr(self.model.config, 'model_type', '?')!r} (use model.lora.sync=merged)")
+        param = next(self.model.parameters())
+        self.lean.adapters.set(name, weights.to(param.device, param.dtype))
+        if version is not None:
+            self.version = version
+
+    def remove_adapter(self, name: str) -> None:
+        if name not in self.adapters:
+            raise KeyError(f"no adapter {name!r} (served: {self.adapters})")
+        self.lean.adapters.remove(name)  # type: ignore[union-attr]
+
+    def _adapter_rows(self, requests: list[GenerationRequest]) -> Tensor | None:
+        """Each request's adapter index (-1: the base), or None when no request runs an adapter."""
+        served = self.adapters
+        names = [r.adapter or self.default_adapter for r in requests]
+        unknown = {n for r, n in zip(requests, names, strict=True) if r.adapter is not None and n not in served}
+        if unknown:
+            raise ReinforgeError(f"requests name adapters {sorted(unknown)} that this engine does not serve "
+                                 f"(it serves {served})")
+        index = [served.index(n) if n in served else -1 for n in names]
+        return torch.tensor(index, device=self.device) if any(i >= 0 for i in index) else None
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -161,7 +203,8 @@ class TorchRolloutEngine:
         lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
 
-        decoder = self._decoder(len(requests), unique_ids.shape[1] + params.max_new_tokens)
+        decoder = self._decoder(len(requests), unique_ids.shape[1] + params.max_new_tokens,
+                                self._adapter_rows(requests))
         logits = decoder.start(unique_ids, unique_attention, params.n)
         next_pos = positions[:, -1:] + 1
         steps_done = 0
@@ -196,9 +239,9 @@ class TorchRolloutEngine:
         texts = self.tokenizer.batch_decode(seqs, skip_special_tokens=True)
         return torch.tensor([any(t.endswith(s) for s in stop) for t in texts], device=self.device)
 
-    def _decoder(self, prompts: int, max_len: int) -> HFDecoder | LeanDecoder:
+    def _decoder(self, prompts: int, max_len: int, adapters: Tensor | None = None) -> HFDecoder | LeanDecoder:
         if self.lean is not None:
-            return LeanDecoder(self.lean, prompts, max_len)
+            return LeanDecoder(self.lean, prompts, max_len, adapters)
         return HFDecoder(self.model)
 
     def _hits_stop(self, tokens: Tensor, stop: Iterable[str]) -> Tensor:

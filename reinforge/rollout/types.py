@@ -26,8 +26,12 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """One prompt; ``adapter`` names the LoRA adapter to sample it with on an engine that serves
+    several (``TorchRolloutEngine.update_adapter``; None: the engine's ``default_adapter``)."""
+
     prompt_ids: list[int]
     request_id: str = ""
+    adapter: str | None = None
 
 
 @dataclass
