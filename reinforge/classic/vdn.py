@@ -63,7 +63,7 @@ class VDNSettings(Settings):
 class VDN(DQN):
     """The agent: the shared online and target Q-networks, the joint replay and the environments' observations."""
 
-    def __init__(self, envs: Any, seed: int, cfg: VDNSettings) -> None:  # noqa: D107 (DQN's state, multi-agent)
+    def __init__(self, envs: Any, seed: int, cfg: VDNSettings) -> None:
         self.cfg = cfg  # type: ignore[assignment]
         self.envs: MultiAgentVecEnv = multi_agent_envs(envs, "vdn")
         n, width = self.envs.n_agents, self.envs.obs_dim + self.envs.n_agents
