@@ -41,7 +41,8 @@ FIXED_BACKENDS = ("gymnasium", "envpool", "pettingzoo", "pettingzoo_aec")  # cla
 class EnvConfig(Settings):
     """``classic.env``: which Gymnasium environment, how many, and the wrappers."""
 
-    id: str = Field("CartPole-v1", min_length=1, description="any registered Gymnasium environment id")
+    id: str = Field("CartPole-v1", min_length=1, description="any registered Gymnasium environment id (with backend "
+                    "pettingzoo: a PettingZoo environment module, e.g. mpe2.simple_spread_v3)")
     num_envs: int = Field(4, ge=1, description="environments stepped together (Gymnasium's vector API)")
     vectorization: Literal["sync", "async"] = Field("sync", description="sync (one process) or async "
                                "(a process per environment)")
