@@ -21,9 +21,33 @@ def q_learning_targets(rewards: Tensor, discounts: Tensor, terminated: Tensor, n
     """``y`` [B] from rewards, bootstrap discounts and terminated flags [B] and the next states' action
     values [B, A] of the target network (and of the online network for double Q). No gradient."""
     with torch.no_grad():
+        bootstrap = greedy_values(next_q_target, next_q_online)
+        return rewards + (1.0 - terminated.to(rewards.dtype)) * discounts * bootstrap
+
+
+def greedy_values(next_q_target: Tensor, next_q_online: Tensor | None = None) -> Tensor:
+    """Q_target(s', a*) [...] from action values [..., A], a* = argmax of the online values if given
+    (double Q), else of the target's. No gradient."""
+    with torch.no_grad():
         pick = next_q_online if next_q_online is not None else next_q_target
-        best = pick.argmax(-1, keepdim=True)
-        bootstrap = next_q_target.gather(-1, best).squeeze(-1)
+        return next_q_target.gather(-1, pick.argmax(-1, keepdim=True)).squeeze(-1)
+
+
+def vdn_q_total(q_agents: Tensor, actions: Tensor) -> Tensor:
+    """VDN's joint value (Sunehag et al. 2017, arXiv:1706.05296): Q_tot(o, a) = sum_i Q_i(o_i, a_i), from
+    per-agent action values [B, N, A] and the joint action [B, N] -> [B] (with gradient)."""
+    return q_agents.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1).sum(-1)
+
+
+def vdn_targets(rewards: Tensor, discounts: Tensor, terminated: Tensor, next_q_target: Tensor,
+                next_q_online: Tensor | None = None) -> Tensor:
+    """VDN's TD target on the team reward: the max of a sum of per-agent terms is the sum of their maxes,
+
+        y = R + (1 - d) g sum_i Q'_i(o'_i, a*_i),  a*_i = argmax_a Q'_i(o'_i, a) (or Q_i's, double Q)
+
+    from rewards, discounts and terminated flags [B] and next per-agent action values [B, N, A]. No gradient."""
+    with torch.no_grad():
+        bootstrap = greedy_values(next_q_target, next_q_online).sum(-1)
         return rewards + (1.0 - terminated.to(rewards.dtype)) * discounts * bootstrap
 
 

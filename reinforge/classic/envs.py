@@ -14,6 +14,8 @@ reset; the action space with ``seed``.
 ``backend: envpool`` steps EnvPool's C++ environments instead, behind the same contract
 (``classic/envpool_env.py``: same-step autoreset, the same episode statistics, ClipAction); ``auto``
 takes EnvPool when it is installed and has the id and no Gymnasium-only wrapper is asked for.
+``backend: pettingzoo`` (or ``pettingzoo_aec``) makes PettingZoo multi-agent environments instead
+(``classic/marl_envs.py``), for the multi-agent agents.
 """
 
 from __future__ import annotations
@@ -28,16 +30,19 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
+from reinforge.classic.marl_envs import MULTI_AGENT_BACKENDS
 from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.registry import Settings
 
-FIXED_BACKENDS = ("gymnasium", "envpool")  # classic.env.backend values that need no decision (the other: auto)
+FIXED_BACKENDS = ("gymnasium", "envpool", "pettingzoo", "pettingzoo_aec")  # classic.env.backend values that
+# need no decision (the other: auto); the pettingzoo ones are classic/marl_envs.py's multi-agent environments
 
 
 class EnvConfig(Settings):
     """``classic.env``: which Gymnasium environment, how many, and the wrappers."""
 
-    id: str = Field("CartPole-v1", min_length=1, description="any registered Gymnasium environment id")
+    id: str = Field("CartPole-v1", min_length=1, description="any registered Gymnasium environment id (with backend "
+                    "pettingzoo: a PettingZoo environment module, e.g. mpe2.simple_spread_v3)")
     num_envs: int = Field(4, ge=1, description="environments stepped together (Gymnasium's vector API)")
     vectorization: Literal["sync", "async"] = Field("sync", description="sync (one process) or async "
                                "(a process per environment)")
@@ -50,16 +55,21 @@ class EnvConfig(Settings):
                              "padded at reset with the first one; flattened for the MLPs); 1 = off")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make "
                                    "(of envpool.make_gymnasium with backend envpool)")
-    backend: Literal["gymnasium", "envpool", "auto"] = Field(
+    backend: Literal["gymnasium", "envpool", "auto", "pettingzoo", "pettingzoo_aec"] = Field(
         "gymnasium", description="gymnasium (Python environments, Gymnasium's vector API), envpool (EnvPool's "
         "C++ environments, same contract; no normalisation or frame stacking), auto (envpool where installed "
-        "and it has the id and no Gymnasium-only wrapper is set, else gymnasium)")
+        "and it has the id and no Gymnasium-only wrapper is set, else gymnasium), pettingzoo / pettingzoo_aec "
+        "(a PettingZoo module's parallel_env / AEC env, id e.g. mpe2.simple_spread_v3, for the multi-agent "
+        "agents; classic/marl_envs.py)")
 
     @model_validator(mode="after")
     def _statistics_readable(self) -> EnvConfig:
         if self.normalize_obs and self.vectorization == "async":
             raise ValueError("normalize_obs needs vectorization: sync (the evaluation and the checkpoints read "
                              "the observation statistics from the environments in this process)")
+        if self.backend in MULTI_AGENT_BACKENDS and (self.gymnasium_only() or self.vectorization == "async"):
+            raise ValueError(f"backend {self.backend} steps its environments in this process with no wrappers: "
+                             "unset normalize_obs, normalize_reward, frame_stack and vectorization async")
         if self.backend == "envpool":
             if self.gymnasium_only():
                 raise ValueError(f"backend envpool has no {self.gymnasium_only()[0]} (Gymnasium's per-environment "
@@ -139,6 +149,10 @@ def env_wrappers(cfg: EnvConfig, gamma: float) -> list[Callable[[Any], Any]]:
 def make_vec_env(cfg: EnvConfig, gamma: float, seed: int, num_envs: int | None = None) -> Any:
     """``cfg.num_envs`` (or ``num_envs``) wrapped copies of ``cfg.id`` as one vector environment."""
     gym = require_gymnasium()
+    if cfg.backend in MULTI_AGENT_BACKENDS:
+        from reinforge.classic.marl_envs import make_marl_vec_env
+
+        return make_marl_vec_env(cfg, seed, num_envs)
     if cfg.resolved_backend() == "envpool":
         from reinforge.classic.envpool_env import make_envpool_env
 
