@@ -114,12 +114,19 @@ class TrainingService:
         return self._samplers[base_model]
 
     # ------------------------------------------------------------------------------------------ models
-    def create_model(self, base_model: str, lora: LoraConfig | None) -> str:
+    def model_id(self, session_id: str, model_seq_id: int) -> str:
+        """The id of a session's training client number ``model_seq_id`` (the client derives it the same way)."""
+        self.session(session_id)
+        model_id = f"{session_id}:train:{model_seq_id}"
+        if model_id in self.trainers:
+            raise FieldError("model_seq_id", f"{model_seq_id}: this session already has that training client")
+        return model_id
+
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig | None) -> str:
         """A new training client's model (in the training thread); its id."""
         if len(self.trainers) >= self.limits.max_models:
             raise FieldError("base_model", f"this service holds at most {self.limits.max_models} training clients "
                              "(max_models)", 429)
-        model_id = uuid.uuid4().hex
         state = self.make_state(base_model, self.base_path(base_model), lora, self.device, self.dtype)
         self.trainers[model_id] = state
         return model_id

@@ -30,11 +30,11 @@ Job = Callable[[], Result]
 
 
 def create_model_job(svc: TrainingService, req: CreateModelRequest) -> Job:
-    svc.session(req.session_id)
+    model_id = svc.model_id(req.session_id, req.model_seq_id)
     svc.base_path(req.base_model)
 
     def run() -> Result:
-        return Result({"type": "create_model", "model_id": svc.create_model(req.base_model, req.lora_config)})
+        return Result({"type": "create_model", "model_id": svc.create_model(model_id, req.base_model, req.lora_config)})
     return run
 
 
@@ -87,15 +87,19 @@ def load_weights_job(svc: TrainingService, req: LoadWeightsRequest) -> tuple[Job
 
         from reinforge.service.schema import LoraConfig
 
-        svc.session(req.session_id or "")
+        model_id = svc.model_id(req.session_id or "", req.model_seq_id or 0)
         saved = json.loads((checkpoint / "state.json").read_text())
         lora = LoraConfig(**saved["lora"]) if saved.get("lora") else None
 
         def create_and_load() -> Result:
-            model_id = svc.create_model(saved["base_model"], lora)
-            svc.trainer(model_id).load(checkpoint, req.optimizer)
+            svc.create_model(model_id, saved["base_model"], lora)
+            try:
+                svc.trainer(model_id).load(checkpoint, req.optimizer)
+            except Exception:
+                svc.trainers.pop(model_id, None)  # no half-made training client
+                raise
             return Result({"type": "load_weights", "path": req.path, "model_id": model_id})
-        return create_and_load, None
+        return create_and_load, model_id
     state = svc.trainer(req.model_id)
 
     def run() -> Result:
