@@ -22,6 +22,7 @@ from tinker import types  # noqa: E402
 from reinforge.orchestrate.agent_episodes import BackgroundServer  # noqa: E402
 from reinforge.service.app import create_app  # noqa: E402
 from reinforge.service.command import build_service  # noqa: E402
+from reinforge.service.schema import ServiceLimits  # noqa: E402
 
 KEY = "tml-test-key"
 MODEL = "tiny-base"
@@ -30,7 +31,7 @@ ADAM = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    svc = build_service([MODEL], tmp_path_factory.mktemp("ckpts"))
+    svc = build_service([MODEL], tmp_path_factory.mktemp("ckpts"), limits=ServiceLimits(max_models=16))
     with BackgroundServer(create_app(svc, api_key=KEY), log_level="error") as url:
         yield svc, url
 
@@ -352,3 +353,43 @@ def test_the_cli_runs_the_service_command():
     assert result.exit_code == 0 and "--max-datums" in result.output and "--api-key" in result.output
     bad = CliRunner().invoke(app, ["service", "--model", "no-such-model"])
     assert bad.exit_code == 2 and "--model no-such-model" in bad.output
+
+
+def test_the_clients_custom_loss_is_served_as_its_gradient(served, client, tok):
+    """``forward_backward_custom`` differentiates the loss on the client and sends its gradient as
+    cross-entropy weights: -(w * logp).sum() that way accumulates the gradient cross_entropy does."""
+    svc = served[0]
+    tc = client.create_lora_training_client(base_model=MODEL, rank=2, seed=0).result()
+    data = [_datum(tok, "12+7=19", weights=_weights), _datum(tok, "3+4=7", weights=_weights)]
+
+    def custom(batch, logprobs):
+        loss = sum(-(lp * torch.tensor(d.loss_fn_inputs["weights"].tolist())).sum() for d, lp in zip(batch, logprobs,
+                                                                                                       strict=True))
+        return loss, {"custom": float(loss.detach())}
+
+    out = tc.forward_backward_custom(data, custom).result()
+    state = svc.trainers[tc.model_id]
+    via_custom, state._grads = [g.clone() for g in state._grads], None
+    direct = tc.forward_backward(data, "cross_entropy").result()
+    assert out.metrics["custom"] == pytest.approx(direct.metrics["loss:sum"], rel=1e-5)
+    for a, b in zip(via_custom, state._grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_create_model_without_lora_trains_every_weight(served):
+    svc, url = served
+    session = _post(url, "/api/v1/create_session", {"tags": [], "sdk_version": "raw"}).json()["session_id"]
+    made = _post(url, "/api/v1/create_model", {"session_id": session, "model_seq_id": 0, "base_model": MODEL})
+    model_id = svc.future(made.json()["request_id"]).result(timeout=60).json["model_id"]
+    state = svc.trainers[model_id]
+    assert state.lora is None and all(p.requires_grad for p in state.model.parameters())
+    before = {n: p.detach().clone() for n, p in state.model.named_parameters()}
+    job = _post(url, "/api/v1/forward_backward", _fb_body(model_id, [1, 5, 6], [5, 6, 7]))
+    assert job.status_code == 200
+    step = _post(url, "/api/v1/optim_step", {"model_id": model_id, "adam_params": {"learning_rate": 1e-3}})
+    svc.future(step.json()["request_id"]).result(timeout=60)
+    result = _post(url, "/api/v1/retrieve_future", {"request_id": job.json()["request_id"]}).json()
+    assert result["loss_fn_outputs"][0]["logprobs"]["shape"] == [3] and result["metrics"]["loss:sum"] > 0
+    changed = [n for n, p in state.model.named_parameters() if not torch.equal(before[n], p)]
+    assert "model.layers.0.mlp.down_proj.weight" in changed
+    svc.trainers.pop(model_id)
