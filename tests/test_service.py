@@ -94,7 +94,7 @@ def test_official_client_trains_samples_saves_and_loads(served, client, tok):
     assert restored.model_id != tc.model_id
     assert all(torch.equal(w1[n], w) for n, w in _trainable(svc, restored.model_id).items())
 
-    sampler = tc.save_weights_and_get_sampling_client()
+    sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = tok.encode("12+7=")
     res = sampler.sample(types.ModelInput.from_ints(prompt), 3, types.SamplingParams(max_tokens=6, seed=1),
                          include_prompt_logprobs=True).result()
@@ -107,7 +107,7 @@ def test_official_client_trains_samples_saves_and_loads(served, client, tok):
     again = tc.forward([check], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     np.testing.assert_allclose(again[len(prompt) - 1:], seq.logprobs, atol=1e-4)
     np.testing.assert_allclose(again[:len(prompt) - 1], res.prompt_logprobs[1:], atol=1e-4)
-    base = client.create_sampling_client(base_model=MODEL)
+    base = client.create_sampling_client(base_model=MODEL).result()
     greedy = types.SamplingParams(max_tokens=4, temperature=0.0)
     one = base.sample(types.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0].tokens
     assert one == base.sample(types.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0].tokens

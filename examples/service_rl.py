@@ -1,0 +1,117 @@
+"""GRPO-style RL through the training service, driven by the official ``tinker`` client (docs/service.md).
+
+The shape of the Tinker cookbook's RL loop, on the shipped ``tiny-base`` model and the built-in
+``a+b=`` task: each step saves the current weights for sampling, samples G completions per prompt
+with their log-probs, scores them (exact answer: 1, else 0), gives each completion the advantage
+A_i = r_i - mean_g r (the cookbook's centred reward; groups whose rewards are all equal are
+dropped), and takes one ``forward_backward`` with the ``importance_sampling`` loss (ratio to the
+sampler's log-probs) and one ``optim_step``. Held-out greedy accuracy (200 problems never trained on)
+is measured through the service before and after. Run from the repository root:
+
+    python examples/service_rl.py --steps 60                        # starts the service in this process
+    python examples/service_rl.py --base-url http://127.0.0.1:8000  # a running `reinforge service --model tiny-base`
+
+Needs the ``service`` extra (the tinker client), ``serve`` (FastAPI, uvicorn) and ``lora`` (peft).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from contextlib import nullcontext
+
+import tinker
+from tinker import types
+
+from reinforge.data.arithmetic import arithmetic_splits
+from reinforge.rewards.verifiers import exact_match
+from reinforge.rollout.prompts import encode_prompt
+
+MAX_NEW = 8  # the default recipe's max_new_tokens
+
+
+def local_service():
+    """The service on a free loopback port of this process (the API key below)."""
+    from reinforge.orchestrate.agent_episodes import BackgroundServer
+    from reinforge.service.app import create_app
+    from reinforge.service.command import build_service
+
+    return BackgroundServer(create_app(build_service(["tiny-base"], tempfile.mkdtemp()), api_key="tml-example"),
+                            log_level="error")
+
+
+def accuracy(sampler, tok, tasks) -> float:
+    """Held-out greedy accuracy: every request submitted first, then each answer read."""
+    greedy = types.SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+    futures = [sampler.sample(types.ModelInput.from_ints(encode_prompt(tok, t.prompt)), 1, greedy) for t in tasks]
+    texts = [tok.decode(f.result().sequences[0].tokens, skip_special_tokens=True) for f in futures]
+    return sum(exact_match(t, text).reward for t, text in zip(tasks, texts, strict=True)) / len(tasks)
+
+
+def step_data(tok, tasks, prompts, results, group_size: int) -> tuple[list[types.Datum], float]:
+    """The step's datums (importance_sampling: target tokens, sampler log-probs, advantages; zero on the
+    prompt) and the mean reward of its samples."""
+    data, rewards_all = [], []
+    for task, prompt, res in zip(tasks, prompts, results, strict=True):
+        seqs = res.sequences
+        texts = [tok.decode(s.tokens, skip_special_tokens=True) for s in seqs]
+        rewards = [exact_match(task, text).reward for text in texts]
+        rewards_all += rewards
+        mean = sum(rewards) / group_size
+        if all(r == rewards[0] for r in rewards):
+            continue  # every advantage 0: nothing to learn from this group
+        for seq, r in zip(seqs, rewards, strict=True):
+            full, n = prompt + list(seq.tokens), len(prompt) - 1
+            data.append(types.Datum(model_input=types.ModelInput.from_ints(full[:-1]), loss_fn_inputs={
+                "target_tokens": full[1:], "logprobs": [0.0] * n + list(seq.logprobs),
+                "advantages": [0.0] * n + [r - mean] * len(seq.tokens)}))
+    return data, sum(rewards_all) / len(rewards_all)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-url", default=None, help="a running service (default: start one in this process)")
+    p.add_argument("--api-key", default="tml-example")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    p.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    rng = random.Random(args.seed)
+    with (nullcontext(args.base_url) if args.base_url else local_service()) as url:
+        client = tinker.ServiceClient(base_url=url, api_key=args.api_key)
+        training = client.create_lora_training_client(base_model="tiny-base", rank=args.rank, seed=args.seed).result()
+        tok = training.get_tokenizer()
+        splits = arithmetic_splits(digits=2, ops="+")
+        heldout = splits.heldout[:200]
+        before = accuracy(client.create_sampling_client(base_model="tiny-base").result(), tok, heldout)
+        print(f"held-out greedy accuracy before: {before:.3f}", flush=True)
+        adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.95, eps=1e-8)
+        params = types.SamplingParams(max_tokens=MAX_NEW, temperature=1.0)
+        start, history = time.perf_counter(), []
+        for step in range(args.steps):
+            sampler = training.save_weights_and_get_sampling_client().result()
+            tasks = [splits.train[i] for i in rng.sample(range(len(splits.train)), args.prompts)]
+            prompts = [encode_prompt(tok, t.prompt) for t in tasks]
+            futures = [sampler.sample(types.ModelInput.from_ints(pr), args.group_size, params) for pr in prompts]
+            data, reward = step_data(tok, tasks, prompts, [f.result() for f in futures], args.group_size)
+            loss = float("nan")
+            if data:
+                fb = training.forward_backward(data, "importance_sampling")
+                training.optim_step(adam).result()
+                loss = fb.result().metrics["loss:sum"]
+            history.append(reward)
+            recent = history[-10:]
+            print(f"step {step + 1:3d}  reward {reward:.3f}  last 10 steps {sum(recent) / len(recent):.3f}  "
+                  f"rows {len(data):3d}  loss {loss:+8.3f}  {time.perf_counter() - start:6.1f}s", flush=True)
+        after = accuracy(training.save_weights_and_get_sampling_client().result(), tok, heldout)
+        print(f"held-out greedy accuracy: {before:.3f} -> {after:.3f} after {args.steps} steps "
+              f"({time.perf_counter() - start:.0f}s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
