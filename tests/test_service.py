@@ -305,6 +305,14 @@ def test_other_bad_requests_name_their_field(served, model_id):
     assert r.status_code == 422 and r.json()["error"]["param"] == "path"
     r = httpx.post(f"{url}/api/v1/create_session", content=b"{not json", headers={"X-API-Key": KEY})
     assert r.status_code == 422 and r.json()["error"]["param"] == "body"
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": [1, 5, 6]}]}
+    for params, n, param in [({"max_tokens": 5000}, 1, "sampling_params.max_tokens"), ({}, 1000, "num_samples"),
+                             ({"top_p": 0}, 1, "sampling_params.top_p")]:
+        r = _post(url, "/api/v1/asample", {"prompt": prompt, "sampling_params": params, "num_samples": n,
+                                           "base_model": MODEL})
+        assert r.status_code == 422 and r.json()["error"]["param"] == param, r.text
+    r = _post(url, "/api/v1/asample", {"prompt": prompt, "sampling_params": {}, "model_path": "tinker://x/y/z"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model_path"
     big = httpx.post(f"{url}/api/v1/forward_backward", content=b"x" * (65 << 20), headers={"X-API-Key": KEY})
     assert big.status_code == 413
 
@@ -393,3 +401,9 @@ def test_create_model_without_lora_trains_every_weight(served):
     changed = [n for n, p in state.model.named_parameters() if not torch.equal(before[n], p)]
     assert "model.layers.0.mlp.down_proj.weight" in changed
     svc.trainers.pop(model_id)
+
+
+def test_a_broken_protobuf_body_is_a_422(served):
+    r = httpx.post(f"{served[1]}/api/v1/forward_backward", content=b"\x1a\xff\xff\x01\x00",
+                   headers={"X-API-Key": KEY, "Content-Type": "application/x-protobuf"})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "body"

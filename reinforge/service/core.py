@@ -29,6 +29,7 @@ from reinforge.service.schema import FieldError, LoraConfig, ServiceLimits
 from reinforge.service.trainer import OwnCopyTrainer, TrainingState
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_MODEL_ID = re.compile(r"^[0-9a-f]{32}:train:\d+$")
 KEEP_FUTURES = 4096
 
 
@@ -149,7 +150,8 @@ class TrainingService:
     def resolve_weights(self, path: str, field: str = "path") -> Path:
         """The checkpoint directory a ``tinker://<model_id>/weights/<name>`` path names."""
         parts = path.removeprefix("tinker://").split("/")
-        if not path.startswith("tinker://") or len(parts) != 3 or parts[1] != "weights" or not _NAME.match(parts[2]):
+        if not path.startswith("tinker://") or len(parts) != 3 or parts[1] != "weights" or \
+                not _MODEL_ID.match(parts[0]) or not _NAME.match(parts[2]):
             raise FieldError(field, f"{path!r}: expected tinker://<model_id>/weights/<name> (from save_state)")
         directory = self.checkpoint_dir / parts[0] / "weights" / parts[2] / "checkpoints" / "step_0"
         if not (directory / "manifest.json").is_file():

@@ -66,6 +66,9 @@ class Sampler:
         from reinforge.rollout.types import GenerationRequest, SamplingParams
 
         prompt = req.prompt.ints()
+        vocab = int(self.engine.model.config.vocab_size)
+        if any(not 0 <= t < vocab for t in prompt):
+            raise FieldError("prompt", f"a token outside the vocabulary [0, {vocab})")
         p = req.sampling_params
         max_new = p.max_tokens or max(1, self.max_positions - len(prompt))
         if len(prompt) + max_new > self.max_positions:

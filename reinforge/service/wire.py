@@ -25,19 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from reinforge.errors import ReinforgeError
+from reinforge.service.schema import FieldError
 
 DTYPES = {1: ("float32", np.float32), 2: ("int64", np.int64), 3: ("int64", np.int32)}
 FLOAT32, INT64 = 1, 2
 STOP_REASONS = {"stop": 0, "length": 1}
 
 
-class WireError(ReinforgeError):
-    """A protobuf body that does not parse; ``field`` names where."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+class WireError(FieldError):
+    """A protobuf body that does not parse (422); ``field`` names where."""
 
 
 # ---------------------------------------------------------------------------------------------- decoding
