@@ -6,12 +6,13 @@ with their log-probs, scores them (exact answer: 1, else 0), gives each completi
 A_i = (r_i - mean_g r) / (std_g r + 1e-6) (Shao et al. 2024, arXiv:2402.03300; groups whose rewards are
 all equal are dropped) divided by the step's number of completion tokens (DAPO's token mean: Tinker's
 losses are sums), and takes one ``forward_backward`` with the ``importance_sampling`` loss (the ratio
-to the sampler's log-probs) and one ``optim_step`` (AdamW, betas 0.9/0.999, gradient norm clipped at 1:
-reinforge's default recipe). LoRA rank 16 on every projection, lr 1e-3 (docs/lora.md's settings).
-Held-out greedy accuracy (200 problems never trained on) is measured through the service before and
-after. Run from the repository root:
+to the sampler's log-probs) and one ``optim_step`` (AdamW, betas 0.9/0.999, gradient norm clipped at 1, the learning rate
+decayed to 0 by a cosine over the run: reinforge's default recipe). LoRA rank 16 on every projection,
+lr 1e-3 (docs/lora.md's settings). Held-out greedy accuracy (200 problems never trained on) is measured
+through the service before and after. Measured (docs/service.md): 0.395 -> 0.515 (seed 0) and 0.520
+(seed 1) after 40 steps, 85-111 s on 2 shared CPU cores. Run from the repository root:
 
-    python examples/service_rl.py --steps 60                        # starts the service in this process
+    python examples/service_rl.py --steps 40                        # starts the service in this process
     python examples/service_rl.py --base-url http://127.0.0.1:8000  # a running `reinforge service --model tiny-base`
 
 Needs the ``service`` extra (the tinker client), ``serve`` (FastAPI, uvicorn) and ``lora`` (peft).
@@ -20,6 +21,7 @@ Needs the ``service`` extra (the tinker client), ``serve`` (FastAPI, uvicorn) an
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import tempfile
 import time
@@ -80,7 +82,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-url", default=None, help="a running service (default: start one in this process)")
     p.add_argument("--api-key", default="tml-example")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
     p.add_argument("--rank", type=int, default=16)
@@ -96,7 +98,6 @@ def main() -> None:
         heldout = splits.heldout[:200]
         before = accuracy(client.create_sampling_client(base_model="tiny-base").result(), tok, heldout)
         print(f"held-out greedy accuracy before: {before:.3f}", flush=True)
-        adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=1.0)
         start, history = time.perf_counter(), []
         for step in range(args.steps):
             sampler = training.save_weights_and_get_sampling_client().result()
@@ -112,7 +113,9 @@ def main() -> None:
             loss = float("nan")
             if data:
                 fb = training.forward_backward(data, "importance_sampling")
-                training.optim_step(adam).result()
+                lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))  # cosine to 0, as the default recipe
+                training.optim_step(types.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8,
+                                                     grad_clip_norm=1.0)).result()
                 loss = fb.result().metrics["loss:sum"]
             history.append(reward)
             recent = history[-10:]
