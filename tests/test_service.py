@@ -407,3 +407,18 @@ def test_a_broken_protobuf_body_is_a_422(served):
     r = httpx.post(f"{served[1]}/api/v1/forward_backward", content=b"\x1a\xff\xff\x01\x00",
                    headers={"X-API-Key": KEY, "Content-Type": "application/x-protobuf"})
     assert r.status_code == 422 and r.json()["error"]["param"] == "body"
+
+
+@pytest.mark.learning
+def test_grpo_through_the_service_raises_heldout_accuracy():
+    """examples/service_rl.py, 40 steps (docs/service.md: 0.395 -> 0.515 with seed 0, 0.520 with seed 1)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "examples/service_rl.py"), "--steps", "40"], cwd=root,
+                         capture_output=True, text=True, timeout=1200, check=True).stdout
+    before, after = map(float, re.search(r"accuracy: ([\d.]+) -> ([\d.]+)", out).groups())
+    assert after >= before + 0.08, out[-2000:]
