@@ -1,4 +1,4 @@
-"""`reinforge train | sft | rm | prm | eval | compare | report | serve | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
+"""`reinforge train | sft | rm | prm | eval | compare | report | serve | service | export | algos | doctor`: one entry point. Heavy modules are imported inside commands."""
 
 from __future__ import annotations
 
@@ -301,6 +301,14 @@ def serve(
         uvicorn.run(app_, host=host, port=port, log_level="warning")
 
     _run_guarded(go)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def service(ctx: typer.Context) -> None:
+    """A Tinker-compatible training service (docs/service.md); `reinforge service --help` lists its options."""
+    from reinforge.service.command import run_command
+
+    _run_guarded(run_command, list(ctx.args))
 
 
 @app.command()

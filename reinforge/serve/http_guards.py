@@ -79,20 +79,24 @@ class ApiKeyGuard:
     as vLLM's ``--api-key`` does."""
 
     OPEN = ("/health",)
+    HINT = "send the header 'Authorization: Bearer <api key>'"
 
     def __init__(self, app: Any, api_key: str) -> None:
         if not api_key:
             raise ValueError("api_key must not be empty")
         self.app, self._expected = app, f"Bearer {api_key}".encode()
 
+    def authorised(self, headers: dict[bytes, bytes]) -> bool:
+        """The request's headers carry the key (``Authorization: Bearer <key>``), compared in constant time."""
+        return hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan" or (scope["type"] == "http" and scope.get("path") in self.OPEN):
             return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self._expected):
+        if not self.authorised(dict(scope["headers"])):
             if scope["type"] != "http":  # a websocket: closed with "policy violation"
                 return await send({"type": "websocket.close", "code": 1008})
-            error = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <api key>'",
+            error = APIError(401, f"missing or wrong API key: {self.HINT}",
                              code="invalid_api_key")
             return await JSONResponse(error.body(), 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
         await self.app(scope, receive, send)
