@@ -59,8 +59,7 @@ def _weights(n: int) -> list[float]:
 
 
 def _trainable(svc, model_id: str) -> dict[str, torch.Tensor]:
-    model = svc.trainers[model_id].model
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return svc.trainers[model_id].named_trainable()
 
 
 # ---------------------------------------------------------------------------------------------- (a) the client
@@ -422,3 +421,63 @@ def test_grpo_through_the_service_raises_heldout_accuracy():
                          capture_output=True, text=True, timeout=1200, check=True).stdout
     before, after = map(float, re.search(r"accuracy: ([\d.]+) -> ([\d.]+)", out).groups())
     assert after >= before + 0.08, out[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------- clients on one base
+def _client_steps(state, tok, texts: list[str], seed: int, steps: int) -> list[float]:
+    """``steps`` cross-entropy forward_backward + optim_step pairs of one client (weights drawn from ``seed``)."""
+    from reinforge.service.losses import resolve_loss
+    from reinforge.service.schema import AdamParams
+
+    loss, config = resolve_loss("cross_entropy", None)
+    rng = np.random.default_rng(seed)
+    ids = [tok.encode(t) for t in texts]
+    raw = [{"target_tokens": i[1:], "weights": rng.uniform(0, 1, len(i) - 1).tolist()} for i in ids]
+    out = []
+    for _ in range(steps):
+        out.append(state.run([i[:-1] for i in ids], [i[1:] for i in ids], raw, ("cross_entropy", loss, config),
+                             backward=True).metrics["loss:sum"])
+        state.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=1.0))
+    return out
+
+
+def test_lora_clients_on_one_shared_base_equal_clients_on_their_own_copies(tmp_path, tok):
+    from reinforge.assets import resolve_model_path
+    from reinforge.service.schema import LoraConfig
+    from reinforge.service.shared_base import SharedBases
+    from reinforge.service.trainer import OwnCopyTrainer
+
+    path = str(resolve_model_path(MODEL))
+    configs = [LoraConfig(rank=4, seed=0, train_unembed=False), LoraConfig(rank=2, seed=7, train_mlp=False)]
+    texts = [["12+7=19", "3+4=7"], ["20+5=25", "8+8=16", "1+1=2"]]
+    shared = SharedBases()
+    clients = [shared(MODEL, path, cfg) for cfg in configs]
+    alone = [OwnCopyTrainer(MODEL, path, cfg) for cfg in configs]
+    assert shared.base_copies() == 1
+    base = [{p.data_ptr() for n, p in c.model.named_parameters() if "lora_" not in n} for c in clients]
+    assert base[0] == base[1]  # the base's weights exist once
+    losses_shared: list[list[float]] = [[], []]
+    for step in range(3):  # interleaved: client 0, client 1, client 0, ...
+        for k in (0, 1):
+            losses_shared[k] += _client_steps(clients[k], tok, texts[k], seed=10 * step + k, steps=1)
+    for k in (0, 1):
+        losses_alone = sum((_client_steps(alone[k], tok, texts[k], seed=10 * step + k, steps=1)
+                            for step in range(3)), [])
+        np.testing.assert_allclose(losses_shared[k], losses_alone, rtol=1e-6, atol=1e-6)
+        got, want = clients[k].named_trainable(), alone[k].named_trainable()
+        assert set(got) == {n.replace(".default.", ".") for n in want} and got
+        for name, w in want.items():
+            torch.testing.assert_close(got[name.replace(".default.", ".")], w, rtol=0, atol=1e-6)
+        snapshot, reference = clients[k].sampler_weights(), alone[k].sampler_weights()
+        for name, w in reference.items():
+            torch.testing.assert_close(snapshot[name], w, rtol=0, atol=1e-6)
+    # a client's checkpoint holds its adapter alone and restores it (and its optimizer) on the shared base
+    saved = clients[1].save(tmp_path / "c1", tok)
+    before = clients[1].named_trainable()
+    _client_steps(clients[1], tok, texts[1], seed=99, steps=2)
+    clients[1].load(saved, optimizer=True)
+    for name, w in before.items():
+        torch.testing.assert_close(clients[1].named_trainable()[name], w, rtol=0, atol=0)
+    assert clients[1].steps == 3
+    for name, w in alone[0].named_trainable().items():  # the other client's adapter is untouched by all that
+        torch.testing.assert_close(clients[0].named_trainable()[name.replace(".default.", ".")], w, rtol=0, atol=1e-6)

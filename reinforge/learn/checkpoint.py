@@ -33,7 +33,7 @@ import yaml
 
 from reinforge.errors import ReinforgeError
 from reinforge.learn.lora import is_lora_model, restore_adapter, save_adapter
-from reinforge.models.adapters import is_adapter_dir
+from reinforge.models.adapters import ADAPTER_NAME, is_adapter_dir
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -61,6 +61,7 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     reward_state: dict[str, Any] | None = None,
+    adapter_name: str = ADAPTER_NAME,
 ) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -68,7 +69,7 @@ def save_checkpoint(
     tmp = root / f".tmp_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write_files(tmp, step, model, tokenizer, trainer_state, rollout_generator, state, reward_state)
+        _write_files(tmp, step, model, tokenizer, trainer_state, rollout_generator, state, reward_state, adapter_name)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno != errno.ENOSPC:
@@ -89,11 +90,12 @@ def save_checkpoint(
 
 def _write_files(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, trainer_state: dict[str, Any],
                  rollout_generator: torch.Generator, state: dict[str, Any],
-                 reward_state: dict[str, Any] | None = None) -> None:
-    """Every file of a checkpoint into ``tmp``, the manifest last, each fsynced."""
+                 reward_state: dict[str, Any] | None = None, adapter_name: str = ADAPTER_NAME) -> None:
+    """Every file of a checkpoint into ``tmp``, the manifest last, each fsynced (of a LoRA policy, its
+    adapter ``adapter_name`` alone)."""
     tmp.mkdir()
     if is_lora_model(model):
-        save_adapter(model, tmp)
+        save_adapter(model, tmp, adapter_name)
     else:
         model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
@@ -194,14 +196,15 @@ def restore_rollout_generator(generator: torch.Generator, state: torch.Tensor, s
          "seeded from the saved state instead, so the sampled completions differ from an uninterrupted run's")
 
 
-def restore_policy(model: torch.nn.Module, ckpt: Path, dtype: str = "float32", device: str = "cpu") -> None:
-    """Set the training policy's weights to the checkpoint's, exactly: the adapter of a LoRA policy,
-    every weight otherwise."""
+def restore_policy(model: torch.nn.Module, ckpt: Path, dtype: str = "float32", device: str = "cpu",
+                   adapter_name: str = ADAPTER_NAME) -> None:
+    """Set the training policy's weights to the checkpoint's, exactly: the adapter (``adapter_name``) of
+    a LoRA policy, every weight otherwise."""
     if is_lora_model(model):
         if not is_adapter_dir(ckpt):
             raise ReinforgeError(f"{ckpt}: a full-model checkpoint, but model.lora.enabled=true (resume with "
                                  "the run's own config)")
-        restore_adapter(model, ckpt)
+        restore_adapter(model, ckpt, adapter_name)
         return
     if is_adapter_dir(ckpt):
         raise ReinforgeError(f"{ckpt}: a LoRA checkpoint, but model.lora.enabled=false (resume with the run's "

@@ -15,9 +15,10 @@ command = typer.Typer(add_completion=False, rich_markup_mode=None)
 
 
 def build_service(models: list[str], checkpoint_dir: Path, device: str = "cpu", dtype: str = "float32",
-                  seed: int = 0, limits=None):  # type: ignore[no-untyped-def]
+                  seed: int = 0, limits=None, shared_base: bool = True):  # type: ignore[no-untyped-def]
     """The ``TrainingService`` over ``models`` (shipped aliases such as ``tiny-base``, or model directories;
-    a client names each by the string given here)."""
+    a client names each by the string given here). ``shared_base``: LoRA clients of one base model are
+    adapters on one copy of it (``service/shared_base.py``); otherwise each client loads its own copy."""
     from reinforge.assets import resolve_model_path
     from reinforge.service.core import TrainingService
 
@@ -29,7 +30,10 @@ def build_service(models: list[str], checkpoint_dir: Path, device: str = "cpu", 
         paths[name] = str(path)
     if not paths:
         raise ConfigError("--model: give at least one base model clients may train (e.g. --model tiny-base)")
-    return TrainingService(paths, checkpoint_dir, limits, device, dtype, seed)
+    from reinforge.service.shared_base import SharedBases
+
+    return TrainingService(paths, checkpoint_dir, limits, device, dtype, seed,
+                           make_state=SharedBases() if shared_base else None)
 
 
 @command.command()
@@ -47,7 +51,9 @@ def service(
     max_tokens: Annotated[int, typer.Option(help="tokens of one forward_backward; 422 above")] = 65536,
     max_samples: Annotated[int, typer.Option(help="num_samples of one sample request; 422 above")] = 64,
     max_new_tokens: Annotated[int, typer.Option(help="max_tokens of one sample request; 422 above")] = 1024,
-    max_models: Annotated[int, typer.Option(help="training clients held at once (each its own model copy)")] = 8,
+    max_models: Annotated[int, typer.Option(help="training clients held at once")] = 8,
+    shared_base: Annotated[bool, typer.Option(help="LoRA clients of a base model share one copy of it (each an "
+                                                   "adapter); --no-shared-base: a copy per client")] = True,
     api_key: Annotated[str | None, typer.Option(envvar=API_KEY_ENV, show_default=False,
                                                 help="require 'X-API-Key: KEY' (or 'Authorization: Bearer KEY') "
                                                      "on every route but the health checks; the Tinker client "
@@ -65,7 +71,7 @@ def service(
                              "pip install 'reinforge[serve]'") from None
     limits = ServiceLimits(max_body_bytes=max_body_bytes, max_datums=max_datums, max_tokens=max_tokens,
                            max_samples=max_samples, max_new_tokens=max_new_tokens, max_models=max_models)
-    svc = build_service(model, checkpoint_dir, device, dtype, seed, limits)
+    svc = build_service(model, checkpoint_dir, device, dtype, seed, limits, shared_base)
     print(f"training service for {', '.join(svc.models)} at http://{host}:{port} "
           f"(tinker.ServiceClient(base_url='http://{host}:{port}'); Ctrl-C stops)")
     uvicorn.run(create_app(svc, api_key), host=host, port=port, log_level="warning")

@@ -59,11 +59,15 @@ class TrainingState(Protocol):
 
     def sampler_weights(self) -> dict[str, Tensor]: ...
 
+    def named_trainable(self) -> dict[str, Tensor]: ...
+
 
 def lora_targets(model: nn.Module, cfg: LoraConfig) -> list[str]:
     """The module names Tinker's flags select that the model has (the unembedding only when it is not
     tied to the embedding: a LoRA on a tied head would be merged into the embedding too)."""
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()  # a LoRA-wrapped linear counts as its name
+             if (isinstance(m, nn.Linear) or hasattr(m, "base_layer")) and ".lora_" not in n
+             and not n.endswith("base_layer")}
     wanted = (ATTN if cfg.train_attn else ()) + (MLP if cfg.train_mlp else ())
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     if cfg.train_unembed and not tied:
@@ -75,7 +79,10 @@ def lora_targets(model: nn.Module, cfg: LoraConfig) -> list[str]:
 
 
 class OwnCopyTrainer:
-    """A training client on its own copy of the base model (``TrainingState``)."""
+    """A training client on its own copy of the base model (``TrainingState``). ``adapter_name``: its
+    LoRA adapter's name in ``model`` (``service/shared_base.py`` names one adapter a client)."""
+
+    adapter_name = "default"
 
     def __init__(self, base_model: str, path: str, lora: LoraConfig | None, device: str = "cpu",
                  dtype: str = "float32") -> None:
@@ -112,6 +119,7 @@ class OwnCopyTrainer:
         from reinforge.learn.logprobs import token_logprobs
 
         name, fn, config = loss
+        self._activate()
         width = max(len(r) for r in rows) + 1
         ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
         mask = torch.zeros_like(ids)
@@ -170,14 +178,15 @@ class OwnCopyTrainer:
 
         trainer_state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
         state = {"base_model": self.base_model, "lora": self.lora.model_dump() if self.lora else None}
-        return save_checkpoint(directory, 0, self.model, tokenizer, trainer_state, torch.Generator(), state, keep=1)
+        return save_checkpoint(directory, 0, self.model, tokenizer, trainer_state, torch.Generator(), state, keep=1,
+                               adapter_name=self.adapter_name)
 
     def load(self, checkpoint: Path, optimizer: bool) -> None:
         """The checkpoint's weights; its optimizer state too with ``optimizer``, a fresh optimizer otherwise.
         The accumulated gradients are dropped."""
         from reinforge.learn.checkpoint import restore_policy
 
-        restore_policy(self.model, checkpoint, device=str(self.device))
+        restore_policy(self.model, checkpoint, device=str(self.device), adapter_name=self.adapter_name)
         self.optimizer = self._new_optimizer()
         if optimizer:
             saved = torch.load(checkpoint / "trainer.pt", weights_only=False, map_location=self.device)
@@ -191,4 +200,14 @@ class OwnCopyTrainer:
         """A copy of the current weights under the plain model's names (LoRA merged)."""
         from reinforge.learn.lora import merged_weights
 
+        self._activate()
         return {name: t.detach().clone() for name, t in merged_weights(self.model).items()}
+
+    def named_trainable(self) -> dict[str, Tensor]:
+        """The weights this client trains, under names without its adapter's name (copies)."""
+        ids = {id(p) for p in self.params}
+        return {n.replace(f".{self.adapter_name}.", "."): p.detach().clone() for n, p in self.model.named_parameters()
+                if id(p) in ids}
+
+    def _activate(self) -> None:
+        """Make the model act as this client's (nothing to do on a copy of its own)."""
