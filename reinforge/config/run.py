@@ -191,6 +191,9 @@ class EnvConfig(InlineSection):
                                   "(truncated: env_timeout); 0 = no limit")
     latency: LatencySettings | None = Field(None, description="add a delay to every environment step "
                                             "(benchmarks, tests): {dist: fixed|lognormal, mean_s, sigma}")
+    train_roles: list[str] | None = Field(None, description="an environment with roles (docs/multi_agent.md): the "
+                                          "roles whose model turns are trained; the others' turns are observations "
+                                          "(loss mask 0); null = every role")
 
     @classmethod
     def inline_options(cls, data: Mapping[str, Any]) -> InlineOptions | None:
