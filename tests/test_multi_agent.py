@@ -219,7 +219,8 @@ def test_a_tiny_self_play_run_logs_each_roles_metrics(tmp_path):
     from reinforge.orchestrate.run import train
 
     cfg = load_config("multi_agent_nim", [f"output_dir={tmp_path}", "train.steps=3", "rollout.prompts_per_step=4",
-                                          "rollout.group_size=4", "log.report=false"])
+                                          "rollout.group_size=4", "log.report=false",
+                                          "task.heldout_size=8", "eval.final_samples=0"])
     records = [r for r in train(cfg).metrics() if "reward/role/first" in r]
     assert len(records) == 3
     for r in records:
@@ -227,3 +228,4 @@ def test_a_tiny_self_play_run_logs_each_roles_metrics(tmp_path):
         assert r["episode/role/first/count"] == 16 and r["episode/role/first/trained_frac"] == 1.0
         assert r["episode/role/first/win_rate"] + r["episode/role/second/win_rate"] == pytest.approx(1.0)
         assert r["reward/mean"] == 0.0  # self-play has no team reward: the credit is each role's
+        assert r["batch/sequences"] == 16  # ... so no group is dropped as equal-reward: every episode trains

@@ -80,7 +80,7 @@ class ATGRPOSettings(GroupNormSettings):
             "S = the turns of the same prompt, role and turn index k = k(t)  [std scaling optional]",
     paper="Zhao et al. 2025, Stronger Together: On-Policy Reinforcement Learning for Collaborative LLMs "
           "(AT-GRPO, arXiv:2510.11062)",
-    needs=("turn_returns",),
+    needs=("turn_returns", "ungrouped"),  # its groups are not the prompt's: an equal-reward group may carry signal
     settings=ATGRPOSettings,
 )
 def at_grpo_advantage(
