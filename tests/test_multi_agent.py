@@ -229,3 +229,12 @@ def test_a_tiny_self_play_run_logs_each_roles_metrics(tmp_path):
         assert r["episode/role/first/win_rate"] + r["episode/role/second/win_rate"] == pytest.approx(1.0)
         assert r["reward/mean"] == 0.0  # self-play has no team reward: the credit is each role's
         assert r["batch/sequences"] == 16  # ... so no group is dropped as equal-reward: every episode trains
+
+
+def test_train_roles_is_refused_where_there_are_no_roles():
+    from reinforge.config import load_config
+    from reinforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="env.train_roles: env single_turn has no roles"):
+        load_config(None, ["env.train_roles=[first]"])
+    assert load_config("multi_agent_nim", ["env.train_roles=[first]"]).env.train_roles == ["first"]

@@ -216,6 +216,10 @@ class EnvConfig(InlineSection):
 
         if environment_spec(self.name).agent_driven != (self.agent is not None):
             raise ValueError("env.agent ('module:function') goes with env.name=agent, and env.name=agent needs it")
+        spec = environment_spec(self.name)
+        if self.train_roles is not None and (not spec.multi_turn or spec.agent_driven):
+            raise ValueError(f"env.train_roles: env {self.name} has no roles (roles are for multi-turn environments "
+                             "with a role() method, docs/multi_agent.md)")
         return self
 
     @property
