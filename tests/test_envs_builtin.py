@@ -304,7 +304,7 @@ def test_guessing_splits_are_disjoint_by_secret():
     assert [t.id for t in guessing_splits(1, 32, 8, seed=0).heldout[:]] == [t.id for t in splits.heldout[:]]
     with pytest.raises(ValueError, match="low < high"):
         guessing_splits(low=5, high=5)
-    assert set(AGENT_TASK_SOURCES) == {"calculator", "guessing", "code_interpreter", "search"}
+    assert set(AGENT_TASK_SOURCES) == {"calculator", "guessing", "code_interpreter", "search", "nim"}
 
 
 def test_guessing_splits_with_repeats_hold_every_secret_in_both_splits():
@@ -326,8 +326,8 @@ def test_guessing_splits_with_repeats_hold_every_secret_in_both_splits():
 
 
 def test_registry_builds_fresh_environments():
-    assert set(ENVIRONMENTS) == {"single_turn", "calculator", "guessing", "code_interpreter", "search", "retry", "agent",
-                                 "verifiers", "openenv", "textarena"}
+    assert set(ENVIRONMENTS) == {"single_turn", "calculator", "guessing", "code_interpreter", "search", "retry", "nim",
+                                 "agent", "verifiers", "openenv", "textarena"}
     agent = build_environment("agent", None, None)  # the loop runs agents through the proxy: never an Environment
     with pytest.raises(ConfigError, match="through the OpenAI-compatible proxy"):
         agent()

@@ -191,6 +191,9 @@ class EnvConfig(InlineSection):
                                   "(truncated: env_timeout); 0 = no limit")
     latency: LatencySettings | None = Field(None, description="add a delay to every environment step "
                                             "(benchmarks, tests): {dist: fixed|lognormal, mean_s, sigma}")
+    train_roles: list[str] | None = Field(None, description="an environment with roles (docs/multi_agent.md): the "
+                                          "roles whose model turns are trained; the others' turns are observations "
+                                          "(loss mask 0); null = every role")
 
     @classmethod
     def inline_options(cls, data: Mapping[str, Any]) -> InlineOptions | None:
@@ -213,6 +216,10 @@ class EnvConfig(InlineSection):
 
         if environment_spec(self.name).agent_driven != (self.agent is not None):
             raise ValueError("env.agent ('module:function') goes with env.name=agent, and env.name=agent needs it")
+        spec = environment_spec(self.name)
+        if self.train_roles is not None and (not spec.multi_turn or spec.agent_driven):
+            raise ValueError(f"env.train_roles: env {self.name} has no roles (roles are for multi-turn environments "
+                             "with a role() method, docs/multi_agent.md)")
         return self
 
     @property

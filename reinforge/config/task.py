@@ -187,10 +187,10 @@ class ReasoningGymTaskConfig(TaskConfigBase):
 class AgentTaskConfig(TaskConfigBase, InlineSection):
     """Procedural tasks played in a multi-turn environment of the same name. The task source's keyword
     arguments are written inline, ``task: {kind: guessing, low: 1, high: 32}`` (calculator: digits, ops;
-    guessing: low, high, repeats; code_interpreter: kinds; search: countries, corpus_seed, hops,
+    guessing: low, high, repeats; nim: low, high, repeats; code_interpreter: kinds; search: countries, corpus_seed, hops,
     relations, names, layout), checked against its signature; ``params`` holds them."""
 
-    kind: Literal["calculator", "guessing", "code_interpreter", "search"]
+    kind: Literal["calculator", "guessing", "code_interpreter", "search", "nim"]
 
     @classmethod
     def inline_options(cls, data: Mapping[str, Any]) -> InlineOptions | None:

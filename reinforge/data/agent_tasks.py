@@ -9,6 +9,8 @@
   the held-out split measures the *strategy* on the same game, not memorised secrets (the prompt
   is the same for every secret, so a policy can only learn a distribution over secrets).
 
+- ``nim``: one game per pile in ``[low, high]`` (``repeats`` each), answer the pile (for `NimEnv`).
+
 As in ``arithmetic.py``, every task is an index into a grid; a seeded random subset of indices
 is the held-out split and the rest is train, so the splits never overlap and ids are stable.
 """
@@ -87,6 +89,28 @@ def guessing_splits(
     return grid_splits(total, heldout_size, seed, partial(guessing_task, low=low, high=high), name)
 
 
+def nim_task(index: int, low: int, high: int) -> Task:
+    """The task at ``index`` of the grid repeat x pile: pile ``low + index % (high - low + 1)``."""
+    repeat, offset = divmod(index, high - low + 1)
+    pile = low + offset
+    return Task(id=f"nim-{pile}" if repeat == 0 else f"nim-{pile}-r{repeat}",
+                prompt=[{"role": "user", "content": f"nim {pile}"}], answer=str(pile), metadata={"pile": pile})
+
+
+def nim_splits(low: int = 3, high: int = 8, heldout_size: int = 8, seed: int = 1234, repeats: int = 8) -> TaskSplits:
+    """``repeats`` games per pile in ``[low, high]`` (for `NimEnv`, which writes its own prompts), split by task."""
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (low, high)) or not 1 <= low <= high:
+        raise ValueError(f"need integers 1 <= low <= high, got low={low!r}, high={high!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    total = (high - low + 1) * repeats
+    if total > MAX_GRID:
+        raise ValueError(f"[{low}, {high}] x {repeats} repeats makes {total} tasks; at most {MAX_GRID} are supported")
+    return grid_splits(total, heldout_size, seed, partial(nim_task, low=low, high=high),
+                       f"nim({low}-{high}, repeats={repeats})")
+
+
 AGENT_TASK_SOURCES: dict[str, Callable[..., TaskSplits]] = {
     "calculator": calculator_splits, "guessing": guessing_splits, "code_interpreter": code_splits, "search": search_splits,
+    "nim": nim_splits,
 }

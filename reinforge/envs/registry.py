@@ -20,6 +20,7 @@ from reinforge.envs.calculator import CalculatorEnv
 from reinforge.envs.code_interpreter import CodeInterpreterEnv
 from reinforge.envs.guessing import GuessingEnv
 from reinforge.envs.mcp_tools import mcp_toolbox_of
+from reinforge.envs.nim import NimEnv
 from reinforge.envs.openenv_env import OpenEnvEnv, openenv_splits
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.search import SearchEnv
@@ -130,6 +131,14 @@ def _search(
     verifier: Verifier | None, system_prompt: str | None, k: int = 3, max_tool_calls: int = 3, max_query_chars: int = 200,
 ) -> Environment:
     return SearchEnv(k, max_tool_calls, max_query_chars, system_prompt)
+
+
+@register_environment("nim", task_kinds=("nim",),
+                      description="two roles (first, second) take 1 or 2 from a pile, the last take wins: self-play "
+                      "(opponent=self) or against a scripted opponent (random, optimal); docs/multi_agent.md")
+def _nim(verifier: Verifier | None, system_prompt: str | None, opponent: str = "self",
+         policy_role: str = "first") -> Environment:
+    return NimEnv(opponent=opponent, policy_role=policy_role, system_prompt=system_prompt)
 
 
 @register_environment(AGENT, agent_driven=True, description="a black-box agent written for the OpenAI API (env.agent), through the "

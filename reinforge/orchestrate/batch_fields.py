@@ -19,8 +19,10 @@ from torch import Tensor
 from reinforge.algo.context import EXTRA_FIELDS, register_field
 from reinforge.algo.objective import read_fields
 from reinforge.algo.returns import turn_returns
+from reinforge.algo.role_credit import ROLE_RETURNS, ROLES
 from reinforge.config import AlgoConfig
 from reinforge.errors import ConfigError
+from reinforge.orchestrate.roles import role_tensors
 from reinforge.types import Batch, Trajectory
 
 Make = Callable[[list[Trajectory], int, AlgoConfig], tuple[Tensor, ...]]
@@ -100,6 +102,11 @@ def _tree_nodes(kept: list[Trajectory], width: int, algo: AlgoConfig) -> tuple[T
 @produces("state_values", "state_mask")
 def _state_values(kept: list[Trajectory], width: int, algo: AlgoConfig) -> tuple[Tensor, ...]:
     return state_value_tensors(kept, width)
+
+
+@produces(ROLES, ROLE_RETURNS)
+def _roles(kept: list[Trajectory], width: int, algo: AlgoConfig) -> tuple[Tensor, ...]:
+    return role_tensors(kept, width, algo.discount.gamma)  # several roles in one episode: orchestrate/roles.py
 
 
 def state_value_tensors(trajs: list[Trajectory], width: int) -> tuple[torch.Tensor, torch.Tensor]:

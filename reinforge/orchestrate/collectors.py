@@ -167,15 +167,17 @@ class MultiTurn:
     ``on_error`` policy (when a pool is given)."""
 
     def __init__(self, engine, make_env: Callable[[], Environment], limits: EpisodeLimits,
-                 env_calls: EnvCalls | None = None, pool: VerifierPool | None = None) -> None:
+                 env_calls: EnvCalls | None = None, pool: VerifierPool | None = None,
+                 train_roles: Sequence[str] | None = None) -> None:
         self.engine, self.make_env, self.limits = engine, make_env, limits
-        self.env_calls, self.pool = env_calls or EnvCalls(), pool
+        self.env_calls, self.pool, self.train_roles = env_calls or EnvCalls(), pool, train_roles
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
         on_error = (lambda: self.pool.on_error) if self.pool is not None else "raise"
         trajectories = run_episodes(tasks, self.engine, self.make_env, params, self.limits, seed,
-                                    group_offset=group_offset, env_calls=self.env_calls, on_error=on_error)
+                                    group_offset=group_offset, env_calls=self.env_calls, on_error=on_error,
+                                    train_roles=self.train_roles)
         stats = self.env_calls.take_stats()
         return Collected(trajectories, env_s=stats.wait_s, metrics=stats.metrics())
 
@@ -246,7 +248,8 @@ def build_collector(env: EnvConfig, rollout: RolloutConfig, engine, make_env: Ca
         raise ConfigError(f"reward.step_verifier: env {env.name} is multi-turn; step rewards are for single-turn "
                           "completions (a multi-turn environment's steps have their own turn rewards)")
     if spec.multi_turn:
-        return MultiTurn(engine, make_env, limits, EnvCalls(env.concurrency, env.step_timeout_s), pool)
+        return MultiTurn(engine, make_env, limits, EnvCalls(env.concurrency, env.step_timeout_s), pool,
+                         train_roles=env.train_roles)
     return SingleTurn(engine, make_env, pool, rollout.group_sampler)
 
 

@@ -23,6 +23,11 @@ Limits: ``max_turns`` model turns, ``max_total_tokens`` for the whole sequence (
 Each trajectory's ``metadata["observations"]`` keeps, per turn, the texts of the messages the environment
 answered with (empty after the last turn), for the parts that read what an environment returned
 (StepSearch's retrieved documents, orchestrate/search_steps.py).
+Roles (docs/multi_agent.md): an environment with ``role()`` says whose turn the model's next turn is; each
+trajectory then lists its turns' roles (``metadata["turn_roles"]``) and each step's reward per role
+(``metadata["role_rewards"]``: the step's ``info["role_rewards"]`` when it gives them, else its reward to
+the role that played the turn). A turn of a role outside ``train_roles`` stays in the sequence as an
+observation (loss mask 0).
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ class _Episode:
     turn_states: list[str] = field(default_factory=list)
     observations: list[list[str]] = field(default_factory=list)  # per turn: the texts the environment answered
     state: str = ""  # the key of the state the next turn acts from (``state_key``)
+    role: str | None = None  # whose turn the next model turn is (``role()``; None: the environment has no roles)
+    turn_roles: list[str | None] = field(default_factory=list)
+    role_rewards: list[dict[str, float]] = field(default_factory=list)  # per step: each role's reward
     texts: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
@@ -88,19 +96,30 @@ class _Episode:
         self.logprobs += [0.0] * len(ids)
         self.versions += [-1] * len(ids)
 
-    def append_turn(self, gen: Generation, n_tokens: int) -> None:
+    def append_turn(self, gen: Generation, n_tokens: int, trained: bool = True) -> None:
         start = len(self.ids)
         self.ids += gen.token_ids[:n_tokens]
-        self.mask += [1] * n_tokens
+        self.mask += [int(trained)] * n_tokens
         self.logprobs += gen.logprobs[:n_tokens]
         self.versions += gen.token_versions[:n_tokens]
         self.turn_spans.append((start, len(self.ids)))
         self.turn_states.append(self.state)
+        self.turn_roles.append(self.role)
         if self.version is None:
             self.version = gen.version
 
     def end(self, reason: str | None = None) -> None:
         self.done, self.truncated = True, reason
+
+    def credit(self, reward: float, info: dict[str, Any]) -> None:
+        """Record this step's reward (``turn_rewards``) and each role's: ``info["role_rewards"]`` when the
+        step gives them, else the reward to the role that played the turn."""
+        self.turn_rewards.append(reward)
+        given = info.get("role_rewards")
+        if isinstance(given, dict):
+            self.role_rewards.append({str(k): float(v) for k, v in given.items()})
+        else:
+            self.role_rewards.append({self.turn_roles[-1] or "": reward} if self.turn_roles else {})
 
 
 class _Splicers:
@@ -120,12 +139,13 @@ class _Splicers:
 def run_episodes(
     tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams,
     limits: EpisodeLimits, seed: int, group_offset: int = 0, env_calls: EnvCalls | None = None,
-    on_error: str | Callable[[], str] = "raise",
+    on_error: str | Callable[[], str] = "raise", train_roles: Sequence[str] | None = None,
 ) -> list[Trajectory]:
     """``params.n`` episodes per task (one group per task), played to the end; trajectories in
     task order, episode index fastest. ``env_calls`` runs the environments' calls (default: 64 at
     once, 60 s each); ``on_error`` ("raise" or "zero", or a function giving it) is the policy for an
-    environment that raises."""
+    environment that raises; ``train_roles``: the roles whose turns are trained (None: every role), the
+    others' turns have loss mask 0."""
     calls = env_calls or EnvCalls()
     splicers = _Splicers(engine.tokenizer)
     episodes = _start(tasks, make_env, params.n, seed, splicers, calls, on_error)
@@ -143,7 +163,7 @@ def run_episodes(
         for budget, eps in _by_budget(active, limit, limits.max_turn_tokens).items():
             gens = _generate(engine, eps, dataclasses.replace(turn_params, max_new_tokens=budget), first=turn == 0)
             played += zip(eps, gens, strict=True)
-        _step_all(played, calls, limit, turn == limits.max_turns - 1, on_error)
+        _step_all(played, calls, limit, turn == limits.max_turns - 1, on_error, train_roles)
     return [_trajectory(ep, group_offset, engine.tokenizer) for ep in episodes]
 
 
@@ -165,7 +185,8 @@ def _start(tasks: Sequence[Task], make_env: Callable[[], Environment], n: int, s
             messages = [{"role": "user", "content": messages}]
         splicer = splicers.for_env(env)
         ids = splicer.prompt_ids(messages)
-        ep = _Episode(tasks[t], t, env, splicer, ids, len(ids), state=state_key(env, messages))
+        ep = _Episode(tasks[t], t, env, splicer, ids, len(ids), state=state_key(env, messages),
+                       role=None if failed else role_of(env))
         if failed:
             why = f"timed out after {calls.timeout_s:g} s" if outcome.timed_out else \
                 f"{type(outcome.error).__name__}: {outcome.error}"
@@ -173,6 +194,12 @@ def _start(tasks: Sequence[Task], make_env: Callable[[], Environment], n: int, s
             ep.end("env_timeout" if outcome.timed_out else "env_error")
         episodes.append(ep)
     return episodes
+
+
+def role_of(env: Environment) -> str | None:
+    """The role whose turn the model's next turn is: the environment's ``role()``, None without one."""
+    role = getattr(env, "role", None)
+    return str(role()) if callable(role) else None
 
 
 def state_key(env: Environment, observation: Any) -> str:
@@ -220,10 +247,11 @@ def _generate(engine, eps: list[_Episode], params: SamplingParams, first: bool) 
 
 
 def _step_all(played: list[tuple[_Episode, Generation]], calls: EnvCalls, limit: int, last_turn: bool,
-              on_error: str | Callable[[], str]) -> None:
+              on_error: str | Callable[[], str], train_roles: Sequence[str] | None = None) -> None:
     """Record every episode's turn, run the environments' steps concurrently, apply them in order."""
     for ep, gen in played:
-        ep.append_turn(gen, len(gen.token_ids))
+        trained = train_roles is None or ep.role is None or ep.role in train_roles
+        ep.append_turn(gen, len(gen.token_ids), trained)
         ep.texts.append(gen.text)
     outcomes = calls.run([partial(ep.env.step, {"role": "assistant", "content": gen.text}) for ep, gen in played])
     for (ep, gen), outcome in zip(played, outcomes, strict=True):
@@ -233,7 +261,7 @@ def _step_all(played: list[tuple[_Episode, Generation]], calls: EnvCalls, limit:
 def _failed(ep: _Episode, outcome: EnvOutcome, on_error: str | Callable[[], str], timeout_s: float) -> bool:
     """End the episode of a step that timed out (or raised, under ``on_error="zero"``); True if it ended."""
     if outcome.timed_out:
-        ep.turn_rewards.append(0.0)
+        ep.credit(0.0, {})
         ep.info["env_error"] = f"step timed out after {timeout_s:g} s"
         ep.end("env_timeout")
         return True
@@ -246,7 +274,7 @@ def _failed(ep: _Episode, outcome: EnvOutcome, on_error: str | Callable[[], str]
     if (on_error() if callable(on_error) else on_error) != "zero":  # an environment bug fails loudly
         raise ReinforgeError(f"environment {type(ep.env).__name__} raised {type(e).__name__}: {e} on task "
                              f"{ep.task.id!r}, turn {len(ep.turn_rewards) + 1}, assistant text {text!r}") from e
-    ep.turn_rewards.append(0.0)
+    ep.credit(0.0, {})
     ep.info["env_error"] = f"{type(e).__name__}: {e}"
     ep.end("env_error")
     return True
@@ -257,7 +285,7 @@ def _advance(ep: _Episode, gen: Generation, outcome: EnvOutcome, limit: int, las
     if _failed(ep, outcome, on_error, timeout_s):
         return
     result = outcome.value
-    ep.turn_rewards.append(float(result.reward))
+    ep.credit(float(result.reward), result.info or {})
     ep.observations.append([str(m.get("content") or "") for m in result.observation or []])
     ep.info.update(result.info)
     if result.done:
@@ -277,6 +305,7 @@ def _advance(ep: _Episode, gen: Generation, outcome: EnvOutcome, limit: int, las
     ep.append_context(close)
     ep.append_context(obs)
     ep.state = state_key(ep.env, result.observation)
+    ep.role = role_of(ep.env)
 
 
 def _trajectory(ep: _Episode, group_offset: int, tokenizer) -> Trajectory:
@@ -299,6 +328,8 @@ def _trajectory(ep: _Episode, group_offset: int, tokenizer) -> Trajectory:
                   "final_text": ep.texts[-1].strip() if ep.texts and not ep.truncated else None,
                   "observations": ep.observations,
                   **{k: ep.info[k] for k in ("reward_terms", "reward_term_errors") if isinstance(ep.info.get(k), dict)},
+                  **({"turn_roles": ep.turn_roles, "role_rewards": ep.role_rewards}
+                     if any(r is not None for r in ep.turn_roles) else {}),
                   **{k: v for k, v in ep.info.items() if k != "correct" and isinstance(v, int | float | str | bool)}},
         token_versions=ep.versions,
         trainable=bool(ep.turn_spans),  # an episode whose reset failed has no model tokens

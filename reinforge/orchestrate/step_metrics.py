@@ -8,6 +8,7 @@ from typing import Any
 
 from reinforge.learn import distributed
 from reinforge.orchestrate.episodes import BatchStats
+from reinforge.orchestrate.roles import role_metrics
 from reinforge.rewards.composite import judge_metrics
 from reinforge.types import Trajectory
 
@@ -115,8 +116,9 @@ EPISODE_INFO_KEYS = ("tool_calls", "tool_errors", "guesses", "attempts")
 
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    """Multi-turn episodes: mean turns, the fraction cut by each limit, and the mean of the numeric
-    counters environments report (tool calls and errors, guesses, attempts)."""
+    """Multi-turn episodes: mean turns, the fraction cut by each limit, the mean of the numeric
+    counters environments report (tool calls and errors, guesses, attempts) and each role's metrics
+    (orchestrate/roles.py)."""
     if not any(t.turn_spans for t in trajs):
         return {}
     n = len(trajs)
@@ -127,7 +129,7 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         values = [t.metadata[key] for t in trajs if isinstance(t.metadata.get(key), int | float)]
         if values:
             out[f"episode/{key}_mean"] = sum(values) / len(values)
-    return out
+    return {**out, **role_metrics(trajs)}
 
 
 def step_record(step: int, version: int, rollout, bstats: BatchStats, adv: Any, train: dict[str, float],
