@@ -118,6 +118,17 @@ class ArithmeticTaskConfig(TaskConfigBase):
     ops: str = "+"
 
 
+class ShapesTaskConfig(TaskConfigBase):
+    """The built-in image task: coloured shapes drawn from the task's index (``data/shapes.py``, docs/vision.md);
+    it needs a model with an image processor (``tiny-vlm``)."""
+
+    kind: Literal["shapes"] = "shapes"
+    question: Literal["colour", "count"] = Field("colour", description="colour: name the shape's colour; count: "
+                                                 "how many dots (chance 1/4 either way)")
+    image_size: int = Field(32, ge=16, le=512, description="pictures are image_size x image_size pixels")
+    heldout_size: int = Field(200, ge=1)
+
+
 class FileTaskConfig(TaskConfigBase):
     """Prompts read from files (``jsonl``, ``table``), their columns named by ``columns``."""
 
@@ -210,7 +221,7 @@ class AgentTaskConfig(TaskConfigBase, InlineSection):
 
 
 TASK_KINDS: tuple[type[TaskConfigBase], ...] = (
-    ArithmeticTaskConfig, JsonlTaskConfig, TableTaskConfig, ReasoningGymTaskConfig, AgentTaskConfig,
+    ArithmeticTaskConfig, JsonlTaskConfig, TableTaskConfig, ReasoningGymTaskConfig, AgentTaskConfig, ShapesTaskConfig,
 )
 DEFAULT_TASK_KIND = "arithmetic"
 REPLACED_KEYS = {"prompt_key": "columns.prompt", "answer_key": "columns.answer"}
@@ -234,7 +245,8 @@ def _task_input(data: Any) -> Any:
 
 
 TaskConfig = Annotated[
-    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig,
+    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig
+    | ShapesTaskConfig,
     Field(discriminator="kind"),
     BeforeValidator(_task_input),
 ]
