@@ -119,12 +119,9 @@ class ArithmeticTaskConfig(TaskConfigBase):
 
 
 class ShapesTaskConfig(TaskConfigBase):
-    """The built-in image task: coloured shapes drawn from the task's index (``data/shapes.py``, docs/vision.md);
-    it needs a model with an image processor (``tiny-vlm``)."""
-
+    """The built-in image task (``data/shapes.py``, docs/vision.md); it needs a vision-language model (tiny-vlm)."""
     kind: Literal["shapes"] = "shapes"
-    question: Literal["colour", "count"] = Field("colour", description="colour: name the shape's colour; count: "
-                                                 "how many dots (chance 1/4 either way)")
+    question: Literal["colour", "count"] = Field("colour", description="name the shape's colour, or count the dots")
     image_size: int = Field(32, ge=16, le=512, description="pictures are image_size x image_size pixels")
     heldout_size: int = Field(200, ge=1)
 
@@ -245,25 +242,21 @@ def _task_input(data: Any) -> Any:
 
 
 TaskConfig = Annotated[
-    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig
-    | ShapesTaskConfig,
+    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig | ShapesTaskConfig,
     Field(discriminator="kind"),
     BeforeValidator(_task_input),
 ]
 """The ``task`` section: one model per ``task.kind`` (a field of another kind is an error)."""
-
 _TASK_ADAPTER: TypeAdapter[Any] = TypeAdapter(TaskConfig)
 
 
 def task_config(data: dict[str, Any]) -> TaskConfigBase:
-    """A task section (a mapping, as in a recipe) validated into its kind's model; raises
-    pydantic's ValidationError."""
+    """A task section (a mapping, as in a recipe) validated into its kind's model (or pydantic's ValidationError)."""
     return _TASK_ADAPTER.validate_python(data)
 
 
 class CoEvolveConfig(_Strict):
-    """The reward model keeps training on the policy's samples labelled by a rule verifier (Cooper;
-    rewards/co_evolve.py)."""
+    """The reward model keeps training on the policy's samples a rule verifier labels (Cooper, rewards/co_evolve.py)."""
 
     verifier: str = Field(description="the rule verifier that labels the samples (a registered name or "
                           "module:function), e.g. exact_match")
