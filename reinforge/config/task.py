@@ -46,6 +46,7 @@ class ColumnsConfig(BaseModel):
     - ``answer``: the reference answer, read as ``str`` (``None``: no answer, ``Task.answer == ""``).
     - ``id``: unique task ids (default: the reader's, e.g. ``"<file stem>:<row index>"``).
     - ``system``: a per-row system prompt, put first in the prompt's messages.
+    - ``images``: a picture or a list of them (a path relative to the file, bytes, a PIL image) -> ``Task.images``.
     - ``tests``: unit tests for the ``code_tests`` verifier: a string or list of assert strings
       (-> ``metadata["asserts"]``), a list of ``{"input", "output"}`` (-> ``metadata["io"]``), or an
       object with ``asserts`` and/or ``io``.
@@ -61,6 +62,7 @@ class ColumnsConfig(BaseModel):
     answer: str | None = "answer"
     id: str | None = None
     system: str | None = None
+    images: str | None = None
     tests: str | None = None
     difficulty: str | None = None
     source: str | None = None
@@ -68,7 +70,7 @@ class ColumnsConfig(BaseModel):
 
     def named(self) -> dict[str, str]:
         """Role -> column, for the roles in use."""
-        roles = ("prompt", "answer", "id", "system", "tests", "difficulty", "source")
+        roles = ("prompt", "answer", "id", "system", "images", "tests", "difficulty", "source")
         return {r: c for r in roles if (c := getattr(self, r)) is not None}
 
 
@@ -96,9 +98,8 @@ class TaskConfigBase(_Strict):
     """What every task source has: the reward's verifier, the held-out split, the prompt sampler."""
 
     kind: str
-    verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them), or your "
-                          "own function (task, completion) -> RewardResult | float as module:function or file.py:function (a "
-                          "relative file in a recipe is found next to the recipe first)")
+    verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them), or your own "
+                          "function (task, completion) -> RewardResult | float as module:function or file.py:function (a relative file in a recipe is found next to the recipe first)")
     heldout_size: int = Field(500, ge=1)
     seed: int = Field(1234, description="seed of the train/held-out split")
     sampler: TaskSamplerConfig = Field(default_factory=TaskSamplerConfig, description="which prompts a step draws")
@@ -230,8 +231,7 @@ def task_kind_model(kind: str) -> type[TaskConfigBase] | None:
 
 
 def _task_input(data: Any) -> Any:
-    """A task section before it is validated: no ``kind`` means arithmetic; the old column keys are
-    refused with their replacement."""
+    """A task section before validation: no ``kind`` means arithmetic; old column keys are refused, naming the new."""
     if not isinstance(data, dict):
         return data
     old = [k for k in REPLACED_KEYS if k in data]
