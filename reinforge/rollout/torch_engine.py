@@ -128,7 +128,8 @@ class TorchRolloutEngine:
         ``generator`` replaces the engine's own (e.g. a per-request seed); ``on_step`` sees every
         decode step (streaming, top log-probs)."""
         self._apply_pending()
-        limit = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        config = self.model.config
+        limit = getattr(getattr(config, "get_text_config", lambda: config)(), "max_position_embeddings", None)
         longest = max((len(r.prompt_ids) for r in requests), default=0)
         if limit is not None and longest + params.max_new_tokens > limit:
             raise ReinforgeError(
@@ -136,9 +137,8 @@ class TorchRolloutEngine:
                 f"context of {limit} positions (max_position_embeddings); shorten the prompts or lower "
                 "rollout.max_new_tokens"
             )
-        if any(r.model_inputs for r in requests):  # pictures: the HF forward's prefill takes them (docs/vision.md)
-            return self._generate_chunk(requests, params, generator, on_step)
-        if self.lean is not None and self.continuous:
+        pictures = any(r.model_inputs for r in requests)  # the HF forward's prefill takes them (docs/vision.md)
+        if self.lean is not None and self.continuous and not pictures:
             return generate_continuous(self, requests, params, generator or self.generator, on_step)
         per_chunk = max(1, self.max_batch_sequences // params.n)
         out: list[Generation] = []
