@@ -130,6 +130,29 @@ def test_table_image_column_reads_paths_bytes_and_datasets_cells(tmp_path):
         rows_to_tasks([("d:0", "d:0", {**row, "image": []})], cols, "d")
 
 
+def test_evaluation_requests_carry_the_pictures_or_refuse():
+    from reinforge.eval.heldout import build_requests
+
+    tasks = shapes_splits().heldout[:2]
+    processor = load_processor("tiny-vlm")
+    reqs = build_requests(tasks, processor.tokenizer, None, processor)
+    assert [r.model_inputs["pixel_values"].shape for r in reqs] == [(1, 3, 32, 32)] * 2
+    assert all(r.prompt_ids.count(processor.tokenizer.convert_tokens_to_ids("<image>")) == 16 for r in reqs)
+    with pytest.raises(ConfigError, match="has images but the model has no image processor"):
+        build_requests(tasks, processor.tokenizer, None)  # a picture is never dropped silently
+
+
+def test_paths_without_pictures_refuse_tasks_that_have_them():
+    from reinforge.orchestrate.agent_episodes import run_agent_episodes
+    from reinforge.orchestrate.multi_turn import _start
+
+    tasks = shapes_splits().heldout[:1]
+    with pytest.raises(ConfigError, match=r"task 'shapes-colour-\d+' has images, but multi-turn episodes cannot"):
+        _start(tasks, None, 1, 0, None, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="has images, but agent episodes"):
+        run_agent_episodes(tasks, None, None, "http://unused", 1)  # type: ignore[arg-type]
+
+
 def test_image_parts_are_placed_before_the_first_user_text():
     msgs = with_image_parts([{"role": "system", "content": "s"}, {"role": "user", "content": "q?"}], 2)
     assert msgs[1]["content"] == [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "q?"}]

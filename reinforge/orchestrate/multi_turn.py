@@ -40,6 +40,7 @@ from reinforge.rewards.pool import VerifierError
 from reinforge.rollout.chat_splice import ChatSplicer
 from reinforge.rollout.engines import context_limit
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.rollout.vision import refuse_pictures
 from reinforge.types import Task, Trajectory
 
 
@@ -148,6 +149,7 @@ def run_episodes(
 def _start(tasks: Sequence[Task], make_env: Callable[[], Environment], n: int, seed: int, splicers: _Splicers,
            calls: EnvCalls) -> list[_Episode]:
     """``n`` fresh environments per task, reset concurrently (a reset that fails or times out stops the run)."""
+    refuse_pictures(tasks, "multi-turn episodes")
     envs = [(t, j, make_env()) for t in range(len(tasks)) for j in range(n)]
     outcomes = calls.run([partial(env.reset, tasks[t], seed * 1_000_003 + t * 997 + j) for t, j, env in envs])
     episodes = []

@@ -48,6 +48,14 @@ def read_image(image: Any, where: str, base_dir: Path | None = None) -> Any:
         raise ConfigError(f"{where}: unreadable image ({type(e).__name__}: {e})") from None
 
 
+def refuse_pictures(tasks: Any, path: str) -> None:
+    """A path that cannot show pictures yet refuses tasks that have them, naming the first (docs/vision.md)."""
+    task = next((t for t in tasks if getattr(t, "images", ())), None)
+    if task is not None:
+        raise ConfigError(f"task {task.id!r} has images, but {path} cannot show pictures yet: use a single-turn "
+                          "environment (docs/vision.md)")
+
+
 def with_image_parts(prompt: str | list[dict[str, Any]], n_images: int) -> list[dict[str, Any]]:
     """Chat messages whose parts place ``n_images`` pictures: as they are when their parts already hold that
     many image parts; else the prompt (raw text or messages with string contents) with ``n_images`` image
