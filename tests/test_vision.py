@@ -30,13 +30,18 @@ def vlm():
     return load_model("tiny-vlm").eval(), load_processor("tiny-vlm")
 
 
-def test_tiny_vlm_processor_builds_offline_without_torchvision(monkeypatch):
+@pytest.mark.slow  # a fresh interpreter importing transformers: about 10 s
+def test_tiny_vlm_processor_builds_offline_without_torchvision():
     blocked = ("import sys; sys.modules['torchvision'] = None  # an import of it fails\n"
                "from reinforge.models.loading import load_processor\n"
                "print(type(load_processor('tiny-vlm')).__name__)")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "LlavaProcessor"
+
+
+def test_tiny_vlm_and_its_processor_encode_a_shapes_prompt(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     processor = load_processor("tiny-vlm")
     assert type(processor.image_processor).__name__.endswith("Pil")  # the PIL image processor, not torchvision's
     assert load_processor("tiny-base") is None  # a text model has none
