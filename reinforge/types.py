@@ -47,13 +47,17 @@ def declares_stage(name: str, reads: tuple[str, ...], writes: tuple[str, ...]) -
 class Task:
     """One prompt with what its verifier needs.
 
-    ``prompt`` is either raw text or a list of chat messages (``{"role", "content"}``).
+    ``prompt`` is either raw text or a list of chat messages (``{"role", "content"}``). ``images``: the
+    pictures the prompt shows (PIL images, file paths or encoded bytes; rollout/vision.py reads them), placed
+    by the model's processor and chat template where the messages' image parts are, else before the first
+    user message's text.
     """
 
     id: str
     prompt: str | Messages
     answer: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -77,7 +81,9 @@ class Trajectory:
     and it is trained on by the loss terms that declare they need demonstrations (e.g. ``nll``).
     ``continues``: the generation goes on in a later step (a window of T-PPO's truncated rollouts,
     rollout/tppo.py): its last token is not terminal and it has no outcome reward yet (``reward`` 0,
-    unscored); the batch's ``continues``.
+    unscored); the batch's ``continues``. ``model_inputs``: the model's inputs for the prompt besides its
+    tokens (a vision-language model's ``pixel_values`` and what its family adds, each a tensor with a leading
+    dimension of 1, shared by the rows of a group: rollout/vision.py); the batch's ``model_inputs``.
     """
 
     token_ids: list[int]
@@ -98,6 +104,7 @@ class Trajectory:
     turn_states: list[str] = field(default_factory=list)
     token_rewards: list[float] = field(default_factory=list)
     continues: bool = False
+    model_inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def truncated(self) -> bool:
@@ -130,6 +137,9 @@ class Batch:
     group each row belongs to (from ``metadata['subgroups']``, when a part needs them; -1 padding);
     ``state_values`` and ``state_mask`` [N, L] the Monte Carlo values of intermediate states (from
     ``metadata['state_values']``, when a part needs ``state_values``).
+    ``model_inputs``: per-row inputs of the model's forward besides the tokens (``pixel_values`` [N, C, H, W]
+    of one picture per row, and what a family adds), each tensor's first dimension the row (``ROW_FIELDS``:
+    ``select`` indexes only that dimension); every forward of the row passes them ({}: a text batch).
     """
 
     input_ids: Tensor
@@ -160,6 +170,7 @@ class Batch:
     old_topk_index: Tensor | None = None
     old_topk_logp: Tensor | None = None
     extra: dict[str, Tensor] = field(default_factory=dict)  # registered fields (algo.context.register_field)
+    model_inputs: dict[str, Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -183,7 +194,8 @@ class Batch:
         def rows(value: Tensor) -> Tensor:
             return value[index, :width] if value.dim() >= 2 else value[index]  # [N, L] (or [N, L, V]); [N]
 
-        out = {f.name: _map(getattr(self, f.name), rows) for f in fields(self)}
+        out = {f.name: _map(getattr(self, f.name), (lambda t: t[index]) if f.name in ROW_FIELDS else rows)
+               for f in fields(self)}
         return Batch(**out)
 
     @classmethod
@@ -215,7 +227,26 @@ class Batch:
                 token_rewards[i, : len(t.token_rewards)] = torch.tensor(t.token_rewards, dtype=torch.float32)
         continues = torch.tensor([t.continues for t in trajs]) if any(t.continues for t in trajs) else None
         return cls(ids, attn, mask, logp, prefix, groups, rewards, baseline, demo=demo, token_rewards=token_rewards,
-                   continues=continues)
+                   continues=continues, model_inputs=row_model_inputs(trajs))
+
+
+ROW_FIELDS = frozenset({"model_inputs"})
+"""``Batch`` fields whose tensors are indexed by row only (their other dimensions are no sequence positions)."""
+
+
+def row_model_inputs(trajs: list[Trajectory]) -> dict[str, Tensor]:
+    """The trajectories' ``model_inputs`` stacked along the row dimension ({} when none has any). Every row
+    must have the same kinds of input: a batch mixing rows with pictures and rows without is refused."""
+    import torch
+
+    if not any(t.model_inputs for t in trajs):
+        return {}
+    keys = set(trajs[0].model_inputs)
+    odd = next((t.task_id for t in trajs if set(t.model_inputs) != keys), None)
+    if odd is not None:
+        raise ValueError(f"batch rows differ in their model inputs (task {odd!r} has {sorted(trajs[0].model_inputs)}"
+                         f" in another row but not the same here): a batch has pictures in every row or in none")
+    return {k: torch.cat([t.model_inputs[k] for t in trajs]) for k in sorted(keys)}
 
 
 def _map(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:

@@ -81,12 +81,12 @@ def test_tiny_agent_tools_is_a_shipped_alias_with_its_build_recorded():
 
     tools = resolve_model_path("tiny-agent-tools")
     assert tools == ASSETS_DIR / "tiny-agent-tools" and set(SHIPPED_MODELS) == {
-        "tiny-base", "tiny-agent", "tiny-agent-tools", "tiny-agent-search", "tiny-rm"}
+        "tiny-base", "tiny-agent", "tiny-agent-tools", "tiny-agent-search", "tiny-rm", "tiny-vlm"}
     stats = json.loads((tools / "build_stats.json").read_text())
     assert stats["command"].startswith("python scripts/build_tiny_agent.py") and stats["search_names"] == "ids"
     assert stats["code_kinds"] == "prod" and stats["heldout_greedy_success"]["code_interpreter"] >= 0.2
     assert load_model("tiny-agent-tools").config.vocab_size == load_model(str(TINY_AGENT)).config.vocab_size
-    with pytest.raises(ConfigError, match="shipped alias: tiny-base, tiny-agent, tiny-agent-tools, tiny-agent-search, tiny-rm"):
+    with pytest.raises(ConfigError, match="shipped alias: tiny-base, tiny-agent, tiny-agent-tools, tiny-agent-search, tiny-rm, tiny-vlm"):
         load_model("no-such-model")
     assert load_config("agent_code").model.path == "tiny-agent-tools"
 

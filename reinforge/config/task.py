@@ -12,9 +12,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     TypeAdapter,
     field_validator,
@@ -31,45 +29,13 @@ from reinforge.config.base import (
     TaskSamplerConfig,
     _Strict,
 )
+from reinforge.config.columns import ColumnsConfig
 
 
 class RGTaskItem(_Strict):
     name: str
     weight: float = Field(1.0, gt=0)
     params: dict[str, Any] = Field(default_factory=dict)
-
-
-class ColumnsConfig(BaseModel):
-    """Which columns hold what. ``None`` = not used.
-
-    - ``prompt``: raw text or a list of ``{"role", "content"}`` messages (required).
-    - ``answer``: the reference answer, read as ``str`` (``None``: no answer, ``Task.answer == ""``).
-    - ``id``: unique task ids (default: the reader's, e.g. ``"<file stem>:<row index>"``).
-    - ``system``: a per-row system prompt, put first in the prompt's messages.
-    - ``tests``: unit tests for the ``code_tests`` verifier: a string or list of assert strings
-      (-> ``metadata["asserts"]``), a list of ``{"input", "output"}`` (-> ``metadata["io"]``), or an
-      object with ``asserts`` and/or ``io``.
-    - ``difficulty``, ``source``: copied to ``metadata["difficulty"]`` / ``metadata["source"]``
-      (evaluation reports break results down by these keys).
-    - ``metadata``: columns copied into ``metadata`` under their own names; ``None`` (default)
-      copies every column not named above, ``[]`` copies none.
-    """
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    prompt: str = "prompt"
-    answer: str | None = "answer"
-    id: str | None = None
-    system: str | None = None
-    tests: str | None = None
-    difficulty: str | None = None
-    source: str | None = None
-    metadata: list[str] | None = Field(None, description="columns copied into Task.metadata; null = all other columns")
-
-    def named(self) -> dict[str, str]:
-        """Role -> column, for the roles in use."""
-        roles = ("prompt", "answer", "id", "system", "tests", "difficulty", "source")
-        return {r: c for r in roles if (c := getattr(self, r)) is not None}
 
 
 def _check_verifier(name: str) -> str:
@@ -96,9 +62,8 @@ class TaskConfigBase(_Strict):
     """What every task source has: the reward's verifier, the held-out split, the prompt sampler."""
 
     kind: str
-    verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them), or your "
-                          "own function (task, completion) -> RewardResult | float as module:function or file.py:function (a "
-                          "relative file in a recipe is found next to the recipe first)")
+    verifier: str = Field("exact_match", description="a registered verifier (reinforge algos lists them), or your own "
+                          "function (task, completion) -> RewardResult | float as module:function or file.py:function (a relative file in a recipe is found next to the recipe first)")
     heldout_size: int = Field(500, ge=1)
     seed: int = Field(1234, description="seed of the train/held-out split")
     sampler: TaskSamplerConfig = Field(default_factory=TaskSamplerConfig, description="which prompts a step draws")
@@ -116,6 +81,14 @@ class ArithmeticTaskConfig(TaskConfigBase):
     kind: Literal["arithmetic"] = "arithmetic"
     digits: int = Field(2, ge=1, le=3)
     ops: str = "+"
+
+
+class ShapesTaskConfig(TaskConfigBase):
+    """The built-in image task (``data/shapes.py``, docs/vision.md); it needs a vision-language model (tiny-vlm)."""
+    kind: Literal["shapes"] = "shapes"
+    question: Literal["colour", "count"] = Field("colour", description="name the shape's colour, or count the dots")
+    image_size: int = Field(32, ge=16, le=512, description="pictures are image_size x image_size pixels")
+    heldout_size: int = Field(200, ge=1)
 
 
 class FileTaskConfig(TaskConfigBase):
@@ -215,7 +188,8 @@ class EnvTaskConfig(TaskConfigBase):
 
 
 TASK_KINDS: tuple[type[TaskConfigBase], ...] = (
-    ArithmeticTaskConfig, JsonlTaskConfig, TableTaskConfig, ReasoningGymTaskConfig, AgentTaskConfig, EnvTaskConfig,
+    ArithmeticTaskConfig, JsonlTaskConfig, TableTaskConfig, ReasoningGymTaskConfig, AgentTaskConfig,
+    EnvTaskConfig, ShapesTaskConfig,
 )
 DEFAULT_TASK_KIND = "arithmetic"
 REPLACED_KEYS = {"prompt_key": "columns.prompt", "answer_key": "columns.answer"}
@@ -227,8 +201,7 @@ def task_kind_model(kind: str) -> type[TaskConfigBase] | None:
 
 
 def _task_input(data: Any) -> Any:
-    """A task section before it is validated: no ``kind`` means arithmetic; the old column keys are
-    refused with their replacement."""
+    """A task section before validation: no ``kind`` means arithmetic; old column keys are refused, naming the new."""
     if not isinstance(data, dict):
         return data
     old = [k for k in REPLACED_KEYS if k in data]
@@ -239,24 +212,22 @@ def _task_input(data: Any) -> Any:
 
 
 TaskConfig = Annotated[
-    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig | EnvTaskConfig,
+    ArithmeticTaskConfig | JsonlTaskConfig | TableTaskConfig | ReasoningGymTaskConfig | AgentTaskConfig
+    | EnvTaskConfig | ShapesTaskConfig,
     Field(discriminator="kind"),
     BeforeValidator(_task_input),
 ]
 """The ``task`` section: one model per ``task.kind`` (a field of another kind is an error)."""
-
 _TASK_ADAPTER: TypeAdapter[Any] = TypeAdapter(TaskConfig)
 
 
 def task_config(data: dict[str, Any]) -> TaskConfigBase:
-    """A task section (a mapping, as in a recipe) validated into its kind's model; raises
-    pydantic's ValidationError."""
+    """A task section (a mapping, as in a recipe) validated into its kind's model (or pydantic's ValidationError)."""
     return _TASK_ADAPTER.validate_python(data)
 
 
 class CoEvolveConfig(_Strict):
-    """The reward model keeps training on the policy's samples labelled by a rule verifier (Cooper;
-    rewards/co_evolve.py)."""
+    """The reward model keeps training on the policy's samples a rule verifier labels (Cooper, rewards/co_evolve.py)."""
 
     verifier: str = Field(description="the rule verifier that labels the samples (a registered name or "
                           "module:function), e.g. exact_match")

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from reinforge.config.task import ColumnsConfig
+from reinforge.config.columns import ColumnsConfig
 from reinforge.errors import DataError
 from reinforge.types import Messages, Task
 
@@ -74,11 +75,32 @@ def _with_system(prompt: str | Messages, system: Any, cols: ColumnsConfig, where
     return [{"role": "system", "content": system}, *user]
 
 
+def _images(value: Any, column: str, where: str, base_dir: Path | None) -> tuple[Any, ...]:
+    """A cell of the images column as RGB pictures: one picture or a list (a path relative to ``base_dir``,
+    bytes, a PIL image, or an HF ``datasets`` ``Image`` cell ``{"bytes", "path"}``); a bad one names the row."""
+    from reinforge.errors import ConfigError
+    from reinforge.rollout.vision import read_image
+
+    cells = list(value) if isinstance(value, list | tuple) else [value]
+    if value is None or not cells:
+        raise DataError(f"{where}: column {column!r} (images) is empty")
+    out = []
+    for i, cell in enumerate(cells):
+        if isinstance(cell, dict):  # datasets' Image feature, not decoded
+            cell = cell.get("bytes") or cell.get("path")
+        try:
+            out.append(read_image(cell, f"{where}: column {column!r}" + (f", image {i}" if len(cells) > 1 else ""),
+                                  base_dir))
+        except ConfigError as e:
+            raise DataError(str(e)) from None
+    return tuple(out)
+
+
 def row_task(row: dict[str, Any], where: str, default_id: str, cols: ColumnsConfig,
-             json_columns: tuple[str, ...] = (), as_chat: bool = False) -> Task:
+             json_columns: tuple[str, ...] = (), as_chat: bool = False, base_dir: Path | None = None) -> Task:
     """One row as a `Task` (``default_id`` unless ``cols.id`` names an id column). ``json_columns``:
     string cells of these columns are decoded as JSON first; ``as_chat``: a raw-text prompt becomes
-    one user message."""
+    one user message; ``base_dir``: where the images column's relative paths start."""
     def cell(column: str) -> Any:
         return _cell(row, column, where, json_columns)
 
@@ -109,18 +131,19 @@ def row_task(row: dict[str, Any], where: str, default_id: str, cols: ColumnsConf
     extra = [c for c in row if c not in used] if cols.metadata is None else cols.metadata
     for column in extra:
         meta[column] = cell(column)
-    return Task(id=task_id, prompt=prompt, answer=answer, metadata=meta)
+    images = _images(cell(cols.images), cols.images, where, base_dir) if cols.images is not None else ()
+    return Task(id=task_id, prompt=prompt, answer=answer, metadata=meta, images=images)
 
 
 def rows_to_tasks(rows: Iterable[tuple[str, str, dict[str, Any]]], cols: ColumnsConfig | None, name: str,
-                  json_columns: tuple[str, ...] = (), as_chat: bool = False) -> list[Task]:
+                  json_columns: tuple[str, ...] = (), as_chat: bool = False, base_dir: Path | None = None) -> list[Task]:
     """``(where, default id, row)`` triples -> tasks, with ``cols`` (default: `ColumnsConfig()`).
     A duplicate id (from an id column) and a table without rows (``name`` says which) are errors."""
     cols = cols or ColumnsConfig()
     tasks: list[Task] = []
     first_where: dict[str, str] = {}
     for where, default_id, row in rows:
-        task = row_task(row, where, default_id, cols, json_columns, as_chat)
+        task = row_task(row, where, default_id, cols, json_columns, as_chat, base_dir)
         if cols.id is not None:
             if task.id in first_where:
                 raise DataError(f"{where}: duplicate id {task.id!r} (first at {first_where[task.id]})")

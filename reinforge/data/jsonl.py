@@ -39,7 +39,7 @@ def read_jsonl_tasks(path: str | Path, columns: ColumnsConfig | None = None) -> 
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     rows = ((f"{path}:{lineno}", f"{path.name}:{lineno}", row) for lineno, row in iter_jsonl(path))
-    return rows_to_tasks(rows, columns, str(path))
+    return rows_to_tasks(rows, columns, str(path), base_dir=path.parent)
 
 
 def jsonl_splits(

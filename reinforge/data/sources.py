@@ -12,6 +12,7 @@ from reinforge.config import (
     EnvTaskConfig,
     JsonlTaskConfig,
     ReasoningGymTaskConfig,
+    ShapesTaskConfig,
     TableTaskConfig,
     TaskConfigBase,
 )
@@ -58,9 +59,19 @@ def _agent(cfg: AgentTaskConfig) -> TaskSplits:
         raise ConfigError(f"task (kind {cfg.kind}): {e}") from None
 
 
+def _shapes(cfg: ShapesTaskConfig) -> TaskSplits:
+    from reinforge.data.shapes import shapes_splits
+
+    try:
+        return shapes_splits(cfg.question, cfg.image_size, heldout_size=cfg.heldout_size, seed=cfg.seed)
+    except ValueError as e:
+        raise ConfigError(f"task (kind shapes): {e}") from None
+
+
 TASK_SOURCES: dict[type[TaskConfigBase], Callable[[Any], TaskSplits]] = {
     ArithmeticTaskConfig: _arithmetic, JsonlTaskConfig: _jsonl, TableTaskConfig: _table,
     ReasoningGymTaskConfig: _reasoning_gym, AgentTaskConfig: _agent,
+    ShapesTaskConfig: _shapes,
 }
 
 

@@ -176,7 +176,7 @@ def read_table_tasks(
     p = Path(path)
     stem = p.stem if p.suffix else p.name
     rows = ((where, f"{stem}:{index}", row) for index, (where, row) in enumerate(_rows(p, fmt, split, cache_dir)))
-    return rows_to_tasks(rows, columns, str(path), json_columns, as_chat)
+    return rows_to_tasks(rows, columns, str(path), json_columns, as_chat, p.parent if p.is_file() else p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,10 +192,21 @@ def prompt_fingerprint(prompt: str | Messages) -> str:
     return hashlib.sha256(json.dumps(canon, ensure_ascii=False).encode()).hexdigest()
 
 
+def pictures_fingerprint(images: tuple) -> str:
+    """A hash of a task's pictures ("" for none): the same question about two pictures is two prompts."""
+    if not images:
+        return ""
+    digest = hashlib.sha256()
+    for image in images:
+        digest.update(f"{image.mode}:{image.size}:".encode())
+        digest.update(image.tobytes())
+    return ":" + digest.hexdigest()
+
+
 def _split_by_prompt(tasks: list[Task], heldout_size: int, seed: int) -> tuple[list[Task], list[Task]]:
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(tasks):
-        groups.setdefault(prompt_fingerprint(t.prompt), []).append(i)
+        groups.setdefault(prompt_fingerprint(t.prompt) + pictures_fingerprint(t.images), []).append(i)
     order = sorted(groups, key=lambda fp: hashlib.sha256(f"{seed}:{fp}".encode()).hexdigest())
     held: set[int] = set()
     for fp in order:
@@ -223,8 +234,8 @@ def table_splits(
     """Disjoint train / held-out splits of a table; both keep file order.
 
     The split is by prompt content, never by row: rows whose prompts have the same
-    `prompt_fingerprint` (duplicates, up to whitespace and system messages) always land on the
-    same side.
+    `prompt_fingerprint` (duplicates, up to whitespace and system messages) and the same pictures
+    (`pictures_fingerprint`) always land on the same side.
 
     - With ``heldout_path`` (and ``heldout_split``, default ``split``, for a saved ``DatasetDict``):
       the held-out tasks are that table's rows, and training rows whose prompt also appears there

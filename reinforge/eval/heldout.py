@@ -27,6 +27,7 @@ from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.prompts import encode_prompt, prompt_messages
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.rollout.vision import encode_vision_prompt
 from reinforge.types import Task
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
@@ -66,10 +67,19 @@ class EvalResult:
         }
 
 
-def build_requests(tasks: Sequence[Task], tokenizer, system_prompt: str | None) -> list[GenerationRequest]:
-    return [
-        GenerationRequest(encode_prompt(tokenizer, prompt_messages(t.prompt, system_prompt)), t.id) for t in tasks
-    ]
+def build_requests(tasks: Sequence[Task], tokenizer, system_prompt: str | None, processor=None
+                   ) -> list[GenerationRequest]:
+    """One request per task; a task with pictures goes through the model's ``processor`` (an error without one:
+    a picture is never dropped silently, rollout/vision.py)."""
+    out = []
+    for t in tasks:
+        prompt = prompt_messages(t.prompt, system_prompt)
+        if t.images:
+            ids, inputs = encode_vision_prompt(processor, prompt, t.images, f"task {t.id!r}")
+            out.append(GenerationRequest(ids, t.id, inputs))
+        else:
+            out.append(GenerationRequest(encode_prompt(tokenizer, prompt), t.id))
+    return out
 
 
 def _score(tasks: Sequence[Task], gens: list[Generation], verifier: Verifier | VerifierPool, per_task: int
@@ -113,7 +123,8 @@ def single_turn_player(engine, verifier: Verifier | VerifierPool, system_prompt:
     are appended to ``texts`` when given (what a reranker scores)."""
 
     def play(tasks: Sequence[Task], params: SamplingParams, per_task: int):
-        gens = engine.generate(build_requests(tasks, engine.tokenizer, system_prompt), params)
+        gens = engine.generate(build_requests(tasks, engine.tokenizer, system_prompt,
+                                              getattr(engine, "processor", None)), params)
         if texts is not None:
             texts.append([g.text for g in gens])
         return _score(tasks, gens, verifier, per_task)

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from reinforge.errors import ConfigError
 from reinforge.learn.lm_head import check_plain_head
 from reinforge.learn.logprobs import token_logprobs, vocab_logprobs
 from reinforge.learn.packing import packed_token_logprobs
@@ -38,7 +39,7 @@ class PlainForward:
 
     def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
         return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, entropy, entropy_grad=True,
-                              chunk_tokens=self.chunk_tokens)
+                              chunk_tokens=self.chunk_tokens, model_inputs=mb.model_inputs)
 
     def vocab_logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool
                        ) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -46,7 +47,7 @@ class PlainForward:
         elsewhere), for a part that reads ``logp_vocab`` or ``teacher_logp_vocab``. Every forward
         computes them with the model's own forward over the padded rows (this one)."""
         return vocab_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature, entropy,
-                              entropy_grad=True)
+                              entropy_grad=True, model_inputs=mb.model_inputs)
 
 
 @FORWARDS.register("shared_prefix", formula="each group's prompt once, its completions attending to it",
@@ -63,6 +64,8 @@ class SharedPrefixTrainingForward(PlainForward):
                                           chunk_tokens=self.chunk_tokens)
 
     def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        if mb.model_inputs:  # pictures: the model's own forward places them (docs/vision.md)
+            return super().logprobs(model, mb, temperature, entropy)
         fwd = (self.shared if model is self.policy  # the policy, or the reference
                else SharedPrefixForward(model, chunk_tokens=self.chunk_tokens))
         out = shared_prefix_logprobs(fwd, mb.input_ids, mb.attention_mask, mb.prefix_len, mb.group_index,
@@ -76,6 +79,11 @@ class PackedForward(PlainForward):
     """The micro-batch's sequences packed end to end: no compute on padding (docs/memory.md)."""
 
     def logprobs(self, model: nn.Module, mb: Batch, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        if mb.model_inputs:
+            raise ConfigError("train.packing cannot carry pictures: packed rows lose the one-picture-per-row layout "
+                              "the model's forward places image features by (model inputs "
+                              + ", ".join(sorted(mb.model_inputs)) + "); set train.packing: false for "
+                              "vision-language runs")
         width = int(mb.attention_mask.sum(-1).max())
         return packed_token_logprobs(model, mb.input_ids, mb.attention_mask, width, temperature, entropy,
                                      entropy_grad=True, chunk_tokens=self.chunk_tokens)

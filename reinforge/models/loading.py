@@ -28,6 +28,25 @@ def load_tokenizer(path: str):
     return tok
 
 
+def load_processor(path: str):
+    """The model's ``AutoProcessor`` when its directory has one (a vision-language model: tokenizer and image
+    processor), else None (a text model: ``load_tokenizer`` is all it needs)."""
+    directory = Path(_existing_model_dir(path))
+    if not any((directory / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(directory))
+
+
+def is_vision_language(directory: str) -> bool:
+    """The config describes a vision-language model (it has a ``vision_config``)."""
+    import json
+
+    config = Path(directory) / "config.json"
+    return config.is_file() and "vision_config" in json.loads(config.read_text())
+
+
 def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -40,7 +59,12 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu") -> torch.
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
+        if is_vision_language(directory):  # LLaVA, Idefics3, ...: the image-text-to-text class (docs/vision.md)
+            from transformers import AutoModelForImageTextToText
+
+            model = AutoModelForImageTextToText.from_pretrained(directory, dtype=DTYPES[dtype])
+        else:
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
     finally:
         hf_logging.set_verbosity(previous)
     logging.getLogger(__name__).debug("loaded %s", directory)

@@ -17,6 +17,7 @@ from reinforge.rewards.pool import VerifierOutcome, VerifierPool
 from reinforge.rollout.group_samplers import GroupSampler
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.rollout.vision import encode_vision_prompt
 from reinforge.types import Batch, Task, Trajectory, declares_stage
 
 
@@ -28,12 +29,23 @@ def generate_single_turn(
     ``group_sampler``, ``group_samplers.build_group_sampler``; independently from the prompt when None)."""
     envs = [make_env() for _ in tasks]
     prompts = [env.reset(task, seed) for env, task in zip(envs, tasks, strict=True)]
-    requests = [
-        GenerationRequest(encode_prompt(engine.tokenizer, p), t.id) for p, t in zip(prompts, tasks, strict=True)
-    ]
-    if group_sampler is None:
-        return envs, engine.generate(requests, params)
-    return envs, group_sampler.sample(engine, requests, params)
+    requests = [prompt_request(engine, p, t) for p, t in zip(prompts, tasks, strict=True)]
+    gens = (engine.generate(requests, params) if group_sampler is None
+            else group_sampler.sample(engine, requests, params))
+    if any(r.model_inputs for r in requests):  # each sample carries its prompt's pictures to its trajectory
+        pictures = {r.request_id: r.model_inputs for r in requests}
+        for g in gens:
+            g.model_inputs = g.model_inputs or pictures[g.request_id]
+    return envs, gens
+
+
+def prompt_request(engine, prompt, task: Task) -> GenerationRequest:
+    """The engine's request for ``task``'s ``prompt``: its token ids, and with pictures (``Task.images``) the
+    ids the model's processor expands and its ``pixel_values`` (rollout/vision.py)."""
+    if not task.images:
+        return GenerationRequest(encode_prompt(engine.tokenizer, prompt), task.id)
+    ids, inputs = encode_vision_prompt(getattr(engine, "processor", None), prompt, task.images, f"task {task.id!r}")
+    return GenerationRequest(ids, task.id, inputs)
 
 
 def score_single_turn(
@@ -69,6 +81,7 @@ def score_single_turn(
                 finish_reason=gen.finish_reason,
                 completion_text=gen.text,
                 continues=bool(gen.extra.get("continues", False)),
+                model_inputs=gen.model_inputs,
                 metadata={"correct": bool(info.get("correct", False)), "reward_status": outcome.status,
                           "answer": outcome.result.answer if outcome.result is not None else None,
                           **({"reward_error": outcome.error} if outcome.error else {}),
@@ -108,7 +121,7 @@ def shape_rewards(trajs: list[Trajectory], shapers: Sequence[RewardShaperConfig]
 # The batch record's fields every batch has (``Batch.from_trajectories``); the producers of
 # orchestrate/batch_fields.py add the optional ones a part of the run reads.
 BUILD_WRITES = ("input_ids", "attention_mask", "loss_mask", "sampling_logprobs", "prefix_len", "group_index",
-                "rewards", "baseline", "token_rewards", "demo", "continues")
+                "rewards", "baseline", "token_rewards", "demo", "continues", "model_inputs")
 
 
 @dataclass

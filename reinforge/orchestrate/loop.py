@@ -265,8 +265,9 @@ class Loop:
         model, trainer_state = c.learner.checkpoint_model(), c.learner.state_dict()  # collectives under FSDP2
         if not distributed.is_main():
             return
+        processor = getattr(c.engine, "processor", None)  # a vision-language model's: its tokenizer and image processor
         save_checkpoint(
-            self.run_dir, step, model, c.tokenizer, trainer_state, c.engine.generator,
+            self.run_dir, step, model, processor or c.tokenizer, trainer_state, c.engine.generator,
             self.checkpoint_state(), keep=self.cfg.checkpoint.keep, reward_state=c.reward_pool.state_dict(),
         )
 

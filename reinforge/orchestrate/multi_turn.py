@@ -47,6 +47,7 @@ from reinforge.rollout.chat_splice import ChatSplicer
 from reinforge.rollout.engines import context_limit
 from reinforge.rollout.prompts import prompt_messages
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.rollout.vision import refuse_pictures
 from reinforge.types import Task, Trajectory
 
 
@@ -172,6 +173,7 @@ def _start(tasks: Sequence[Task], make_env: Callable[[], Environment], n: int, s
     """``n`` fresh environments per task, reset concurrently. A reset that fails or times out stops the run,
     or under ``on_error="zero"`` ends its episode before the first turn (the task's own prompt, no model
     tokens: an untrained member of its group with reward 0, ``truncated: env_error``)."""
+    refuse_pictures(tasks, "multi-turn episodes")
     envs = [(t, j, make_env()) for t in range(len(tasks)) for j in range(n)]
     outcomes = calls.run([partial(env.reset, tasks[t], seed * 1_000_003 + t * 997 + j) for t, j, env in envs])
     episodes = []

@@ -17,10 +17,12 @@ class HFDecoder:
     def __init__(self, model: nn.Module) -> None:
         self.model, self.cache = model, None
 
-    def start(self, ids: Tensor, attention: Tensor, repeat: int) -> Tensor:
-        """Prefill each prompt once, then share its cache among its ``repeat`` samples."""
+    def start(self, ids: Tensor, attention: Tensor, repeat: int, **model_inputs: Tensor) -> Tensor:
+        """Prefill each prompt once, then share its cache among its ``repeat`` samples; ``model_inputs``
+        (a vision-language model's ``pixel_values``, ...) go to this forward only."""
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         **model_inputs)
         self.cache = out.past_key_values
         if repeat > 1:
             self.cache.batch_repeat_interleave(repeat)

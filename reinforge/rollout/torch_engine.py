@@ -14,10 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from reinforge.errors import ReinforgeError
+from reinforge.errors import ConfigError, ReinforgeError
 from reinforge.models.lean_llama import SUPPORTED_MODEL_TYPES, LeanLlama
 from reinforge.models.lean_llama import supports as lean_supports
 from reinforge.models.lean_lora import AdapterWeights
+from reinforge.models.loading import load_processor
 from reinforge.models.precision import compute_dtype
 from reinforge.rollout.continuous import StepCallback, generate_continuous
 from reinforge.rollout.decoding import HFDecoder, LeanDecoder, left_pad
@@ -57,8 +58,11 @@ class TorchRolloutEngine:
     @classmethod
     def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
                     copy_policy: bool = True) -> TorchRolloutEngine:
-        """An engine over a copy of ``policy`` (``copy_policy=False``: over ``policy`` itself)."""
-        return cls(own_copy(policy) if copy_policy else policy, tokenizer, device, seed=seed)
+        """An engine over a copy of ``policy`` (``copy_policy=False``: over ``policy`` itself); with the model's
+        image processor when it has one (``processor``: a vision-language model, rollout/vision.py)."""
+        engine = cls(own_copy(policy) if copy_policy else policy, tokenizer, device, seed=seed)
+        engine.processor = processor_of(model_path)
+        return engine
 
     def __init__(
         self,
@@ -85,6 +89,7 @@ class TorchRolloutEngine:
         # and costs a CPU nothing while a masked step of a finished slot costs it a full one
         self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)
         self.weight_poll: WeightPoll | None = None
+        self.processor: Any = None  # a vision-language model's AutoProcessor (from_config sets it)
         self._logprob_dtype = compute_dtype(next(self.model.parameters()).dtype)
         self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
         self._staged_lock = threading.Lock()
@@ -165,7 +170,8 @@ class TorchRolloutEngine:
         ``generator`` replaces the engine's own (e.g. a per-request seed); ``on_step`` sees every
         decode step (streaming, top log-probs)."""
         self._apply_pending()
-        limit = getattr(self.model.config, "max_position_embeddings", None)
+        config = self.model.config
+        limit = getattr(getattr(config, "get_text_config", lambda: config)(), "max_position_embeddings", None)
         longest = max((len(r.prompt_ids) for r in requests), default=0)
         if limit is not None and longest + params.max_new_tokens > limit:
             raise ReinforgeError(
@@ -173,7 +179,8 @@ class TorchRolloutEngine:
                 f"context of {limit} positions (max_position_embeddings); shorten the prompts or lower "
                 "rollout.max_new_tokens"
             )
-        if self.lean is not None and self.continuous:
+        pictures = any(r.model_inputs for r in requests)  # the HF forward's prefill takes them (docs/vision.md)
+        if self.lean is not None and self.continuous and not pictures:
             return generate_continuous(self, requests, params, generator or self.generator, on_step)
         per_chunk = max(1, self.max_batch_sequences // params.n)
         out: list[Generation] = []
@@ -203,9 +210,14 @@ class TorchRolloutEngine:
         lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
 
-        decoder = self._decoder(len(requests), unique_ids.shape[1] + params.max_new_tokens,
-                                self._adapter_rows(requests))
-        logits = decoder.start(unique_ids, unique_attention, params.n)
+        extra = prefill_inputs(requests, self.device)
+        rows = self._adapter_rows(requests)
+        if extra and rows is not None:
+            raise ReinforgeError("prompts with pictures cannot be sampled with an unmerged LoRA adapter "
+                                 "(model.lora.sync=adapter): use sync=merged")
+        decoder = HFDecoder(self.model) if extra else self._decoder(
+            len(requests), unique_ids.shape[1] + params.max_new_tokens, rows)
+        logits = self._banned(decoder.start(unique_ids, unique_attention, params.n, **extra), extra)
         next_pos = positions[:, -1:] + 1
         steps_done = 0
         for t in range(params.max_new_tokens):
@@ -226,9 +238,17 @@ class TorchRolloutEngine:
             if t + 1 == params.max_new_tokens or (t + 1) % self.sync_every == 0 and bool(finished.all()):
                 break  # finished rows decode masked steps until the next check (one host read every sync_every)
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-            logits = decoder.step(tok[:, None], attention, next_pos)
+            logits = self._banned(decoder.step(tok[:, None], attention, next_pos), extra)
             next_pos = next_pos + 1
         return self._collect(chunk, tokens[:, :steps_done], logprobs[:, :steps_done], lengths, finished)
+
+    def _banned(self, logits: Tensor, extra: dict[str, Tensor]) -> Tensor:
+        """With pictures, the image placeholder token is never sampled (a sampled one would be a picture
+        without pixels in the learner's forward): its logit is -inf (the learner's softmax still counts it,
+        a gap of log(1 - p(placeholder)) between the two log-probs, docs/vision.md)."""
+        token = image_token_id(self.model) if extra else None
+        return logits if token is None else logits.index_fill(-1, torch.tensor([token], device=logits.device),
+                                                                float("-inf"))
 
     def _rows_hit_stop(self, tokens: Tensor, rows: Tensor, steps: Tensor, stop: Iterable[str]) -> Tensor:
         """For each (row, last step): does the row's text end with a stop string."""
@@ -272,6 +292,39 @@ class TorchRolloutEngine:
                 token_versions=token_versions,
             ))
         return out
+
+
+def prefill_inputs(requests: list[GenerationRequest], device: torch.device) -> dict[str, Tensor]:
+    """The requests' model inputs (``pixel_values``, ...) stacked along their first dimension, for one prefill;
+    {} when none has any. Requests with and without them cannot share a prefill: an error."""
+    have = [bool(r.model_inputs) for r in requests]
+    if not any(have):
+        return {}
+    if not all(have):
+        raise ReinforgeError("a generation batch mixes prompts with pictures and prompts without: give every "
+                             "task of a run images, or none")
+    keys = set(requests[0].model_inputs)
+    if any(set(r.model_inputs) != keys for r in requests):
+        raise ReinforgeError(f"the prompts' model inputs differ in kind (expected {sorted(keys)} for every one)")
+    return {k: torch.cat([r.model_inputs[k] for r in requests]).to(device) for k in sorted(keys)}
+
+
+def image_token_id(model: nn.Module) -> int | None:
+    """The vision-language model's image placeholder token (``image_token_id``, ``image_token_index``)."""
+    cfg = model.config
+    token = getattr(cfg, "image_token_id", None)
+    return int(token) if token is not None else getattr(cfg, "image_token_index", None)
+
+
+def processor_of(model_path: str | None) -> Any:
+    """The model directory's processor (``models.loading.load_processor``), None for a text model or a path that
+    is no model directory (an engine built over a model in memory)."""
+    if not model_path:
+        return None
+    try:
+        return load_processor(model_path)
+    except ConfigError:
+        return None
 
 
 def _eos_ids(model: nn.Module, tokenizer) -> set[int]:

@@ -27,11 +27,14 @@ class SamplingParams:
 @dataclass(frozen=True)
 class GenerationRequest:
     """One prompt; ``adapter`` names the LoRA adapter to sample it with on an engine that serves
-    several (``TorchRolloutEngine.update_adapter``; None: the engine's ``default_adapter``)."""
+    several (``TorchRolloutEngine.update_adapter``; None: the engine's ``default_adapter``);
+    ``model_inputs``: the model's other inputs for it (an image's ``pixel_values`` and what its family
+    adds, each with a leading dimension of 1: rollout/vision.py), passed at prefill."""
 
     prompt_ids: list[int]
     request_id: str = ""
     adapter: str | None = None
+    model_inputs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -42,7 +45,8 @@ class Generation:
     weights between decode steps gives one sequence several versions); ``version`` is the version
     of its first token. ``extra['tokens_reused']`` (optional): how many of ``token_ids`` a group sampler
     took from elsewhere (a reused prefix, a shared tree segment) instead of decoding them for this
-    sample; the step reports the sum as ``rollout/tokens_reused``."""
+    sample; the step reports the sum as ``rollout/tokens_reused``. ``model_inputs``: its request's (pictures),
+filled by the collector that made the request."""
 
     request_id: str
     prompt_ids: list[int]
@@ -54,6 +58,7 @@ class Generation:
     sample_index: int = 0
     extra: dict = field(default_factory=dict)
     token_versions: list[int] = field(default_factory=list)
+    model_inputs: dict = field(default_factory=dict)  # its request's (the prompt's pictures), for the trajectory
 
     def __post_init__(self) -> None:
         if not self.token_versions:
