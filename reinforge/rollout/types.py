@@ -33,8 +33,8 @@ class GenerationRequest:
 
     prompt_ids: list[int]
     request_id: str = ""
-    adapter: str | None = None
     model_inputs: dict = field(default_factory=dict)
+    adapter: str | None = None
 
 
 @dataclass
