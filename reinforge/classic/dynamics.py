@@ -18,8 +18,13 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from reinforge.algo.model_based import (bound_log_variance, elite_indices, gaussian_nll, logvar_bound_penalty,
-                                        member_mse)
+from reinforge.algo.model_based import (
+    bound_log_variance,
+    elite_indices,
+    gaussian_nll,
+    logvar_bound_penalty,
+    member_mse,
+)
 from reinforge.classic.ensemble import EnsembleLinear
 from reinforge.registry import Settings
 

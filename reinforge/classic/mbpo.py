@@ -28,7 +28,13 @@ from torch import Tensor, nn
 
 from reinforge.algo.model_based import rollout_length
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
-from reinforge.classic.dynamics import DynamicsSettings, ProbabilisticEnsemble, fit, sample_step, transition_arrays
+from reinforge.classic.dynamics import (
+    DynamicsSettings,
+    ProbabilisticEnsemble,
+    fit,
+    sample_step,
+    transition_arrays,
+)
 from reinforge.classic.replay import Replay
 from reinforge.classic.sac import SAC, SACSettings
 from reinforge.errors import ConfigError
@@ -54,15 +60,20 @@ TERMINATIONS: dict[str, DoneFn] = {"Pendulum": _never, "HalfCheetah": _never, "I
                                    "Hopper": _hopper, "Swimmer": _never, "reinforge/PointReach": _never}
 
 
-def termination_fn(env_id: str, setting: str) -> DoneFn:
-    """The environment's known termination rule (``auto``) or none (``none``); an unknown id is an error."""
-    if setting == "none":
-        return _never
+def _known_termination(env_id: str) -> DoneFn:
     fn = TERMINATIONS.get(env_id.rsplit("-v", 1)[0])
     if fn is None:
         raise ConfigError(f"classic.agent.termination: no termination function for {env_id!r} (known: "
                           f"{', '.join(sorted(TERMINATIONS))}); set `none` if its episodes only time out")
     return fn
+
+
+_TERMINATION_SETTINGS: dict[str, Callable[[str], DoneFn]] = {"auto": _known_termination, "none": lambda _: _never}
+
+
+def termination_fn(env_id: str, setting: str) -> DoneFn:
+    """The environment's known termination rule (``auto``) or none (``none``); an unknown id is an error."""
+    return _TERMINATION_SETTINGS[setting](env_id)
 
 
 class MBPOSettings(SACSettings):
