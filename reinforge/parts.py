@@ -14,6 +14,8 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.classic.dqn  # noqa: F401  (classic agents: dqn)
     import reinforge.classic.impala  # noqa: F401  (classic agents: impala)
     import reinforge.classic.mappo  # noqa: F401  (classic agents: ippo, mappo)
+    import reinforge.classic.mbpo  # noqa: F401  (classic agents: mbpo)
+    import reinforge.classic.pets  # noqa: F401  (classic agents: pets)
     import reinforge.classic.ppo  # noqa: F401  (classic agents: ppo)
     import reinforge.classic.rlpd  # noqa: F401  (classic agents: rlpd)
     import reinforge.classic.sac  # noqa: F401  (classic agents: sac)

@@ -40,6 +40,20 @@ class Replay:
         self.pos = (self.pos + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
+    def add_batch(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
+                  terminated: np.ndarray, discount: float) -> None:
+        """N transitions at once (model rollouts), written around the ring (the oldest overwritten)."""
+        n = len(obs)
+        if n > self.capacity:  # only the newest fit
+            obs, actions, rewards, next_obs, terminated = (a[n - self.capacity:] for a in
+                                                           (obs, actions, rewards, next_obs, terminated))
+            n = self.capacity
+        idx = (self.pos + np.arange(n)) % self.capacity
+        self.obs[idx], self.actions[idx], self.rewards[idx] = obs, actions, rewards
+        self.next_obs[idx], self.terminated[idx], self.discounts[idx] = next_obs, terminated, discount
+        self.pos = int((self.pos + n) % self.capacity)
+        self.size = min(self.size + n, self.capacity)
+
     def sample(self, batch: int) -> dict[str, np.ndarray]:
         """``batch`` stored transitions drawn uniformly with replacement."""
         idx = self.rng.integers(0, self.size, batch)

@@ -19,7 +19,6 @@ entropy -dim(A)/2, learning after 5000 steps of uniform random actions. Departur
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any, Self
@@ -32,11 +31,11 @@ from torch import Tensor, nn
 from reinforge.algo.qlearning import soft_q_targets
 from reinforge.classic.agents import CLASSIC_AGENTS, Iteration
 from reinforge.classic.ensemble import EnsembleCritic, subset_min
-from reinforge.classic.envs import finished_episodes, flat_obs_dim, next_observations, obs_tensor
+from reinforge.classic.envs import flat_obs_dim
 from reinforge.classic.networks import action_spec, polyak_update
 from reinforge.classic.offline import Logged, load_parquet
-from reinforge.classic.replay import NStep, Replay, store_vector_step
-from reinforge.classic.sac import SquashedGaussian
+from reinforge.classic.replay import NStep, Replay
+from reinforge.classic.sac import SoftActorCore, SquashedGaussian
 from reinforge.errors import ConfigError
 from reinforge.registry import Settings
 
@@ -122,7 +121,7 @@ def _load_offline(cfg: RLPDSettings, obs_dim: int, act_dim: int, seed: int) -> R
     "rlpd", formula="batch: half offline, half online; min sum_e E[(Q_e(s,a) - (r + (1-d) g (min_{e in Z} Q'_e(s',a') "
                     "- alpha log pi(a'|s'))))^2], Z a random M of E; max E[mean_e Q_e(s, a~) - alpha log pi(a~|s)]",
     paper="2302.02948", settings=RLPDSettings)
-class RLPD:
+class RLPD(SoftActorCore):
     """The agent: actor, critic ensemble and its target, alpha, the offline data and the online replay."""
 
     def __init__(self, envs: Any, seed: int, cfg: RLPDSettings) -> None:
@@ -138,37 +137,14 @@ class RLPD:
         self.net = RLPDNet(self.actor, self.critics)
         self.q_optimizer = torch.optim.Adam(self.critics.parameters(), lr=cfg.q_lr)
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.policy_lr)
-        self.target_entropy = -act_dim / 2.0
-        self.log_alpha = torch.tensor(math.log(cfg.alpha), requires_grad=True)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.policy_lr)
+        self._init_alpha(cfg.alpha, cfg.policy_lr, -act_dim / 2.0)
         self.optimizer = self.q_optimizer  # what a checkpoint records (run.py)
         self.generator = torch.Generator().manual_seed(seed)
         self.replay = Replay(cfg.buffer_size, obs_dim, seed, action_dim=act_dim)
         self.nstep = [NStep(1, cfg.gamma, self.replay) for _ in range(envs.num_envs)]
         self.steps_per_iteration = envs.num_envs
         self.env_steps, self.critic_steps = 0, 0
-        obs, _ = envs.reset(seed=seed)
-        self.obs = obs_tensor(obs)
-
-    @property
-    def alpha(self) -> float:
-        return float(self.log_alpha.detach().exp()) if self.cfg.autotune else self.cfg.alpha
-
-    @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool) -> Tensor:
-        return self.actor(obs, self.generator, deterministic)[0]
-
-    def _env_step(self) -> list[tuple[float, int]]:
-        if self.env_steps < self.cfg.learning_starts:
-            action = np.asarray(self.envs.action_space.sample(), dtype=np.float32)
-        else:
-            action = self.act(self.obs, False).numpy()
-        obs, reward, terminated, truncated, info = self.envs.step(action)
-        store_vector_step(self.nstep, self.obs.numpy(), action, reward, next_observations(obs, info),
-                          terminated, truncated)
-        self.obs = obs_tensor(obs)
-        self.env_steps += self.envs.num_envs
-        return finished_episodes(info)
+        self._reset(seed)
 
     def iterate(self, progress: float) -> Iteration:
         """One vector step, then (after ``learning_starts``) ``utd`` critic steps and one actor step."""
@@ -214,11 +190,4 @@ class RLPD:
         self.actor_optimizer.zero_grad(set_to_none=True)
         actor_loss.backward()
         self.actor_optimizer.step()
-        out = {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
-        if self.cfg.autotune:
-            alpha_loss = (-self.log_alpha.exp() * (logp.detach() + self.target_entropy)).mean()
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.alpha_optimizer.step()
-            out["train/alpha_loss"] = alpha_loss.item()
-        return out
+        return {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item(), **self._alpha_step(logp)}

@@ -111,10 +111,69 @@ class SACNet(nn.Module):
         self.actor, self.critics = actor, critics
 
 
+class SoftActorCore:
+    """What SAC and the agents built on it (rlpd.py, mbpo.py) share: the temperature, acting, one vector
+    environment step into the replay (``_store``, overridden for HER) and the alpha step. The agent sets
+    ``cfg`` (with ``learning_starts``, ``autotune``, ``alpha``), ``envs``, ``actor``, ``generator``, ``nstep``,
+    ``env_steps``, ``obs``/``raw_obs`` and calls ``_init_alpha``."""
+
+    cfg: Any
+    envs: Any
+    actor: SquashedGaussian
+    generator: torch.Generator
+    nstep: list[NStep]
+    env_steps: int
+
+    def _init_alpha(self, initial: float, lr: float, target_entropy: float) -> None:
+        self.target_entropy = target_entropy
+        self.log_alpha = torch.tensor(math.log(initial), requires_grad=True)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr)
+
+    def _reset(self, seed: int) -> None:
+        obs, _ = self.envs.reset(seed=seed)
+        self.raw_obs, self.obs = obs, obs_tensor(obs)
+
+    @property
+    def alpha(self) -> float:
+        return float(self.log_alpha.detach().exp()) if self.cfg.autotune else self.cfg.alpha
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool) -> Tensor:
+        """The policy's action (tanh of the mean if ``deterministic``)."""
+        return self.actor(obs, self.generator, deterministic)[0]
+
+    def _env_step(self) -> list[tuple[float, int]]:
+        """One vector step (uniform random actions before ``learning_starts``) stored in the replay."""
+        if self.env_steps < self.cfg.learning_starts:
+            action = np.asarray(self.envs.action_space.sample(), dtype=np.float32)
+        else:
+            action = self.act(self.obs, False).numpy()
+        obs, reward, terminated, truncated, info = self.envs.step(action)
+        self._store(action, reward, obs, info, terminated, truncated)
+        self.raw_obs, self.obs = obs, obs_tensor(obs)
+        self.env_steps += self.envs.num_envs
+        return finished_episodes(info)
+
+    def _store(self, action: np.ndarray, reward: np.ndarray, obs: Any, info: dict[str, Any], terminated: np.ndarray,
+               truncated: np.ndarray) -> None:
+        store_vector_step(self.nstep, self.obs.numpy(), action, reward, next_observations(obs, info),
+                          terminated, truncated)
+
+    def _alpha_step(self, logp: Tensor) -> dict[str, float]:
+        """min_alpha E[-alpha (log pi + target entropy)] (with ``autotune``; else nothing)."""
+        if not self.cfg.autotune:
+            return {}
+        alpha_loss = (-self.log_alpha.exp() * (logp.detach() + self.target_entropy)).mean()
+        self.alpha_optimizer.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_optimizer.step()
+        return {"train/alpha_loss": alpha_loss.item()}
+
+
 @CLASSIC_AGENTS.register(
     "sac", formula="min E[(Q_j(s,a) - (R + (1-d) g (min_j Q'_j(s',a') - alpha log pi(a'|s'))))^2]; "
                    "max E[min_j Q_j(s, a~) - alpha log pi(a~|s)]", paper="1812.05905", settings=SACSettings)
-class SAC:
+class SAC(SoftActorCore):
     """The agent: actor, twin critics and their targets, alpha, the replay and the observations."""
 
     def __init__(self, envs: Any, seed: int, cfg: SACSettings) -> None:
@@ -134,9 +193,7 @@ class SAC:
         self.net = SACNet(self.actor, self.critics)
         self.q_optimizer = torch.optim.Adam(self.critics.parameters(), lr=cfg.q_lr)
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.policy_lr)
-        self.target_entropy = -float(spec.dim)
-        self.log_alpha = torch.tensor(math.log(cfg.alpha), requires_grad=True)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.policy_lr)
+        self._init_alpha(cfg.alpha, cfg.policy_lr, -float(spec.dim))
         self.optimizer = self.q_optimizer  # what a checkpoint records (run.py)
         self.generator = torch.Generator().manual_seed(seed)
         self.replay = Replay(cfg.buffer_size, obs_dim, seed, action_dim=spec.dim)
@@ -144,32 +201,14 @@ class SAC:
         self.her = HindsightReplay(cfg.her, self.replay, envs, cfg.gamma, seed) if cfg.her is not None else None
         self.steps_per_iteration = cfg.train_frequency * envs.num_envs
         self.env_steps, self.critic_steps = 0, 0
-        obs, _ = envs.reset(seed=seed)
-        self.raw_obs, self.obs = obs, obs_tensor(obs)
+        self._reset(seed)
 
-    @property
-    def alpha(self) -> float:
-        return float(self.log_alpha.detach().exp()) if self.cfg.autotune else self.cfg.alpha
-
-    @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool) -> Tensor:
-        """The policy's action (tanh of the mean if ``deterministic``)."""
-        return self.actor(obs, self.generator, deterministic)[0]
-
-    def _env_step(self) -> list[tuple[float, int]]:
-        if self.env_steps < self.cfg.learning_starts:
-            action = np.asarray(self.envs.action_space.sample(), dtype=np.float32)
-        else:
-            action = self.act(self.obs, False).numpy()
-        obs, reward, terminated, truncated, info = self.envs.step(action)
+    def _store(self, action: np.ndarray, reward: np.ndarray, obs: Any, info: dict[str, Any], terminated: np.ndarray,
+               truncated: np.ndarray) -> None:
         if self.her is not None:
             self.her.store_vector_step(self.raw_obs, action, reward, obs, info, terminated, truncated)
         else:
-            store_vector_step(self.nstep, self.obs.numpy(), action, reward, next_observations(obs, info),
-                              terminated, truncated)
-        self.raw_obs, self.obs = obs, obs_tensor(obs)
-        self.env_steps += self.envs.num_envs
-        return finished_episodes(info)
+            super()._store(action, reward, obs, info, terminated, truncated)
 
     def iterate(self, progress: float) -> Iteration:
         """``train_frequency`` vector steps, then (after ``learning_starts``) ``gradient_steps`` updates."""
@@ -214,11 +253,4 @@ class SAC:
         self.actor_optimizer.zero_grad(set_to_none=True)
         actor_loss.backward()
         self.actor_optimizer.step()
-        out = {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
-        if self.cfg.autotune:
-            alpha_loss = (-self.log_alpha.exp() * (logp.detach() + self.target_entropy)).mean()
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.alpha_optimizer.step()
-            out["train/alpha_loss"] = alpha_loss.item()
-        return out
+        return {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item(), **self._alpha_step(logp)}
