@@ -481,3 +481,92 @@ def test_lora_clients_on_one_shared_base_equal_clients_on_their_own_copies(tmp_p
     assert clients[1].steps == 3
     for name, w in alone[0].named_trainable().items():  # the other client's adapter is untouched by all that
         torch.testing.assert_close(clients[0].named_trainable()[name.replace(".default.", ".")], w, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- fuzzed requests
+_JUNK = [None, "x", "", -1, 0, 2**63, 10**30, 1e308, float("nan"), float("inf"), True, [], {}, [[[]]], {"a": {"b": []}},
+         [1, 2, 3], [-5], ["tokens"], "tml-" * 64]
+
+
+def _paths(node, prefix=()):
+    """Every path into a JSON value (dict keys, list indices)."""
+    yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield from _paths(child, (*prefix, key))
+
+
+def _mutate(body, rng: np.random.Generator):
+    """``body`` with one random change: a key dropped, or a value (or the whole body) replaced by junk."""
+    import copy
+
+    body = copy.deepcopy(body)
+    paths = list(_paths(body))
+    path = paths[int(rng.integers(len(paths)))]
+    junk = _JUNK[int(rng.integers(len(_JUNK)))]
+    if not path:
+        return junk
+    parent = body
+    for key in path[:-1]:
+        parent = parent[key]
+    if isinstance(parent, dict) and rng.random() < 0.3:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = junk
+    return body
+
+
+def _good_bodies(model_id: str) -> list[tuple[str, dict]]:
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": [1, 5, 6]}]}
+    return [
+        ("/api/v1/forward_backward", _fb_body(model_id, [1, 5, 6], [5, 6, 7])),
+        ("/api/v1/forward", _fb_body(model_id, [1, 5, 6], [5, 6, 7])),
+        ("/api/v1/optim_step", {"model_id": model_id, "adam_params": {"learning_rate": 1e-4, "beta1": 0.9}}),
+        ("/api/v1/asample", {"prompt": prompt, "sampling_params": {"max_tokens": 4, "temperature": 1.0},
+                             "num_samples": 2, "base_model": MODEL}),
+        ("/api/v1/save_weights", {"model_id": model_id, "path": "fuzz"}),
+        ("/api/v1/load_weights", {"model_id": model_id, "path": f"tinker://{model_id}/weights/fuzz",
+                                  "optimizer": True}),
+        ("/api/v1/create_model", {"session_id": "0" * 32, "model_seq_id": 99, "base_model": MODEL,
+                                  "lora_config": {"rank": 2}}),
+        ("/api/v1/get_info", {"model_id": model_id}),
+        ("/api/v1/retrieve_future", {"request_id": "0" * 32}),
+    ]
+
+
+@pytest.mark.slow
+def test_fuzzed_requests_are_4xx_naming_a_field_or_jobs_that_fail_as_the_users_and_the_service_keeps_answering(
+        served, client):
+    import json
+
+    svc, url = served
+    model_id = client.create_lora_training_client(base_model=MODEL, rank=2, seed=1).result().model_id
+    good = _good_bodies(model_id)
+    for path, body in good[:2] + good[4:5]:  # the unmutated bodies work (so a mutation is what a refusal is about)
+        r = _post(url, path, body)
+        assert r.status_code == 200, (path, r.text)
+        svc.future(r.json()["request_id"]).result(timeout=60)
+    rng = np.random.default_rng(0)
+    seen: dict[int, int] = {}
+    for i in range(240):
+        path, body = good[i % len(good)]
+        sent = _mutate(body, rng)
+        r = httpx.post(f"{url}{path}", content=json.dumps(sent).encode(), timeout=60,
+                       headers={"X-API-Key": KEY, "Content-Type": "application/json"})
+        seen[r.status_code] = seen.get(r.status_code, 0) + 1
+        assert r.status_code < 500, (path, sent, r.text)
+        if r.status_code >= 400:
+            error = r.json()["error"]
+            assert error["param"] and error["message"].startswith(error["param"]), (path, sent, r.text)
+        elif "request_id" in r.json() and path != "/api/v1/retrieve_future":
+            done = svc.future(r.json()["request_id"])
+            try:
+                done.result(timeout=60)
+            except Exception as e:  # a job may fail, but only as the request's fault (category "user")
+                from reinforge.errors import ReinforgeError
+
+                assert isinstance(e, ReinforgeError), (path, sent, repr(e))
+    assert seen.get(422, 0) > 50 and seen.get(200, 0) > 10, seen  # the fuzz hit both sides
+    r = _post(url, "/api/v1/forward_backward", _fb_body(model_id, [1, 5, 6], [5, 6, 7]))  # still answering
+    assert r.status_code == 200
+    assert svc.future(r.json()["request_id"]).result(timeout=60).json["loss_fn_outputs"]

@@ -106,11 +106,15 @@ def create_app(service: TrainingService, api_key: str | None = None) -> FastAPI:
     return app
 
 
-async def _json(request: Request) -> Any:
+async def _json(request: Request) -> dict[str, Any]:
+    """The request's JSON body, which must be an object (a 422 naming ``body`` otherwise)."""
     try:
-        return await request.json()
+        data = await request.json()
     except ValueError:
         raise FieldError("body", "not valid JSON") from None
+    if not isinstance(data, dict):
+        raise FieldError("body", f"expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _session_routes(app: FastAPI, svc: TrainingService) -> None:

@@ -8,6 +8,7 @@ depend on several fields (a target per input token, tokens inside the vocabulary
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
@@ -200,6 +201,8 @@ def check_datums(req: ForwardBackwardRequest, vocab: int, limits: ServiceLimits)
             if len(tensor.data) != len(tokens):
                 raise FieldError(f"{where}.loss_fn_inputs.{name}",
                                  f"{len(tensor.data)} values for {len(tokens)} input tokens (one per token)")
+            if not all(math.isfinite(x) for x in tensor.data):
+                raise FieldError(f"{where}.loss_fn_inputs.{name}", "every value must be a finite number")
         _check_targets(datum, tokens, vocab, f"{where}.loss_fn_inputs.target_tokens")
     if total > limits.max_tokens:
         raise FieldError("forward_backward_input.data", f"{total} tokens; at most {limits.max_tokens} (max_tokens)")
@@ -210,6 +213,8 @@ def _check_targets(datum: Datum, tokens: list[int], vocab: int, where: str) -> N
     target = datum.loss_fn_inputs.get("target_tokens")
     if target is None:
         raise FieldError(where, "required (the next token at every input position)")
+    if any(x != int(x) for x in target.data):
+        raise FieldError(where, "token ids are whole numbers")
     ints = [int(x) for x in target.data]
     if ints[:-1] != tokens[1:]:
         raise FieldError(where, "must be model_input shifted by one (target_tokens[i] = model_input[i + 1], "
