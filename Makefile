@@ -77,7 +77,8 @@ test: install-dev
 # scalar kernels with 2 threads (no 2-rank test), to stay within the suite's 15 minutes. One after the
 # other: side by side they saved 4 s of 60 (55.6 s against 59.8 s, 2026-11-26), not worth a shell script.
 # ATEN_CPU_CAPABILITY is torch's switch for its CPU kernel set.
-NUMERICS := $(BIN)/python -m pytest -q -p no:cacheprovider -m numerics
+# Only the files that mark tests numerics are collected: collecting the whole suite costs more than these tests.
+NUMERICS := $(BIN)/python -m pytest -q -p no:cacheprovider -m numerics $(shell grep -l "mark.numerics" tests/test_*.py)
 test-numerics: install-dev
 	ATEN_CPU_CAPABILITY=avx2 REINFORGE_TEST_THREADS=1 $(NUMERICS) -k "not ddp_two_ranks"
 	ATEN_CPU_CAPABILITY=default REINFORGE_TEST_THREADS=2 $(NUMERICS) -k "not two_ranks"
