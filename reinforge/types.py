@@ -138,8 +138,10 @@ class Batch:
     ``state_values`` and ``state_mask`` [N, L] the Monte Carlo values of intermediate states (from
     ``metadata['state_values']``, when a part needs ``state_values``).
     ``model_inputs``: per-row inputs of the model's forward besides the tokens (``pixel_values`` [N, C, H, W]
-    of one picture per row, and what a family adds), each tensor's first dimension the row (``ROW_FIELDS``:
-    ``select`` indexes only that dimension); every forward of the row passes them ({}: a text batch).
+    of one picture per row, and what a family adds; Qwen-VL's flattened patches as [N, P, D] with
+    ``image_grid_thw`` [N, n, 3], zero-padded: models/vlm_inputs.py), each tensor's first dimension the row
+    (``ROW_FIELDS``: ``select`` indexes only that dimension); every forward of the row passes them
+    (``vlm_inputs.forward_inputs``; {}: a text batch).
     """
 
     input_ids: Tensor
@@ -235,9 +237,8 @@ ROW_FIELDS = frozenset({"model_inputs"})
 
 
 def row_model_inputs(trajs: list[Trajectory]) -> dict[str, Tensor]:
-    """The trajectories' ``model_inputs`` stacked along the row dimension ({} when none has any). Every row
+    """The trajectories' ``model_inputs`` stacked along the row dimension (``stack_rows``; {} when none has any). Every row
     must have the same kinds of input: a batch mixing rows with pictures and rows without is refused."""
-    import torch
 
     if not any(t.model_inputs for t in trajs):
         return {}
@@ -246,7 +247,23 @@ def row_model_inputs(trajs: list[Trajectory]) -> dict[str, Tensor]:
     if odd is not None:
         raise ValueError(f"batch rows differ in their model inputs (task {odd!r} has {sorted(trajs[0].model_inputs)}"
                          f" in another row but not the same here): a batch has pictures in every row or in none")
-    return {k: torch.cat([t.model_inputs[k] for t in trajs]) for k in sorted(keys)}
+    return {k: stack_rows([t.model_inputs[k] for t in trajs]) for k in sorted(keys)}
+
+
+def stack_rows(tensors: list[Tensor]) -> Tensor:
+    """``tensors`` concatenated along the row dimension, each zero-padded to the largest size in every other
+    dimension (rows with fewer patches or pictures: models/vlm_inputs.py says what each family's padding means)."""
+    import torch
+
+    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    if all(list(t.shape[1:]) == shape for t in tensors):
+        return torch.cat(tensors)
+    out = tensors[0].new_zeros((sum(t.shape[0] for t in tensors), *shape))
+    start = 0
+    for t in tensors:
+        out[(slice(start, start + t.shape[0]), *(slice(0, n) for n in t.shape[1:]))] = t
+        start += t.shape[0]
+    return out
 
 
 def _map(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:

@@ -1,0 +1,67 @@
+"""A vision-language model's inputs as rows of the batch record, and back into its forward's arguments.
+
+The batch record (``Trajectory.model_inputs``, ``Batch.model_inputs``) holds every input with the row as its
+first dimension, so ``Batch.select`` (micro-batches, mini-batches, ranks' shares) keeps each row's pictures;
+rows of different sizes are zero-padded (``types.stack_rows``). Per family (docs/vision.md):
+
+- LLaVA: ``pixel_values`` [1, 3, H, W], as the processor gives it.
+- Idefics3 / SmolVLM: ``pixel_values`` [1, n, 3, H, W] and ``pixel_attention_mask`` [1, n, H, W]; a row with
+  fewer (sub-)pictures is padded with all-zero ones, which the model's forward drops.
+- Qwen2-VL / Qwen2.5-VL: the processor flattens the patches of all pictures into ``pixel_values`` [P, D] with
+  ``image_grid_thw`` [n, 3] (P = sum of t * h * w). ``to_rows`` makes them [1, P, D] and [1, n, 3] (padding:
+  zero patches and zero grid rows); ``forward_inputs`` concatenates the rows' real patches and grids back.
+  ``mm_token_type_ids`` (1 on image tokens), which the model needs for its 3-D rotary positions (M-RoPE), covers
+  the prompt only: it is not stored, ``forward_inputs`` derives it from the whole sequence's token ids.
+  ``mrope_positions`` gives the positions and offsets the torch engine's prefill and decode steps pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+TOKEN_KEYS = ("input_ids", "attention_mask")  # the processor's outputs that are the tokens, not model inputs
+GRID = "image_grid_thw"  # its presence marks the flattened-patches layout (Qwen-VL)
+DERIVED = ("mm_token_type_ids",)  # per-token inputs recomputed from the token ids at each forward
+
+
+def to_rows(outputs: dict[str, Any]) -> dict[str, Tensor]:
+    """One prompt's processor outputs (tokens excluded) as its row of the batch record (leading dimension 1)."""
+    inputs = {k: v for k, v in outputs.items() if k not in TOKEN_KEYS and k not in DERIVED}
+    if GRID in inputs:  # flattened patches [P, D] and grids [n, 3]: one row each
+        return {k: v[None] for k, v in inputs.items()}
+    return inputs
+
+
+def forward_inputs(model: nn.Module, input_ids: Tensor, inputs: dict[str, Tensor] | None) -> dict[str, Tensor]:
+    """The keyword arguments of the model's forward for rows ``input_ids`` [N, L] with record rows ``inputs``."""
+    if not inputs or GRID not in inputs:
+        return dict(inputs or {})
+    grid = inputs[GRID]  # [N, n, 3], zero rows after each row's pictures
+    patches = grid.prod(-1).sum(-1).tolist()
+    pixels = torch.cat([inputs["pixel_values"][i, :p] for i, p in enumerate(patches)])
+    out = {k: v for k, v in inputs.items() if k not in ("pixel_values", GRID)}
+    token = image_token_id(model)
+    return {**out, "pixel_values": pixels, GRID: grid[grid.prod(-1) > 0],
+            "mm_token_type_ids": (input_ids == token).long()}
+
+
+def mrope_positions(model: nn.Module, input_ids: Tensor, attention: Tensor, kwargs: dict[str, Tensor]
+                    ) -> tuple[Tensor, Tensor] | None:
+    """The 3-D rotary positions [3, N, L] of left-padded prompts and each row's offset [N, 1] (the next token's
+    positions are its 1-D position plus the offset), from the model's ``get_rope_index``; None for a model
+    without M-RoPE."""
+    owner = next((m for m in (model, getattr(model, "model", None)) if hasattr(m, "get_rope_index")), None)
+    if owner is None or GRID not in kwargs:
+        return None
+    return owner.get_rope_index(input_ids, mm_token_type_ids=kwargs["mm_token_type_ids"], image_grid_thw=kwargs[GRID],
+                                attention_mask=attention)
+
+
+def image_token_id(model: nn.Module) -> int | None:
+    """The vision-language model's image placeholder token (``image_token_id``, ``image_token_index``)."""
+    cfg = model.config
+    token = getattr(cfg, "image_token_id", None)
+    return int(token) if token is not None else getattr(cfg, "image_token_index", None)

@@ -1,0 +1,128 @@
+"""Vision-language families by path (docs/vision.md): Qwen2-VL, Qwen2.5-VL, LLaVA and Idefics3 (SmolVLM), each a
+tiny random model built offline in the test (tests/vlm_fixtures.py): processors without torchvision, the batch
+record's rows of flattened patches, engine and learner log-probs against a direct HF forward, a GRPO step with a
+checkpoint that reloads as the family, and LoRA with the vision tower frozen or adapted."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from reinforge.data.shapes import shapes_splits
+from reinforge.learn.forwards import PlainForward
+from reinforge.models.loading import load_model, load_processor
+from reinforge.models.vlm_inputs import forward_inputs, image_token_id
+from reinforge.rollout.types import GenerationRequest, SamplingParams
+from reinforge.rollout.vision import encode_vision_prompt
+from reinforge.types import Batch, Trajectory
+from tests.vlm_fixtures import FAMILIES, build_family
+
+PIL = pytest.importorskip("PIL.Image")
+CLASSES = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "llava": "Llava", "idefics3": "Idefics3"}
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vlms")
+    return {f: build_family(f, root / f) for f in FAMILIES}
+
+
+def _tasks(n: int = 2, sizes: tuple[int, ...] = (32, 48)):
+    """Shapes prompts whose pictures differ in size (a Qwen-VL row of 16 patches beside one of 36)."""
+    tasks = []
+    for i in range(n):
+        size = sizes[i % len(sizes)]
+        tasks.append(shapes_splits(size=size).heldout[i])
+    return tasks
+
+
+def test_qwen_vl_processors_build_without_torchvision(family_dirs, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # an import of it fails
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for family in ("qwen2_vl", "qwen2_5_vl"):
+        processor = load_processor(family_dirs[family])
+        assert type(processor).__name__ == f"{CLASSES[family]}Processor" and not hasattr(processor, "video_processor")
+        assert type(processor.image_processor).__name__.endswith("Pil")
+        processor.save_pretrained(tmp_path / family)  # saved under the family's class: AutoProcessor finds it
+        assert f'"processor_class": "{CLASSES[family]}Processor"' in (tmp_path / family / "processor_config.json"
+                                                                      ).read_text()
+    assert type(load_processor(family_dirs["idefics3"])).__name__ == "Idefics3Processor"
+
+
+def test_qwen_vl_rows_keep_their_patches_through_select(family_dirs):
+    model, processor = load_model(family_dirs["qwen2_vl"]), load_processor(family_dirs["qwen2_vl"])
+    raw, rows = [], []
+    for t in _tasks(3):
+        text = processor.apply_chat_template([{"role": "user", "content": t.prompt[0]["content"]}], tokenize=False,
+                                             add_generation_prompt=True)
+        raw.append(processor(text=[text], images=list(t.images), return_tensors="pt"))
+        rows.append(encode_vision_prompt(processor, t.prompt, t.images))
+    assert [tuple(r[1]["pixel_values"].shape) for r in rows] == [(1, 16, 384), (1, 36, 384), (1, 16, 384)]
+    assert "mm_token_type_ids" not in rows[0][1]  # derived from the whole sequence at each forward
+    trajs = [Trajectory(ids, [0] * (len(ids) - 1) + [1], [0.0] * len(ids), 0, i, f"t{i}", model_inputs=inputs)
+             for i, (ids, inputs) in enumerate(rows)]
+    batch = Batch.from_trajectories(trajs, pad_id=0)
+    assert batch.model_inputs["pixel_values"].shape == (3, 36, 384)  # zero-padded to the largest row
+    assert batch.model_inputs["image_grid_thw"].tolist() == [[[1, 4, 4]], [[1, 6, 6]], [[1, 4, 4]]]
+    for index in ([1], [2, 1], [0, 2]):
+        sub = batch.select(index)
+        kwargs = forward_inputs(model, sub.input_ids, sub.model_inputs)
+        torch.testing.assert_close(kwargs["pixel_values"], torch.cat([raw[i]["pixel_values"] for i in index]),
+                                   rtol=0, atol=0)
+        torch.testing.assert_close(kwargs["image_grid_thw"], torch.cat([raw[i]["image_grid_thw"] for i in index]))
+        assert (kwargs["mm_token_type_ids"][:, :raw[index[0]]["input_ids"].shape[1]][0]
+                == raw[index[0]]["mm_token_type_ids"][0]).all()  # the processor's own, on the prompt
+
+
+def _encoded(processor, task) -> tuple[list[int], str, dict]:
+    ids, inputs = encode_vision_prompt(processor, task.prompt, task.images)
+    return ids, task.id, inputs
+
+
+def _direct_logits(model, processor, task, ids: list[int]) -> torch.Tensor:
+    """Logits of one row alone, unpadded, from the processor's own outputs straight into transformers."""
+    text = processor.apply_chat_template([{"role": "user", "content": task.prompt[0]["content"]}], tokenize=False,
+                                         add_generation_prompt=True)
+    out = processor(text=[text], images=list(task.images), return_tensors="pt")
+    extra = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    full = torch.tensor([ids])
+    if "mm_token_type_ids" in out:  # the processor's marks on the prompt, text (0) after it
+        extra["mm_token_type_ids"] = torch.nn.functional.pad(out["mm_token_type_ids"], (0, len(ids) - out[
+            "input_ids"].shape[1]))
+    with torch.no_grad():
+        return model(input_ids=full, **extra).logits[0, :-1].float()
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_and_learner_logprobs_match_a_direct_hf_forward(family, family_dirs):
+    from reinforge.rollout.torch_engine import TorchRolloutEngine
+
+    model, processor = load_model(family_dirs[family]).eval(), load_processor(family_dirs[family])
+    engine = TorchRolloutEngine(model, processor.tokenizer, seed=5)
+    engine.processor = processor
+    tasks = _tasks(2)
+    reqs = [GenerationRequest(*_encoded(processor, t)) for t in tasks]
+    gens = engine.generate(reqs, SamplingParams(max_new_tokens=6, temperature=1.0, n=2, ignore_eos=True))
+    by_id = {r.request_id: (r, t) for r, t in zip(reqs, tasks, strict=True)}
+    trajs = []
+    for i, g in enumerate(gens):
+        req, _ = by_id[g.request_id]
+        ids = g.prompt_ids + g.token_ids
+        trajs.append(Trajectory(ids, [0] * len(g.prompt_ids) + [1] * len(g.token_ids),
+                                [0.0] * len(g.prompt_ids) + g.logprobs, 0, i // 2, g.request_id,
+                                model_inputs=req.model_inputs))
+    batch = Batch.from_trajectories(trajs, pad_id=engine.pad_id)
+    cfg = type("T", (), {"logprob_chunk_tokens": 0})()
+    logp, _ = PlainForward(model, model, cfg).logprobs(model, batch, 1.0, False)
+    token = torch.tensor([image_token_id(model)])
+    for i, (t, g) in enumerate(zip(trajs, gens, strict=True)):
+        logits = _direct_logits(model, processor, by_id[g.request_id][1], t.token_ids)
+        ids = torch.tensor(t.token_ids)
+        direct = torch.log_softmax(logits, -1).gather(-1, ids[1:, None])[:, 0]
+        n, p = len(t.token_ids), len(g.prompt_ids)
+        torch.testing.assert_close(logp[i, 1:n], direct, rtol=0, atol=1e-5)  # the learner: the plain softmax
+        banned = torch.log_softmax(logits.index_fill(-1, token, float("-inf")), -1).gather(-1, ids[1:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(t.logprobs[p:]), banned[p - 1:], rtol=0, atol=1e-5)  # the engine
