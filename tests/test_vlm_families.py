@@ -126,3 +126,37 @@ def test_engine_and_learner_logprobs_match_a_direct_hf_forward(family, family_di
         torch.testing.assert_close(logp[i, 1:n], direct, rtol=0, atol=1e-5)  # the learner: the plain softmax
         banned = torch.log_softmax(logits.index_fill(-1, token, float("-inf")), -1).gather(-1, ids[1:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(t.logprobs[p:]), banned[p - 1:], rtol=0, atol=1e-5)  # the engine
+
+
+def spread(task, completion: str):
+    """A reward that tells distinct completions apart (a random model's GRPO groups then have advantages)."""
+    from reinforge.rewards.verifiers import RewardResult
+
+    return RewardResult(sum(map(ord, completion)) % 97 / 97, False)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_grpo_step_saves_a_checkpoint_that_reloads_as_the_family(family, family_dirs, tmp_path):
+    from reinforge.config import load_config
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    cfg = load_config(None, [
+        f"output_dir={tmp_path}", f"model.path={family_dirs[family]}", "task.kind=shapes", "task.heldout_size=4",
+        "train.steps=1", "eval.every=0", "eval.final_samples=0", "checkpoint.every=1", "rollout.prompts_per_step=2",
+        "rollout.group_size=2", "rollout.max_new_tokens=4", "train.time_limit_s=0", "log.report=false",
+        "algo.kl.coef=0.01", "train.lr=1e-2", "seed=0",
+        f'reward.terms=[{{"name": "spread", "verifier": "{__name__}:spread", "weight": 1.0}}]'])
+    result = train(cfg)
+    rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+    assert len(rows) == 1 and rows[0]["batch/sequences"] == 4 and 0 < rows[0]["train/grad_norm"] < float("inf")
+    ckpt = str(result.run_dir / "checkpoints" / "step_1")
+    before, after = load_model(family_dirs[family]), load_model(ckpt)
+    assert type(after).__name__ == f"{CLASSES[family]}ForConditionalGeneration"
+    changed = [n for n, p in after.named_parameters() if not torch.equal(p, before.get_parameter(n))]
+    assert changed, "the GRPO step changed no weight"
+    processor, original = load_processor(ckpt), load_processor(family_dirs[family])
+    assert type(processor).__name__ == type(original).__name__
+    task = _tasks(1)[0]
+    (ids, inputs), (ids0, inputs0) = (encode_vision_prompt(p, task.prompt, task.images) for p in (processor, original))
+    assert ids == ids0 and all(torch.equal(inputs[k], inputs0[k]) for k in inputs0)
