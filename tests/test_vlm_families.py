@@ -135,13 +135,13 @@ def spread(task, completion: str):
     return RewardResult(sum(map(ord, completion)) % 97 / 97, False)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_one_grpo_step_saves_a_checkpoint_that_reloads_as_the_family(family, family_dirs, tmp_path):
+@pytest.mark.parametrize(("family", "lora"), [(f, False) for f in FAMILIES] + [("qwen2_vl", True)])
+def test_one_grpo_step_saves_a_checkpoint_that_reloads_as_the_family(family, lora, family_dirs, tmp_path):
     from reinforge.config import load_config
     from reinforge.orchestrate.run import train
     from reinforge.track.jsonl import read_jsonl
 
-    cfg = load_config(None, [
+    cfg = load_config(None, [f"model.lora.enabled={str(lora).lower()}", "model.lora.r=4",
         f"output_dir={tmp_path}", f"model.path={family_dirs[family]}", "task.kind=shapes", "task.heldout_size=4",
         "train.steps=1", "eval.every=0", "eval.final_samples=0", "checkpoint.every=1", "rollout.prompts_per_step=2",
         "rollout.group_size=2", "rollout.max_new_tokens=4", "train.time_limit_s=0", "log.report=false",
@@ -155,8 +155,47 @@ def test_one_grpo_step_saves_a_checkpoint_that_reloads_as_the_family(family, fam
     assert type(after).__name__ == f"{CLASSES[family]}ForConditionalGeneration"
     changed = [n for n, p in after.named_parameters() if not torch.equal(p, before.get_parameter(n))]
     assert changed, "the GRPO step changed no weight"
+    if lora:  # the adapter alone is saved; merged on loading, it changed the language model's projections only
+        assert (result.run_dir / "checkpoints" / "step_1" / "adapter_config.json").is_file()
+        assert all(n.startswith("model.language_model.") and n.endswith("_proj.weight") for n in changed), changed
     processor, original = load_processor(ckpt), load_processor(family_dirs[family])
     assert type(processor).__name__ == type(original).__name__
     task = _tasks(1)[0]
     (ids, inputs), (ids0, inputs0) = (encode_vision_prompt(p, task.prompt, task.images) for p in (processor, original))
     assert ids == ids0 and all(torch.equal(inputs[k], inputs0[k]) for k in inputs0)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_lora_trains_the_language_model_and_the_vision_tower_only_when_asked(family, family_dirs):
+    from reinforge.config import LoraConfig
+    from reinforge.errors import ConfigError
+    from reinforge.learn.lora import wrap_lora
+
+    task = _tasks(1)[0]
+    processor = load_processor(family_dirs[family])
+    ids, inputs = encode_vision_prompt(processor, task.prompt, task.images)
+    row = torch.tensor([ids + ids[-3:]])
+    for tower in ("frozen", "lora"):
+        base = load_model(family_dirs[family])
+        language = next(n for n, m in base.named_modules() if m is base.get_decoder())
+        model = wrap_lora(base, LoraConfig(enabled=True, vision_tower=tower))
+        out = model(input_ids=row, **forward_inputs(model, row, inputs)).logits
+        torch.log_softmax(out[0, -4:-1], -1).gather(-1, row[0, -3:, None]).sum().backward()
+        if tower == "frozen":  # B = 0 at the start: A's gradient is zero, B's is not
+            trained = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+        named = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert named and all(".lora_" in n for n in named)
+        in_vision = {n for n in named if f".{language}." not in n}
+        if tower == "frozen":  # the default: adapters on the language model's q, k, v, o projections alone
+            assert not in_vision and trained and all(".lora_B." in n and f".{language}." in n for n in trained)
+            assert {n.split(".")[-4] for n in named} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+        else:  # adapters on the tower's and projector's linear layers too, and they get gradients
+            assert in_vision and any(p.grad is not None and p.grad.abs().sum() > 0
+                                     for n, p in model.named_parameters() if n in in_vision and ".lora_B." in n)
+        assert not any(p.requires_grad for n, p in model.named_parameters() if ".lora_" not in n)
+    with pytest.raises(ConfigError, match="match no module of the language model"):
+        wrap_lora(load_model(family_dirs[family]), LoraConfig(enabled=True, target_modules=["fc1"]))
+    with pytest.raises(ValueError, match="vision_tower"):
+        LoraConfig(enabled=True, vision_tower="full")
+    with pytest.raises(ConfigError, match="model.lora.vision_tower: the model has no vision tower"):
+        wrap_lora(load_model("tiny-base"), LoraConfig(enabled=True, vision_tower="lora"))
