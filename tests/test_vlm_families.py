@@ -5,6 +5,7 @@ checkpoint that reloads as the family, and LoRA with the vision tower frozen or 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -15,7 +16,7 @@ from reinforge.learn.forwards import PlainForward
 from reinforge.models.loading import load_model, load_processor
 from reinforge.models.vlm_inputs import forward_inputs, image_token_id
 from reinforge.rollout.types import GenerationRequest, SamplingParams
-from reinforge.rollout.vision import encode_vision_prompt
+from reinforge.rollout.vision import encode_vision_prompt, with_image_parts
 from reinforge.types import Batch, Trajectory
 from tests.vlm_fixtures import FAMILIES, build_family
 
@@ -54,19 +55,22 @@ def test_qwen_vl_processors_build_without_torchvision(family_dirs, monkeypatch, 
 def test_qwen_vl_rows_keep_their_patches_through_select(family_dirs):
     model, processor = load_model(family_dirs["qwen2_vl"]), load_processor(family_dirs["qwen2_vl"])
     raw, rows = [], []
-    for t in _tasks(3):
-        text = processor.apply_chat_template([{"role": "user", "content": t.prompt[0]["content"]}], tokenize=False,
+    tasks = _tasks(3)
+    tasks[2] = dataclasses.replace(tasks[2], prompt="colour?", images=(tasks[0].images[0], tasks[1].images[0]))
+    for t in tasks:
+        text = processor.apply_chat_template(with_image_parts(t.prompt, len(t.images)), tokenize=False,
                                              add_generation_prompt=True)
         raw.append(processor(text=[text], images=list(t.images), return_tensors="pt"))
         rows.append(encode_vision_prompt(processor, t.prompt, t.images))
-    assert [tuple(r[1]["pixel_values"].shape) for r in rows] == [(1, 16, 384), (1, 36, 384), (1, 16, 384)]
+    assert [tuple(r[1]["pixel_values"].shape) for r in rows] == [(1, 16, 384), (1, 36, 384), (1, 52, 384)]
     assert "mm_token_type_ids" not in rows[0][1]  # derived from the whole sequence at each forward
     trajs = [Trajectory(ids, [0] * (len(ids) - 1) + [1], [0.0] * len(ids), 0, i, f"t{i}", model_inputs=inputs)
              for i, (ids, inputs) in enumerate(rows)]
     batch = Batch.from_trajectories(trajs, pad_id=0)
-    assert batch.model_inputs["pixel_values"].shape == (3, 36, 384)  # zero-padded to the largest row
-    assert batch.model_inputs["image_grid_thw"].tolist() == [[[1, 4, 4]], [[1, 6, 6]], [[1, 4, 4]]]
-    for index in ([1], [2, 1], [0, 2]):
+    assert batch.model_inputs["pixel_values"].shape == (3, 52, 384)  # zero-padded to the largest row
+    assert batch.model_inputs["image_grid_thw"].tolist() == [[[1, 4, 4], [0, 0, 0]], [[1, 6, 6], [0, 0, 0]],
+                                                             [[1, 4, 4], [1, 6, 6]]]
+    for index in ([1], [2, 1], [0, 2], [0, 1]):
         sub = batch.select(index)
         kwargs = forward_inputs(model, sub.input_ids, sub.model_inputs)
         torch.testing.assert_close(kwargs["pixel_values"], torch.cat([raw[i]["pixel_values"] for i in index]),
@@ -83,7 +87,7 @@ def _encoded(processor, task) -> tuple[list[int], str, dict]:
 
 def _direct_logits(model, processor, task, ids: list[int]) -> torch.Tensor:
     """Logits of one row alone, unpadded, from the processor's own outputs straight into transformers."""
-    text = processor.apply_chat_template([{"role": "user", "content": task.prompt[0]["content"]}], tokenize=False,
+    text = processor.apply_chat_template(with_image_parts(task.prompt, len(task.images)), tokenize=False,
                                          add_generation_prompt=True)
     out = processor(text=[text], images=list(task.images), return_tensors="pt")
     extra = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
