@@ -237,9 +237,9 @@ ROW_FIELDS = frozenset({"model_inputs"})
 
 
 def row_model_inputs(trajs: list[Trajectory]) -> dict[str, Tensor]:
-    """The trajectories' ``model_inputs`` stacked along the row dimension (``stack_rows``; {} when none has any). Every row
-    must have the same kinds of input: a batch mixing rows with pictures and rows without is refused."""
-
+    """The trajectories' ``model_inputs`` stacked along the row dimension, zero-padded in the others
+    (``models.vlm_inputs.stack_rows``; {} when none has any). Every row must have the same kinds of input: a batch
+    mixing rows with pictures and rows without is refused."""
     if not any(t.model_inputs for t in trajs):
         return {}
     keys = set(trajs[0].model_inputs)
@@ -247,23 +247,9 @@ def row_model_inputs(trajs: list[Trajectory]) -> dict[str, Tensor]:
     if odd is not None:
         raise ValueError(f"batch rows differ in their model inputs (task {odd!r} has {sorted(trajs[0].model_inputs)}"
                          f" in another row but not the same here): a batch has pictures in every row or in none")
+    from reinforge.models.vlm_inputs import stack_rows  # torch with it, as the other methods import it
+
     return {k: stack_rows([t.model_inputs[k] for t in trajs]) for k in sorted(keys)}
-
-
-def stack_rows(tensors: list[Tensor]) -> Tensor:
-    """``tensors`` concatenated along the row dimension, each zero-padded to the largest size in every other
-    dimension (rows with fewer patches or pictures: models/vlm_inputs.py says what each family's padding means)."""
-    import torch
-
-    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
-    if all(list(t.shape[1:]) == shape for t in tensors):
-        return torch.cat(tensors)
-    out = tensors[0].new_zeros((sum(t.shape[0] for t in tensors), *shape))
-    start = 0
-    for t in tensors:
-        out[(slice(start, start + t.shape[0]), *(slice(0, n) for n in t.shape[1:]))] = t
-        start += t.shape[0]
-    return out
 
 
 def _map(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:

@@ -2,7 +2,7 @@
 
 The batch record (``Trajectory.model_inputs``, ``Batch.model_inputs``) holds every input with the row as its
 first dimension, so ``Batch.select`` (micro-batches, mini-batches, ranks' shares) keeps each row's pictures;
-rows of different sizes are zero-padded (``types.stack_rows``). Per family (docs/vision.md):
+rows of different sizes are zero-padded (``stack_rows``). Per family (docs/vision.md):
 
 - LLaVA: ``pixel_values`` [1, 3, H, W], as the processor gives it.
 - Idefics3 / SmolVLM: ``pixel_values`` [1, n, 3, H, W] and ``pixel_attention_mask`` [1, n, H, W]; a row with
@@ -33,6 +33,20 @@ def to_rows(outputs: dict[str, Any]) -> dict[str, Tensor]:
     if GRID in inputs:  # flattened patches [P, D] and grids [n, 3]: one row each
         return {k: v[None] for k, v in inputs.items()}
     return inputs
+
+
+def stack_rows(tensors: list[Tensor]) -> Tensor:
+    """``tensors`` concatenated along the row dimension, each zero-padded to the largest size in every other
+    dimension (rows with fewer patches or pictures: the module docstring says what each family's padding means)."""
+    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    if all(list(t.shape[1:]) == shape for t in tensors):
+        return torch.cat(tensors)
+    out = tensors[0].new_zeros((sum(t.shape[0] for t in tensors), *shape))
+    start = 0
+    for t in tensors:
+        out[(slice(start, start + t.shape[0]), *(slice(0, n) for n in t.shape[1:]))] = t
+        start += t.shape[0]
+    return out
 
 
 def forward_inputs(model: nn.Module, input_ids: Tensor, inputs: dict[str, Tensor] | None) -> dict[str, Tensor]:

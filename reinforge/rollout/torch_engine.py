@@ -21,13 +21,12 @@ from reinforge.models.lean_llama import supports as lean_supports
 from reinforge.models.lean_lora import AdapterWeights
 from reinforge.models.loading import load_processor
 from reinforge.models.precision import compute_dtype
-from reinforge.models.vlm_inputs import image_token_id
+from reinforge.models.vlm_inputs import image_token_id, stack_rows
 from reinforge.rollout.continuous import StepCallback, generate_continuous
 from reinforge.rollout.decoding import HFDecoder, LeanDecoder, left_pad
 from reinforge.rollout.engines import own_copy, register_engine
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.types import stack_rows
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +305,7 @@ class TorchRolloutEngine:
 
 def prefill_inputs(requests: list[GenerationRequest], device: torch.device) -> dict[str, Tensor]:
     """The requests' model inputs (``pixel_values``, ...) stacked along their first dimension (zero-padded:
-    ``types.stack_rows``), for one prefill;
+    ``vlm_inputs.stack_rows``), for one prefill;
     {} when none has any. Requests with and without them cannot share a prefill: an error."""
     have = [bool(r.model_inputs) for r in requests]
     if not any(have):
