@@ -6,6 +6,7 @@ checkpoint that reloads as the family, and LoRA with the vision tower frozen or 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 
 import pytest
@@ -39,11 +40,13 @@ def _tasks(n: int = 2, sizes: tuple[int, ...] = (32, 48)):
     return tasks
 
 
-def test_qwen_vl_processors_build_without_torchvision(family_dirs, monkeypatch, tmp_path):
+def test_qwen_vl_processors_build_without_torchvision(family_dirs, monkeypatch, tmp_path, caplog):
     monkeypatch.setitem(sys.modules, "torchvision", None)  # an import of it fails
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for family in ("qwen2_vl", "qwen2_5_vl"):
-        processor = load_processor(family_dirs[family])
+        with caplog.at_level(logging.INFO, logger="reinforge.models.processors"):
+            processor = load_processor(family_dirs[family])
+        assert "without its video processor (torchvision is not installed)" in caplog.text
         assert type(processor).__name__ == f"{CLASSES[family]}Processor" and not hasattr(processor, "video_processor")
         assert type(processor.image_processor).__name__.endswith("Pil")
         processor.save_pretrained(tmp_path / family)  # saved under the family's class: AutoProcessor finds it
@@ -101,7 +104,7 @@ def _direct_logits(model, processor, task, ids: list[int]) -> torch.Tensor:
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("family", FAMILIES)
-def test_engine_and_learner_logprobs_match_a_direct_hf_forward(family, family_dirs):
+def test_engine_and_learner_logprobs_match_a_direct_hf_forward(family, family_dirs, caplog):
     from reinforge.rollout.torch_engine import TorchRolloutEngine
 
     model, processor = load_model(family_dirs[family]).eval(), load_processor(family_dirs[family])
@@ -109,7 +112,9 @@ def test_engine_and_learner_logprobs_match_a_direct_hf_forward(family, family_di
     engine.processor = processor
     tasks = _tasks(2)
     reqs = [GenerationRequest(*_encoded(processor, t)) for t in tasks]
-    gens = engine.generate(reqs, SamplingParams(max_new_tokens=6, temperature=1.0, n=2, ignore_eos=True))
+    with caplog.at_level(logging.INFO, logger="reinforge.rollout.torch_engine"):
+        gens = engine.generate(reqs, SamplingParams(max_new_tokens=6, temperature=1.0, n=2, ignore_eos=True))
+    assert "the lean forward and continuous batching have no vision tower" in caplog.text  # the reason, logged
     by_id = {r.request_id: (r, t) for r, t in zip(reqs, tasks, strict=True)}
     trajs = []
     for i, g in enumerate(gens):
