@@ -208,3 +208,33 @@ def test_lora_trains_the_language_model_and_the_vision_tower_only_when_asked(fam
         LoraConfig(enabled=True, vision_tower="full")
     with pytest.raises(ConfigError, match="model.lora.vision_tower: the model has no vision tower"):
         wrap_lora(load_model("tiny-base"), LoraConfig(enabled=True, vision_tower="lora"))
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3"])
+def test_rows_with_one_and_two_pictures_share_a_batch(family, family_dirs):
+    """Zero padding (patches and grid rows; Idefics3's all-zero pictures) changes no row's log-probs."""
+    from reinforge.learn.logprobs import token_logprobs
+
+    model, processor = load_model(family_dirs[family]).eval(), load_processor(family_dirs[family])
+    one, two = _tasks(2)
+    two = dataclasses.replace(two, prompt="colour?", images=(one.images[0], two.images[0]))
+    rows = [encode_vision_prompt(processor, t.prompt, t.images) for t in (one, two, one)]
+    trajs = [Trajectory(ids + [9, 10], [0] * len(ids) + [1, 1], [0.0] * (len(ids) + 2), 0, i, f"t{i}",
+                        model_inputs=inputs) for i, (ids, inputs) in enumerate(rows)]
+    batch = Batch.from_trajectories(trajs, pad_id=0)
+    with torch.no_grad():
+        together, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, model_inputs=batch.model_inputs)
+        for i, t in enumerate(trajs):
+            alone = Batch.from_trajectories([t], pad_id=0)
+            logp, _ = token_logprobs(model, alone.input_ids, alone.attention_mask, model_inputs=alone.model_inputs)
+            n = len(t.token_ids)
+            torch.testing.assert_close(together[i, :n], logp[0], rtol=0, atol=1e-5)
+
+
+def test_a_family_with_one_pixel_row_per_picture_takes_one_picture(family_dirs):
+    from reinforge.errors import ConfigError
+
+    processor = load_processor(family_dirs["llava"])
+    task = _tasks(1)[0]
+    with pytest.raises(ConfigError, match="task 'x': the model's processor gives pixel_values of 2 rows"):
+        encode_vision_prompt(processor, "colour?", (task.images[0], task.images[0]), "task 'x'")

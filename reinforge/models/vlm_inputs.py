@@ -4,7 +4,7 @@ The batch record (``Trajectory.model_inputs``, ``Batch.model_inputs``) holds eve
 first dimension, so ``Batch.select`` (micro-batches, mini-batches, ranks' shares) keeps each row's pictures;
 rows of different sizes are zero-padded (``stack_rows``). Per family (docs/vision.md):
 
-- LLaVA: ``pixel_values`` [1, 3, H, W], as the processor gives it.
+- LLaVA: ``pixel_values`` [1, 3, H, W], as the processor gives it (one picture per prompt: ``to_rows``).
 - Idefics3 / SmolVLM: ``pixel_values`` [1, n, 3, H, W] and ``pixel_attention_mask`` [1, n, H, W]; a row with
   fewer (sub-)pictures is padded with all-zero ones, which the model's forward drops.
 - Qwen2-VL / Qwen2.5-VL: the processor flattens the patches of all pictures into ``pixel_values`` [P, D] with
@@ -22,16 +22,24 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from reinforge.errors import ConfigError
+
 TOKEN_KEYS = ("input_ids", "attention_mask")  # the processor's outputs that are the tokens, not model inputs
 GRID = "image_grid_thw"  # its presence marks the flattened-patches layout (Qwen-VL)
 DERIVED = ("mm_token_type_ids",)  # per-token inputs recomputed from the token ids at each forward
 
 
-def to_rows(outputs: dict[str, Any]) -> dict[str, Tensor]:
-    """One prompt's processor outputs (tokens excluded) as its row of the batch record (leading dimension 1)."""
+def to_rows(outputs: dict[str, Any], where: str = "task") -> dict[str, Tensor]:
+    """One prompt's processor outputs (tokens excluded) as its row of the batch record (leading dimension 1).
+    A family with one ``pixel_values`` row per picture (LLaVA's [n, 3, H, W]) takes one picture per prompt: n
+    rows would be n rows of the record, so more is refused (``where`` names the task)."""
     inputs = {k: v for k, v in outputs.items() if k not in TOKEN_KEYS and k not in DERIVED}
     if GRID in inputs:  # flattened patches [P, D] and grids [n, 3]: one row each
         return {k: v[None] for k, v in inputs.items()}
+    wide = next((k for k, v in inputs.items() if getattr(v, "shape", (1,))[0] != 1), None)
+    if wide is not None:
+        raise ConfigError(f"{where}: the model's processor gives {wide} of {inputs[wide].shape[0]} rows (one per "
+                          "picture); this family takes one picture per prompt here (docs/vision.md)")
     return inputs
 
 

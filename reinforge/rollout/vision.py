@@ -89,4 +89,4 @@ def encode_vision_prompt(processor: Any, prompt: str | list[dict[str, Any]], ima
     ids = out["input_ids"][0]
     keep = out["attention_mask"][0].bool() if "attention_mask" in out else None
     ids = ids[keep] if keep is not None else ids
-    return ids.tolist(), to_rows(out)  # the batch record's row layout of the family (models/vlm_inputs.py)
+    return ids.tolist(), to_rows(out, where)  # the batch record's row layout of the family (models/vlm_inputs.py)
