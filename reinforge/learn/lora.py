@@ -90,7 +90,8 @@ def lora_targets(model: nn.Module, cfg: LoraConfig) -> list[str]:
     targets = [n for n in names if any(_matches(n, t) for t in cfg.target_modules)]
     if cfg.vision_tower == "lora":
         head = model.get_output_embeddings()
-        targets += [n.removesuffix(".base_layer") for n, m in model.named_modules()  # (peft's own layers: a second adapter)
+        # on a model peft wrapped already (a second adapter): its layers' base names, none of its adapters
+        targets += [n.removesuffix(".base_layer") for n, m in model.named_modules()
                     if isinstance(m, nn.Linear) and not n.startswith(prefix) and m is not head and ".lora_" not in n]
     return targets
 
