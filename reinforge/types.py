@@ -138,8 +138,10 @@ class Batch:
     ``state_values`` and ``state_mask`` [N, L] the Monte Carlo values of intermediate states (from
     ``metadata['state_values']``, when a part needs ``state_values``).
     ``model_inputs``: per-row inputs of the model's forward besides the tokens (``pixel_values`` [N, C, H, W]
-    of one picture per row, and what a family adds), each tensor's first dimension the row (``ROW_FIELDS``:
-    ``select`` indexes only that dimension); every forward of the row passes them ({}: a text batch).
+    of one picture per row, and what a family adds; Qwen-VL's flattened patches as [N, P, D] with
+    ``image_grid_thw`` [N, n, 3], zero-padded: models/vlm_inputs.py), each tensor's first dimension the row
+    (``ROW_FIELDS``: ``select`` indexes only that dimension); every forward of the row passes them
+    (``vlm_inputs.forward_inputs``; {}: a text batch).
     """
 
     input_ids: Tensor
@@ -235,10 +237,9 @@ ROW_FIELDS = frozenset({"model_inputs"})
 
 
 def row_model_inputs(trajs: list[Trajectory]) -> dict[str, Tensor]:
-    """The trajectories' ``model_inputs`` stacked along the row dimension ({} when none has any). Every row
-    must have the same kinds of input: a batch mixing rows with pictures and rows without is refused."""
-    import torch
-
+    """The trajectories' ``model_inputs`` stacked along the row dimension, zero-padded in the others
+    (``models.vlm_inputs.stack_rows``; {} when none has any). Every row must have the same kinds of input: a batch
+    mixing rows with pictures and rows without is refused."""
     if not any(t.model_inputs for t in trajs):
         return {}
     keys = set(trajs[0].model_inputs)
@@ -246,7 +247,9 @@ def row_model_inputs(trajs: list[Trajectory]) -> dict[str, Tensor]:
     if odd is not None:
         raise ValueError(f"batch rows differ in their model inputs (task {odd!r} has {sorted(trajs[0].model_inputs)}"
                          f" in another row but not the same here): a batch has pictures in every row or in none")
-    return {k: torch.cat([t.model_inputs[k] for t in trajs]) for k in sorted(keys)}
+    from reinforge.models.vlm_inputs import stack_rows  # torch with it, as the other methods import it
+
+    return {k: stack_rows([t.model_inputs[k] for t in trajs]) for k in sorted(keys)}
 
 
 def _map(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:

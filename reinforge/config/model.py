@@ -24,6 +24,10 @@ class LoraConfig(_Strict):
     sync: Literal["merged", "adapter"] = Field(
         "merged", description="what reaches the rollout engine after an update: merged weights W + (alpha/r) B A, "
         "or the adapter tensors alone (A, B), which the engine applies unmerged (torch engine, sync mode)")
+    vision_tower: Literal["frozen", "lora"] = Field(
+        "frozen", description="a vision-language model's vision tower and projector: frozen (target_modules match in "
+        "the language model only), or lora (adapters on every linear layer of the tower and projector as well); "
+        "docs/vision.md")
 
     @field_validator("target_modules")
     @classmethod

@@ -9,6 +9,7 @@ from reinforge.algo.entropy import entropy_from_logits
 from reinforge.errors import ConfigError
 from reinforge.learn.lm_head import chunked_token_logprobs, final_hidden
 from reinforge.models.precision import at_least_float32
+from reinforge.models.vlm_inputs import forward_inputs
 
 
 def token_logprobs(
@@ -27,7 +28,8 @@ def token_logprobs(
     ``entropy_grad`` (an entropy bonus), otherwise it is a detached statistic. ``chunk_tokens`` > 0:
     the LM head runs over that many positions at a time (learn/lm_head.py; the same values, without
     the [N, L, V] logits); 0: the model's own forward. ``model_inputs``: the rows' other inputs of the
-    forward (a vision-language model's ``pixel_values``, ``Batch.model_inputs``).
+    forward (a vision-language model's ``pixel_values``, ``Batch.model_inputs``; models/vlm_inputs.py turns the
+    record's rows into the forward's arguments, and a Qwen-VL model computes its M-RoPE positions from them).
     """
     if chunk_tokens > 0 and model_inputs:
         raise ConfigError("train.logprob_chunk_tokens > 0 runs the language model's layers alone and cannot pass "
@@ -71,7 +73,7 @@ def _next_token_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tens
                        model_inputs: dict[str, Tensor] | None = None) -> Tensor:
     """z_t / T for predicting token t + 1 (the last position's logits dropped), at least float32."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                   **(model_inputs or {})).logits[:, :-1]
+                   **forward_inputs(model, input_ids, model_inputs)).logits[:, :-1]
     logits = at_least_float32(logits)
     return logits / temperature if temperature != 1.0 else logits
 

@@ -62,18 +62,45 @@ def check_targets(model: nn.Module, targets: list[str]) -> None:
                           f"layers are: {', '.join(linear)}")
 
 
-def peft_config(cfg: LoraConfig):  # type: ignore[no-untyped-def]
-    """peft's ``LoraConfig`` for ``model.lora``."""
+def peft_config(cfg: LoraConfig, model: nn.Module | None = None):  # type: ignore[no-untyped-def]
+    """peft's ``LoraConfig`` for ``model.lora`` (on ``model``: ``lora_targets`` names the modules)."""
     return _peft().LoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
-        bias=cfg.bias, task_type="CAUSAL_LM",
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias=cfg.bias, task_type="CAUSAL_LM",
+        target_modules=lora_targets(model, cfg) if model is not None else list(cfg.target_modules),
     )
+
+
+def lora_targets(model: nn.Module, cfg: LoraConfig) -> list[str]:
+    """The modules that get adapters. A text model: ``cfg.target_modules`` (name suffixes). A vision-language model
+    (its config has a ``vision_config``): the full names of the language model's modules they match (a CLIP or
+    SigLIP tower's q_proj stays frozen); with ``vision_tower: lora`` also every linear layer of the vision tower
+    and projector (all but the language model and the LM head)."""
+    if getattr(model.config, "vision_config", None) is None:
+        if cfg.vision_tower != "frozen":
+            raise ConfigError("model.lora.vision_tower: the model has no vision tower (it is a text model); leave "
+                              "it frozen")
+        return list(cfg.target_modules)
+    language = model.get_decoder()
+    prefix = next(name for name, m in model.named_modules() if m is language) + "."
+    names = [n for n, _ in model.named_modules() if n.startswith(prefix)]
+    missing = [t for t in cfg.target_modules if not any(_matches(n, t) for n in names)]
+    if missing:
+        raise ConfigError(f"model.lora.target_modules: {missing} match no module of the language model "
+                          f"({prefix[:-1]}); the vision tower takes adapters with model.lora.vision_tower=lora")
+    targets = [n for n in names if any(_matches(n, t) for t in cfg.target_modules)]
+    if cfg.vision_tower == "lora":
+        head = model.get_output_embeddings()
+        # on a model peft wrapped already (a second adapter): its layers' base names, none of its adapters
+        targets += [n.removesuffix(".base_layer") for n, m in model.named_modules()
+                    if isinstance(m, nn.Linear) and not n.startswith(prefix) and m is not head and ".lora_" not in n]
+    return targets
 
 
 def wrap_lora(model: nn.Module, cfg: LoraConfig, base_path: str | None = None, seed: int = 0,
               adapter_name: str = ADAPTER_NAME) -> nn.Module:
-    """``model`` with LoRA adapters on ``cfg.target_modules``; only the adapters (and the biases
-    ``cfg.bias`` names) train. Modifies ``model`` in place (peft injects the adapter layers).
+    """``model`` with LoRA adapters on ``cfg.target_modules`` (``lora_targets``: a vision-language model's vision
+    tower frozen unless ``cfg.vision_tower`` is lora); only the adapters (and the biases ``cfg.bias`` names) train.
+    Modifies ``model`` in place (peft injects the adapter layers).
 
     The adapters' initialisation (A random, B = 0: the wrapped model starts equal to the base)
     depends on ``seed`` alone, not on the global RNG, which it leaves untouched. ``base_path``
@@ -83,7 +110,7 @@ def wrap_lora(model: nn.Module, cfg: LoraConfig, base_path: str | None = None, s
     check_targets(model, list(cfg.target_modules))
     with torch.random.fork_rng(devices=[]), quiet_peft():
         torch.manual_seed(seed)
-        wrapped = peft.get_peft_model(model, peft_config(cfg), adapter_name=adapter_name)
+        wrapped = peft.get_peft_model(model, peft_config(cfg, model), adapter_name=adapter_name)
     if base_path is not None:
         wrapped.peft_config[adapter_name].base_model_name_or_path = _portable_base_path(base_path)
     return wrapped

@@ -127,7 +127,7 @@ class MultiLora:
             check_targets(self.model.get_base_model(), list(lora.target_modules))
             with torch.random.fork_rng(devices=[]), quiet_peft():
                 torch.manual_seed(seed)
-                self.model.add_adapter(name, peft_config(lora))
+                self.model.add_adapter(name, peft_config(lora, self.model.get_base_model()))
         params = _adapter_params(self.model, name)
         for p in params:
             p.requires_grad_(True)

@@ -30,13 +30,14 @@ def load_tokenizer(path: str):
 
 def load_processor(path: str):
     """The model's ``AutoProcessor`` when its directory has one (a vision-language model: tokenizer and image
-    processor), else None (a text model: ``load_tokenizer`` is all it needs)."""
+    processor; models/processors.py: without torchvision, a family's processor without its video processor), else
+    None (a text model: ``load_tokenizer`` is all it needs)."""
     directory = Path(_existing_model_dir(path))
     if not any((directory / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
         return None
-    from transformers import AutoProcessor
+    from reinforge.models.processors import load_processor as family_processor
 
-    return AutoProcessor.from_pretrained(str(directory))
+    return family_processor(str(directory))
 
 
 def is_vision_language(directory: str) -> bool:

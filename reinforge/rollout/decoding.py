@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.models.lean_llama import LeanLlama
+from reinforge.models.vlm_inputs import forward_inputs, mrope_positions
 
 
 class HFDecoder:
@@ -16,19 +17,26 @@ class HFDecoder:
 
     def __init__(self, model: nn.Module) -> None:
         self.model, self.cache = model, None
+        self.mrope_offset: Tensor | None = None  # [rows, 1]: M-RoPE's next position minus the 1-D one (Qwen-VL)
 
     def start(self, ids: Tensor, attention: Tensor, repeat: int, **model_inputs: Tensor) -> Tensor:
         """Prefill each prompt once, then share its cache among its ``repeat`` samples; ``model_inputs``
-        (a vision-language model's ``pixel_values``, ...) go to this forward only."""
+        (a vision-language model's ``pixel_values``, ...: the batch record's rows, models/vlm_inputs.py) go to
+        this forward only. A model with 3-D rotary positions (M-RoPE) gets them from its ``get_rope_index``."""
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                         **model_inputs)
+        kwargs = forward_inputs(self.model, ids, model_inputs)
+        mrope = mrope_positions(self.model, ids, attention, kwargs)
+        if mrope is not None:
+            positions, self.mrope_offset = mrope[0], mrope[1].repeat_interleave(repeat, dim=0)
+        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **kwargs)
         self.cache = out.past_key_values
         if repeat > 1:
             self.cache.batch_repeat_interleave(repeat)
         return out.logits[:, -1].repeat_interleave(repeat, dim=0)
 
     def step(self, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
+        if self.mrope_offset is not None:  # a text token's three M-RoPE positions are equal: 1-D + offset
+            positions = (positions + self.mrope_offset)[None].expand(3, -1, -1)
         out = self.model(
             input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=self.cache, use_cache=True
         )

@@ -7,6 +7,7 @@ attention mask, so every row sees exactly the positions it would see alone.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -20,11 +21,14 @@ from reinforge.models.lean_llama import supports as lean_supports
 from reinforge.models.lean_lora import AdapterWeights
 from reinforge.models.loading import load_processor
 from reinforge.models.precision import compute_dtype
+from reinforge.models.vlm_inputs import image_token_id, stack_rows
 from reinforge.rollout.continuous import StepCallback, generate_continuous
 from reinforge.rollout.decoding import HFDecoder, LeanDecoder, left_pad
 from reinforge.rollout.engines import own_copy, register_engine
 from reinforge.rollout.sampling import sample_tokens
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+
+log = logging.getLogger(__name__)
 
 WeightPoll = Callable[[], "tuple[Mapping[str, Tensor] | nn.Module, int] | None"]
 """Called between decode steps: returns new weights and their version for the engine to apply, or
@@ -90,6 +94,7 @@ class TorchRolloutEngine:
         self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)
         self.weight_poll: WeightPoll | None = None
         self.processor: Any = None  # a vision-language model's AutoProcessor (from_config sets it)
+        self._logged_pictures = False
         self._logprob_dtype = compute_dtype(next(self.model.parameters()).dtype)
         self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
         self._staged_lock = threading.Lock()
@@ -180,6 +185,10 @@ class TorchRolloutEngine:
                 "rollout.max_new_tokens"
             )
         pictures = any(r.model_inputs for r in requests)  # the HF forward's prefill takes them (docs/vision.md)
+        if pictures and not self._logged_pictures:
+            self._logged_pictures = True
+            log.info("prompts with pictures: sampled through the model's own forward and cache (HF), a batch per "
+                     "chunk: the lean forward and continuous batching have no vision tower")
         if self.lean is not None and self.continuous and not pictures:
             return generate_continuous(self, requests, params, generator or self.generator, on_step)
         per_chunk = max(1, self.max_batch_sequences // params.n)
@@ -295,7 +304,8 @@ class TorchRolloutEngine:
 
 
 def prefill_inputs(requests: list[GenerationRequest], device: torch.device) -> dict[str, Tensor]:
-    """The requests' model inputs (``pixel_values``, ...) stacked along their first dimension, for one prefill;
+    """The requests' model inputs (``pixel_values``, ...) stacked along their first dimension (zero-padded:
+    ``vlm_inputs.stack_rows``), for one prefill;
     {} when none has any. Requests with and without them cannot share a prefill: an error."""
     have = [bool(r.model_inputs) for r in requests]
     if not any(have):
@@ -306,14 +316,7 @@ def prefill_inputs(requests: list[GenerationRequest], device: torch.device) -> d
     keys = set(requests[0].model_inputs)
     if any(set(r.model_inputs) != keys for r in requests):
         raise ReinforgeError(f"the prompts' model inputs differ in kind (expected {sorted(keys)} for every one)")
-    return {k: torch.cat([r.model_inputs[k] for r in requests]).to(device) for k in sorted(keys)}
-
-
-def image_token_id(model: nn.Module) -> int | None:
-    """The vision-language model's image placeholder token (``image_token_id``, ``image_token_index``)."""
-    cfg = model.config
-    token = getattr(cfg, "image_token_id", None)
-    return int(token) if token is not None else getattr(cfg, "image_token_index", None)
+    return {k: stack_rows([r.model_inputs[k] for r in requests]).to(device) for k in sorted(keys)}
 
 
 def processor_of(model_path: str | None) -> Any:

@@ -3,8 +3,8 @@
 A task's ``images`` (``types.Task``) are PIL images, file paths or encoded bytes; ``read_image`` opens one
 and checks it (readable, at most ``MAX_PIXELS``, converted to RGB), naming the row and column of a bad one.
 ``encode_vision_prompt`` gives the prompt's token ids, with the model's image tokens expanded by its
-processor (``AutoProcessor``: LLaVA's, Idefics3's), and the processor's other outputs (``pixel_values`` and
-whatever the family adds), each with a leading dimension of 1: the row's ``model_inputs``, which the
+processor (``AutoProcessor``: LLaVA's, Idefics3's, Qwen2-VL's), and the processor's other outputs (``pixel_values``
+and whatever the family adds), each with a leading dimension of 1 (models/vlm_inputs.py): the row's ``model_inputs``, which the
 engine's prefill and the learner's forwards pass to the model (docs/vision.md).
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.errors import ConfigError
+from reinforge.models.vlm_inputs import to_rows
 
 MAX_PIXELS = 4096 * 4096  # a larger picture is refused: it is almost surely a mistake, and memory is finite
-TOKEN_KEYS = ("input_ids", "attention_mask")  # the processor's outputs that are the tokens, not model inputs
 
 
 def read_image(image: Any, where: str, base_dir: Path | None = None) -> Any:
@@ -89,4 +89,4 @@ def encode_vision_prompt(processor: Any, prompt: str | list[dict[str, Any]], ima
     ids = out["input_ids"][0]
     keep = out["attention_mask"][0].bool() if "attention_mask" in out else None
     ids = ids[keep] if keep is not None else ids
-    return ids.tolist(), {k: v for k, v in out.items() if k not in TOKEN_KEYS}
+    return ids.tolist(), to_rows(out, where)  # the batch record's row layout of the family (models/vlm_inputs.py)
