@@ -1,7 +1,8 @@
 """Adapter-only sync vs merged weights (``model.lora.sync``, docs/lora.md): bytes per sync, sync time and
-generate time on the torch engine, for the shipped tiny model and a config-built ~75M Llama.
+generate time on the torch engine (or vLLM, ``--engine vllm``), for the shipped tiny model and a
+config-built ~75M Llama.
 
-    python benchmarks/bench_adapter_sync.py [--sizes tiny,75m] [--repeats 5] [--threads 2]
+    python benchmarks/bench_adapter_sync.py [--sizes tiny,75m] [--repeats 5] [--threads 2] [--engine torch]
 
 Per size and LoRA setting: the bytes an engine receives per sync (merged: every parameter of the
 model, ``learn.lora.merged_weights``; adapter: A and B of every adapted layer, ``adapter_weights``), and,
@@ -9,7 +10,9 @@ timed in interleaved repeats (the modes alternate within a repeat, their order f
 
 - ``sync``: ``engine.update_weights(peft_model, version)`` as the training loop calls it (merged:
   W + (alpha/r) B A per adapted layer, copied into the engine's model, the lean forward's fused and
-  packed copies rebuilt; adapter: A and B copied, the per-projection stacks rebuilt);
+  packed copies rebuilt; adapter: A and B copied, the per-projection stacks rebuilt; on vLLM, merged:
+  ``reload_weights`` of every parameter, adapter: A and B written as a peft directory in memory-backed
+  temporary storage and registered as a new LoRA request, loaded by the next generate);
 - ``generate``: one rollout batch sampled after that sync (merged weights; the unmerged adapter; the
   same batch with its rows spread over 4 adapters).
 
@@ -69,15 +72,16 @@ def policy_of(model, lora: str, seed: int = 1):  # type: ignore[no-untyped-def]
     return policy
 
 
-def engines(model, tok, sync: str):  # type: ignore[no-untyped-def]
+def engines(model, tok, sync: str, engine: str, rank: int):  # type: ignore[no-untyped-def]
     from reinforge.config import load_config
     from reinforge.orchestrate.components import build_engine
 
-    cfg = load_config(None, ["model.lora.enabled=true", f"model.lora.sync={sync}"])
+    cfg = load_config(None, ["model.lora.enabled=true", f"model.lora.sync={sync}", f"model.lora.r={rank}",
+                             f"rollout.engine={engine}"])
     return build_engine(cfg, model, tok)
 
 
-def bench_size(size: str, repeats: int) -> list[dict]:
+def bench_size(size: str, repeats: int, engine_name: str = "torch") -> list[dict]:
     from reinforge.learn.lora import adapter_weights, merged_weights
     from reinforge.rollout.types import GenerationRequest
 
@@ -88,7 +92,9 @@ def bench_size(size: str, repeats: int) -> list[dict]:
         policy = policy_of(model, lora)
         full = sum(t.numel() * t.element_size() for t in merged_weights(policy).values())
         sent = adapter_weights(policy).nbytes()
-        merged, adapter = engines(model, tok, "merged"), engines(model, tok, "adapter")
+        rank = LORAS[lora][0]
+        merged, adapter = (engines(model, tok, "merged", engine_name, rank),
+                           engines(model, tok, "adapter", engine_name, rank))
         for i, name in enumerate(("a1", "a2", "a3")):  # three more adapters for the mixed batch
             adapter.update_adapter(name, adapter_weights(policy_of(model, lora, seed=2 + i)))
         mixed = [GenerationRequest(r.prompt_ids, r.request_id, adapter=("default", "a1", "a2", "a3")[i % 4])
@@ -108,7 +114,7 @@ def bench_size(size: str, repeats: int) -> list[dict]:
                 t = time.perf_counter()
                 engine.generate(batch, params, generator=torch.Generator().manual_seed(rep))
                 times[f"gen {mode}"].append(time.perf_counter() - t)
-        rows.append({"size": size, "params": n_params, "lora": lora, "merged_bytes": full, "adapter_bytes": sent,
+        rows.append({"size": f"{size} ({engine_name})", "params": n_params, "lora": lora, "merged_bytes": full, "adapter_bytes": sent,
                      **{k: (statistics.median(v), min(v), max(v)) for k, v in times.items()}})
     return rows
 
@@ -131,9 +137,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="tiny,75m")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engine", default="torch", choices=["torch", "vllm"], help="the rollout engine that receives the syncs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [row for size in args.sizes.split(",") for row in bench_size(size, args.repeats)]
+    rows = [row for size in args.sizes.split(",") for row in bench_size(size, args.repeats, args.engine)]
     report(rows, args.repeats)
 
 

@@ -340,3 +340,127 @@ def test_serve_through_vllm():
                 with pytest.raises(openai.BadRequestError, match="--engine torch"):
                     client.completions.create(model="tiny-base", prompt="1+1=", max_tokens=4, stream=True)
     assert texts["vllm"] == texts["torch"]
+
+
+# ---------------------------------------------------------------------------------- LoRA requests
+def _lora_policy(base, seed: int, targets=("q_proj", "v_proj", "up_proj"), std: float = 0.3):
+    """A LoRA policy over a copy of ``base`` (r 4, alpha 8) whose B is far from 0."""
+    import copy
+
+    from reinforge.config import LoraConfig
+    from reinforge.learn.lora import wrap_lora
+
+    policy = wrap_lora(copy.deepcopy(base), LoraConfig(enabled=True, r=4, alpha=8, target_modules=list(targets)),
+                       seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return policy
+
+
+def test_lora_ranks_round_up_to_vllms_kernels():
+    from reinforge.rollout.vllm_engine import vllm_lora_rank
+
+    assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]
+    with pytest.raises(ReinforgeError, match="model.lora.r=513"):
+        vllm_lora_rank(513)
+
+
+def test_a_written_adapter_loads_in_peft_as_the_policy(tmp_path, tiny_model, tiny_tokenizer):
+    """write_peft_adapter folds each layer's scale into B (alpha = r): peft reading the directory gives the
+    policy's own forward, so vLLM, which reads the same files, is handed the policy."""
+    from peft import PeftModel
+
+    from reinforge.learn.lora import adapter_weights
+    from reinforge.rollout.vllm_engine import write_peft_adapter
+
+    policy = _lora_policy(tiny_model, seed=1)
+    weights = adapter_weights(policy)
+    written = write_peft_adapter(weights, tmp_path / "a")
+    assert written == weights.nbytes()  # float32 tensors, as sent
+    config = __import__("json").loads((tmp_path / "a" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 4, ["q_proj", "up_proj", "v_proj"])
+    import copy
+
+    loaded = PeftModel.from_pretrained(copy.deepcopy(tiny_model), str(tmp_path / "a"))
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        expected, got = policy(input_ids=ids).logits, loaded(input_ids=ids).logits
+    assert torch.allclose(got, expected, atol=1e-5) and not torch.allclose(got, tiny_model(input_ids=ids).logits,
+                                                                         atol=1e-3)
+    with pytest.raises(ValueError, match="no layers"):
+        write_peft_adapter(type(weights)({}), tmp_path / "b")
+
+
+@pytest.fixture(scope="module")
+def vllm_lora_engine():
+    from reinforge.models.loading import load_model, load_tokenizer
+    from reinforge.rollout.vllm_engine import VLLMRolloutEngine
+
+    return VLLMRolloutEngine(load_model("tiny-base"), load_tokenizer("tiny-base"), seed=0, adapter_rank=4)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_serves_adapters_per_request_like_the_torch_engine(vllm_lora_engine, tiny_model, tiny_tokenizer):
+    """Adapters sent as A and B alone: greedy tokens equal the torch engine's unmerged decoding of the same
+    adapter, sampled log-probs equal the peft policy's; a batch mixing two adapters and the base equals
+    each alone; new weights for a name replace the old LoRA id."""
+    from reinforge.learn.lora import adapter_weights
+    from reinforge.rollout.torch_engine import TorchRolloutEngine
+
+    engine, reqs = vllm_lora_engine, _requests(tiny_tokenizer, 6)
+    x, y = _lora_policy(tiny_model, seed=1), _lora_policy(tiny_model, seed=2, targets=("k_proj", "o_proj"))
+    engine.update_adapter("x", adapter_weights(x), version=3)
+    engine.update_adapter("y", adapter_weights(y))
+    torch_engine = TorchRolloutEngine(tiny_model, tiny_tokenizer)
+    torch_engine.update_adapter("x", adapter_weights(x))
+    greedy = SamplingParams(max_new_tokens=6, greedy=True)
+
+    def named(name, rs=reqs):
+        return [GenerationRequest(r.prompt_ids, r.request_id, adapter=name) for r in rs]
+
+    ours = engine.generate(named("x"), greedy)
+    assert [g.token_ids for g in ours] == [g.token_ids for g in torch_engine.generate(named("x"), greedy)]
+    assert all(g.version == 3 for g in ours)
+    alone = {n: [g.token_ids for g in engine.generate(named(n), greedy)] for n in ("x", "y", None)}
+    assert alone["x"] != alone[None] and alone["y"] != alone[None]
+    mixed = engine.generate([GenerationRequest(r.prompt_ids, r.request_id, adapter=("x", "y", None)[i % 3])
+                             for i, r in enumerate(reqs)], greedy)
+    assert [g.token_ids for g in mixed] == [alone[("x", "y", None)[i % 3]][i] for i in range(len(reqs))]
+    gens = engine.generate(named("x"), SamplingParams(max_new_tokens=6, n=3))
+    logp, sampled, mask = _learner_logprobs(x, gens, tiny_tokenizer.pad_token_id, 1.0)
+    assert ((logp - sampled).abs() * mask).max().item() < 1e-4
+    first_id = engine._adapters["x"].lora_int_id
+    engine.update_adapter("x", adapter_weights(y))  # new weights under the old name: a new LoRA id
+    assert engine._adapters["x"].lora_int_id != first_id and first_id not in engine.llm.llm_engine.list_loras()
+    assert [g.token_ids for g in engine.generate(named("x"), greedy)] == alone["y"]
+    engine.remove_adapter("x")
+    with pytest.raises(ReinforgeError, match=r"adapters \['x'\]"):
+        engine.generate(named("x"), greedy)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_lora_grpo_with_adapter_sync_through_vllm(tmp_path, monkeypatch):
+    """model.lora.sync=adapter with rollout.engine=vllm: after every update vLLM receives the adapter alone
+    (a LoRA request), never full weights, and samples as the learner's policy (log-prob mismatch < 1e-4)."""
+    from reinforge.orchestrate.run import train
+    from reinforge.rollout.vllm_engine import VLLMRolloutEngine
+
+    calls = []
+    adapter, weights = VLLMRolloutEngine.update_adapter, VLLMRolloutEngine.update_weights
+    monkeypatch.setattr(VLLMRolloutEngine, "update_adapter", lambda self, name, w, version=None: (
+        calls.append(("adapter", w.nbytes())), adapter(self, name, w, version))[1])
+    monkeypatch.setattr(VLLMRolloutEngine, "update_weights", lambda self, state, version: (
+        calls.append(("full", 0)), weights(self, state, version))[1])
+    result = train(load_config(None, [
+        f"output_dir={tmp_path}", "model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8",
+        "model.lora.sync=adapter", "rollout.engine=vllm", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "task.heldout_size=8", "train.time_limit_s=0", "train.steps=3", "train.lr=5e-3", "eval.final_samples=0",
+        "eval.every=0", "log.report=false", "checkpoint.every=0", "algo.skip_equal_reward_groups=false"]))
+    steps = [m for m in result.metrics() if "train/loss" in m]
+    assert len(steps) == 3 and max(m["train/logprob_mismatch_max"] for m in steps) < 1e-4
+    assert {kind for kind, _ in calls} == {"adapter"} and len([n for _, n in calls if n > 0]) >= 3

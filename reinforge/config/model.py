@@ -23,7 +23,8 @@ class LoraConfig(_Strict):
     bias: Literal["none", "all", "lora_only"] = Field("none", description="which biases train (peft's bias option)")
     sync: Literal["merged", "adapter"] = Field(
         "merged", description="what reaches the rollout engine after an update: merged weights W + (alpha/r) B A, "
-        "or the adapter tensors alone (A, B), which the engine applies unmerged (torch engine, sync mode)")
+        "or the adapter tensors alone (A, B), which the engine applies unmerged (torch engine, or vLLM LoRA "
+        "requests; sync mode)")
     vision_tower: Literal["frozen", "lora"] = Field(
         "frozen", description="a vision-language model's vision tower and projector: frozen (target_modules match in "
         "the language model only), or lora (adapters on every linear layer of the tower and projector as well); "

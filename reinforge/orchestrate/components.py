@@ -130,14 +130,14 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer, seed: int |
     adapters = cfg.model.lora.enabled and cfg.model.lora.sync == "adapter"
     if adapters and not engine_spec(cfg.rollout.engine).takes_adapters:
         raise ConfigError(f"model.lora.sync=adapter: rollout.engine={cfg.rollout.engine} does not apply unmerged "
-                          "adapters; use rollout.engine=torch or model.lora.sync=merged")
+                          "adapters; use rollout.engine=torch or vllm, or model.lora.sync=merged")
     if cfg.model.lora.enabled:
         mixins = (_SendsAdapters,) if adapters else (_MergesLora,)
     elif cfg.train.world_size > 1 and cfg.train.parallel == "fsdp":  # (LoRA with FSDP is refused)
         mixins = (_GathersShards,)
     engine = build_rollout_engine(cfg.rollout, policy, tokenizer, cfg.model.device,
                                   cfg.seed if seed is None else seed, cfg.model.path, copy_policy=copy_policy,
-                                  mixins=mixins)
+                                  mixins=mixins, adapter_rank=cfg.model.lora.r if adapters else None)
     if adapters:
         engine.default_adapter = ADAPTER_NAME
         engine.update_adapter(ADAPTER_NAME, AdapterWeights({}), None)  # none yet (the base); fails early if unsupported

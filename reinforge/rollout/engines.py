@@ -76,15 +76,18 @@ def effective_engine(cfg: Any) -> str:
 
 
 def build_engine(rollout: Any, policy: Any, tokenizer: Any, device: str, seed: int, model_path: str,
-                 copy_policy: bool = True, mixins: tuple[type, ...] = ()) -> Any:
+                 copy_policy: bool = True, mixins: tuple[type, ...] = (), adapter_rank: int | None = None) -> Any:
     """The one way to build a rollout engine: the class ``rollout.engine`` names (from a resolved
     config: ``auto`` already replaced by its ``effective_engine``), with ``mixins``' ``update_weights``
-    in front (e.g. a LoRA run's merge), from its ``from_config``. The training run, the rollout workers, evaluation, serving and the reference
+    in front (e.g. a LoRA run's merge), from its ``from_config``; ``adapter_rank`` (the LoRA rank of a run with
+    adapter-only sync, for engines that declare ``takes_adapters``) is passed on to it. The training run, the rollout workers, evaluation, serving and the reference
     engine of prompt values all build theirs here."""
     engine_class = engine_spec(rollout.engine).engine_class
     for mixin in mixins:
         engine_class = with_mixin(mixin, engine_class)
-    return engine_class.from_config(rollout, policy, tokenizer, device, seed, model_path, copy_policy=copy_policy)
+    options = {} if adapter_rank is None else {"adapter_rank": adapter_rank}  # only engines that take adapters get it
+    return engine_class.from_config(rollout, policy, tokenizer, device, seed, model_path, copy_policy=copy_policy,
+                                    **options)
 
 
 @functools.cache

