@@ -81,6 +81,28 @@ def engines(model, tok, sync: str, engine: str, rank: int):  # type: ignore[no-u
     return build_engine(cfg, model, tok)
 
 
+class MergedView:
+    """vLLM allows one engine per process (a second one's start-up breaks the first's parallel state): with
+    ``--engine vllm`` the merged sync runs on the adapter engine itself, through vLLM's ``reload_weights``
+    of the merged weights, and its batch runs without an adapter (the base's kernels, LoRA enabled)."""
+
+    def __init__(self, engine) -> None:  # type: ignore[no-untyped-def]
+        self.engine = engine
+
+    def update_weights(self, policy, version: int) -> None:  # type: ignore[no-untyped-def]
+        from reinforge.learn.lora import merged_weights
+        from reinforge.rollout.vllm_engine import VLLMRolloutEngine
+
+        VLLMRolloutEngine.update_weights(self.engine, merged_weights(policy), version)
+
+    def generate(self, requests, params, generator=None):  # type: ignore[no-untyped-def]
+        default, self.engine.default_adapter = self.engine.default_adapter, None
+        try:
+            return self.engine.generate(requests, params, generator=generator)
+        finally:
+            self.engine.default_adapter = default
+
+
 def bench_size(size: str, repeats: int, engine_name: str = "torch") -> list[dict]:
     from reinforge.learn.lora import adapter_weights, merged_weights
     from reinforge.rollout.types import GenerationRequest
@@ -93,8 +115,8 @@ def bench_size(size: str, repeats: int, engine_name: str = "torch") -> list[dict
         full = sum(t.numel() * t.element_size() for t in merged_weights(policy).values())
         sent = adapter_weights(policy).nbytes()
         rank = LORAS[lora][0]
-        merged, adapter = (engines(model, tok, "merged", engine_name, rank),
-                           engines(model, tok, "adapter", engine_name, rank))
+        adapter = engines(model, tok, "adapter", engine_name, rank)
+        merged = engines(model, tok, "merged", engine_name, rank) if engine_name == "torch" else MergedView(adapter)
         for i, name in enumerate(("a1", "a2", "a3")):  # three more adapters for the mixed batch
             adapter.update_adapter(name, adapter_weights(policy_of(model, lora, seed=2 + i)))
         mixed = [GenerationRequest(r.prompt_ids, r.request_id, adapter=("default", "a1", "a2", "a3")[i % 4])

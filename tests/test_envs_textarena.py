@@ -3,11 +3,13 @@ random opponents; outcomes map to the documented rewards; the collector plays wh
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
 
 import pytest
 
-pytest.importorskip("textarena", reason="the envs extra is not installed")
+# a skip without importing textarena here: collecting the suite should not pay for its import
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("textarena") is None, reason="the envs extra is not installed")
 
 from reinforge.envs.registry import EnvironmentConfigError, build_environment  # noqa: E402
 from reinforge.envs.textarena_env import no_downloads, random_opponent, textarena_splits  # noqa: E402
