@@ -27,7 +27,7 @@ from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.prompts import encode_prompt, prompt_messages
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.rollout.vision import encode_vision_prompt
+from reinforge.rollout.vision import vision_request
 from reinforge.types import Task
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
@@ -75,8 +75,7 @@ def build_requests(tasks: Sequence[Task], tokenizer, system_prompt: str | None, 
     for t in tasks:
         prompt = prompt_messages(t.prompt, system_prompt)
         if t.images:
-            ids, inputs = encode_vision_prompt(processor, prompt, t.images, f"task {t.id!r}")
-            out.append(GenerationRequest(ids, t.id, inputs))
+            out.append(vision_request(processor, prompt, t.images, t.id, f"task {t.id!r}"))
         else:
             out.append(GenerationRequest(encode_prompt(tokenizer, prompt), t.id))
     return out
