@@ -1,0 +1,205 @@
+"""Pictures as OpenAI ``image_url`` content parts (docs/vision.md): in a table's prompt column, in chat requests to
+``reinforge serve`` over tiny-vlm, from the ``openai`` rollout engine; every bad picture an error naming the row,
+column and message part (library) or a 400 naming the field (server), which keeps answering."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pytest
+
+from reinforge.config import ColumnsConfig
+from reinforge.data.columns import rows_to_tasks
+from reinforge.data.shapes import shapes_splits
+from reinforge.errors import DataError
+from reinforge.models.loading import load_processor
+from reinforge.rollout.types import GenerationRequest, SamplingParams
+from reinforge.rollout.vision import image_data_url, vision_request, with_image_urls
+
+PIL = pytest.importorskip("PIL.Image")
+MODEL = "tiny-vlm"
+
+
+def _png(colour=(255, 0, 0), size=(32, 32)) -> bytes:
+    buf = io.BytesIO()
+    PIL.new("RGB", size, colour).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+
+
+def _messages(*urls: str, text: str = "colour?") -> list[dict]:
+    return [{"role": "user", "content": [*({"type": "image_url", "image_url": {"url": u}} for u in urls),
+                                         {"type": "text", "text": text}]}]
+
+
+# (what, the image part's URL (a function of the data directory), the message the error must carry)
+BAD_URLS = [
+    ("unreadable bytes", lambda d: _url(b"not a png at all"), "unreadable image"),
+    ("a missing file", lambda d: "pics/none.png", "does not exist"),
+    ("an http URL", lambda d: "http://example.com/red.png", "remote URL"),
+    ("a non-image mime type", lambda d: _url(b"hello", "text/plain"), "'text/plain' is no picture"),
+    ("base64 that does not decode", lambda d: "data:image/png;base64,@@@", "base64 does not decode"),
+]
+
+
+# ---------------------------------------------------------------- tables and jsonl files
+def test_table_prompt_column_reads_image_url_parts(tmp_path):
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "blue.png").write_bytes(_png((0, 0, 255)))
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": _messages(_url(_png())), "answer": "red"},
+            {"prompt": _messages("pics/blue.png", "file://pics/blue.png"), "answer": "blue"},
+            {"prompt": [{"role": "user", "content": [{"type": "text", "text": "1+"}, {"type": "text", "text": "1="}]}],
+             "answer": "2"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = rows_to_tasks([(f"rows.jsonl:{i + 1}", str(i), r) for i, r in enumerate(rows)], None, "rows",
+                          base_dir=tmp_path)
+    assert [len(t.images) for t in tasks] == [1, 2, 0]
+    assert tasks[0].images[0].getpixel((3, 3)) == (255, 0, 0) and tasks[1].images[1].getpixel((0, 0)) == (0, 0, 255)
+    assert tasks[0].prompt == [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "colour?"}]}]
+    assert tasks[2].prompt == [{"role": "user", "content": "1+1="}]  # text parts only: a text prompt, as before
+    processor = load_processor(MODEL)
+    request = vision_request(processor, tasks[1].prompt, tasks[1].images, "t1")
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
+    assert request.prompt_ids.count(image_token) == 32 and request.model_inputs["pixel_values"].shape == (2, 3, 32, 32)
+
+
+@pytest.mark.parametrize(("what", "url", "message"), BAD_URLS, ids=[b[0] for b in BAD_URLS])
+def test_a_bad_image_part_in_a_table_names_the_row_column_and_part(tmp_path, what, url, message):
+    row = {"prompt": [{"role": "system", "content": "look"}, *_messages(url(tmp_path))], "answer": "red"}
+    with pytest.raises(DataError, match=r"^rows.jsonl:4: column 'prompt', messages\[1\]\.content\[0\]\.image_url\.url: "
+                                        f".*{message}"):
+        rows_to_tasks([("rows.jsonl:4", "3", row)], None, "rows", base_dir=tmp_path)
+
+
+def test_too_many_pictures_and_pictures_in_two_places_are_refused(tmp_path):
+    nine = _messages(*[_url(_png())] * 9)
+    with pytest.raises(DataError, match=r"rows:0: column 'prompt', messages\[0\]\.content\[8\].* more than 8 pictures"):
+        rows_to_tasks([("rows:0", "0", {"prompt": nine, "answer": "a"})], None, "rows")
+    row = {"prompt": _messages(_url(_png())), "answer": "a", "image": _png()}
+    with pytest.raises(DataError, match="both in the prompt's image_url parts and in column 'image'"):
+        rows_to_tasks([("rows:0", "0", row)], ColumnsConfig(images="image"), "rows")
+
+
+def test_image_data_urls_round_trip_and_shrink():
+    image = PIL.new("RGB", (64, 32), (10, 200, 30))
+    url = image_data_url(image)
+    assert url.startswith("data:image/png;base64,")
+    back = PIL.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert back.size == (64, 32) and back.getpixel((5, 5)) == (10, 200, 30)
+    small = PIL.open(io.BytesIO(base64.b64decode(image_data_url(image, max_side=16).split(",", 1)[1])))
+    assert small.size == (16, 8)
+    placed = with_image_urls([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}], (image,))
+    assert placed[0]["content"][0] == {"type": "image_url", "image_url": {"url": url}}
+
+
+# ---------------------------------------------------------------- reinforge serve
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
+    from reinforge.orchestrate.agent_episodes import BackgroundServer
+    from reinforge.serve.launch import build_server_app
+    from reinforge.serve.schema import ServeLimits
+
+    root = tmp_path_factory.mktemp("images")
+    (root / "pics").mkdir()
+    (root / "pics" / "red.png").write_bytes(_png())
+    app = build_server_app(MODEL, seed=0, limits=ServeLimits(max_images=2), image_root=str(root))
+    with BackgroundServer(app, log_level="error") as url:
+        yield app, url, root
+
+
+def _chat(url: str, messages: list[dict], **extra):
+    import httpx
+
+    body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0, "return_token_ids": True, **extra}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+
+
+def test_a_chat_request_with_a_picture_runs_the_vlm_on_it(served):
+    app, url, root = served
+    engine = app.state.server.engine
+    task = shapes_splits().heldout[0]
+    expected = vision_request(engine.processor, task.prompt, task.images, "x")
+    greedy = engine.generate([expected], SamplingParams(max_new_tokens=6, greedy=True))[0]
+    messages = with_image_urls(expected.messages, expected.images)
+    reply = _chat(url, messages, logprobs=True).json()["choices"][0]
+    assert reply["prompt_token_ids"] == expected.prompt_ids  # the processor's prompt, 16 image tokens
+    assert reply["token_ids"] == greedy.token_ids
+    served_lps = [c["logprob"] for c in reply["logprobs"]["content"]]
+    assert served_lps == pytest.approx(greedy.logprobs, abs=1e-5)  # the same pixels went into the prefill
+    grey = PIL.new("RGB", (32, 32), (128, 128, 128))
+    blank = vision_request(engine.processor, task.prompt, (grey,), "grey")
+    local = engine.generate([blank], SamplingParams(max_new_tokens=6, greedy=True))[0]
+    other = _chat(url, with_image_urls(blank.messages, blank.images), logprobs=True).json()["choices"][0]
+    other_lps = [c["logprob"] for c in other["logprobs"]["content"]]
+    assert other_lps == pytest.approx(local.logprobs, abs=1e-5)
+    assert other_lps[0] != pytest.approx(served_lps[0], abs=1e-4)  # another picture, another distribution
+    by_path = _chat(url, _messages("pics/red.png")).json()["choices"][0]  # a file under the server's image root
+    by_data = _chat(url, _messages(_url(_png()))).json()["choices"][0]
+    assert by_path["token_ids"] == by_data["token_ids"] and by_path["prompt_token_ids"] == by_data["prompt_token_ids"]
+    text = _chat(url, [{"role": "user", "content": "colour?"}]).json()["choices"][0]  # text: the tokenizer's prompt
+    tokenizer = engine.tokenizer
+    assert text["prompt_token_ids"] == tokenizer(tokenizer.apply_chat_template(
+        [{"role": "user", "content": "colour?"}], tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False)["input_ids"]
+
+
+SERVER_BAD = [*BAD_URLS,
+              ("too many pictures", lambda d: None, "more than 2 pictures"),
+              ("a path out of the image root", lambda d: "../../etc/passwd", "inside the server's image root")]
+
+
+@pytest.mark.parametrize(("what", "url", "message"), SERVER_BAD, ids=[b[0] for b in SERVER_BAD])
+def test_a_bad_picture_gets_a_400_naming_the_part_and_the_server_keeps_answering(served, what, url, message):
+    _, base, root = served
+    part = url(root)
+    messages = _messages(*[_url(_png())] * 3) if part is None else _messages(_url(_png()), part)
+    field = "messages[0].content[2].image_url.url" if part is None else "messages[0].content[1].image_url.url"
+    r = _chat(base, messages)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and error["message"].startswith(field) and message in error["message"]
+    assert _chat(base, _messages(_url(_png()))).status_code == 200
+
+
+def test_file_paths_need_an_image_root_and_a_text_model_refuses_pictures():
+    from reinforge.serve.schema import APIError
+    from reinforge.serve.vision_chat import vision_chat_prompt
+
+    processor = load_processor(MODEL)
+    with pytest.raises(APIError, match=r"messages\[0\]\.content\[0\]\.image_url\.url: file paths are not read here"):
+        vision_chat_prompt(processor, _messages("red.png"), None, {}, "", 8, image_root=None)
+    with pytest.raises(APIError, match=r"messages\[0\]\.content\[0\]: this model takes no pictures") as e:
+        vision_chat_prompt(None, _messages(_url(_png())), None, {}, "", 8)
+    assert e.value.param == "messages[0].content[0]"
+
+
+# ---------------------------------------------------------------- the openai rollout engine
+def test_openai_engine_sends_pictures_as_image_url_parts(served):
+    pytest.importorskip("openai", reason="the serve extra (openai) is not installed")
+    from reinforge.rollout.openai_engine import OpenAIRolloutEngine
+
+    app, url, _ = served
+    local = app.state.server.engine
+    engine = OpenAIRolloutEngine(f"{url}/v1", MODEL, local.tokenizer, seed=1, prompts_per_request=2)
+    tasks = shapes_splits().heldout[:2]
+    text = GenerationRequest(local.tokenizer("colour?")["input_ids"], "text")
+    requests = [text, *(vision_request(local.processor, t.prompt, t.images, t.id) for t in tasks), text]
+    params = SamplingParams(max_new_tokens=5, greedy=True, n=2)
+    gens = engine.generate(requests, params)
+    assert [g.request_id for g in gens] == [r.request_id for r in requests for _ in range(2)]
+    direct = local.generate(requests[1:3], params)  # greedy through the server = greedy here, token for token
+    assert [g.token_ids for g in gens[2:6]] == [g.token_ids for g in direct]
+    assert all(len(g.logprobs) == len(g.token_ids) for g in gens)
+    wrong = GenerationRequest([1, 2, 3], "w", requests[1].model_inputs, messages=requests[1].messages,
+                              images=requests[1].images)
+    from reinforge.errors import ReinforgeError
+
+    with pytest.raises(ReinforgeError, match="rendered request 'w'.*not the 3 the model's processor gives here"):
+        engine.generate([wrong], params)
