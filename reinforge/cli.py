@@ -195,6 +195,7 @@ def eval_cmd(
     rerank: Annotated[Path | None, typer.Option(help="a reward model (reinforge rm) or process reward model "
                                                      "(reinforge prm) directory: best-of-k of the samples")] = None,
     rerank_steps: Annotated[str, typer.Option(help="a PRM's completion score: min or prod of its steps")] = "min",
+    report: Annotated[Path | None, typer.Option(help="HTML page: metrics, greedy samples with their pictures")] = None,
 ) -> None:
     """Greedy accuracy, mean@n, pass@k (unbiased, Chen et al. 2021), maj@k and, with --rerank, best-of-k, with
     95% bootstrap CIs."""
@@ -208,7 +209,8 @@ def eval_cmd(
         except ValueError:
             raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}") from None
         result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed, k_list, plot,
-                          recipe=recipe, engine=engine, rerank={"path": rerank, "steps": rerank_steps} if rerank else None)
+                          recipe=recipe, engine=engine, rerank={"path": rerank, "steps": rerank_steps} if rerank else None,
+                          page=report)
         out.write_text(json.dumps(result, indent=2) + "\n")
 
     _run_guarded(go)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 
 import pytest
 
@@ -203,3 +204,34 @@ def test_openai_engine_sends_pictures_as_image_url_parts(served):
 
     with pytest.raises(ReinforgeError, match="rendered request 'w'.*not the 3 the model's processor gives here"):
         engine.generate([wrong], params)
+
+
+# ---------------------------------------------------------------- reinforge eval and its page
+def test_reinforge_eval_on_shapes_writes_a_page_with_the_pictures(tmp_path):
+    from headless_browser import dump_dom, find_browser
+
+    from reinforge.eval.cli_eval import run_eval
+
+    page = tmp_path / "eval.html"
+    result = run_eval(["tiny-vlm"], "shapes", None, 0, 1.0, 8, 6, 0, page=page)
+    model = result["models"]["tiny-vlm"]
+    heldout = shapes_splits(heldout_size=6).heldout
+    assert [e["task_id"] for e in model["examples"]] == [t.id for t in heldout]
+    assert sum(e["correct"] for e in model["examples"]) / 6 == pytest.approx(model["greedy_accuracy"])
+    first = PIL.open(io.BytesIO(base64.b64decode(model["examples"][0]["images"][0].split(",", 1)[1])))
+    assert first.tobytes() == heldout[0].images[0].convert("RGB").tobytes()  # 32 x 32: kept as it is
+    html = page.read_text()
+    assert html.count('<img class="sample"') == 6 and "T=1.0" in html
+    body = dump_dom(find_browser("the page's pictures must decode"), page, tmp_path / "profile")
+    assert 'data-images-ok="6"' in body and 'data-images-loaded="true"' in body
+
+
+def test_the_page_shows_only_inline_image_data_urls():
+    from reinforge.eval.eval_page import render_eval_page
+
+    good = _url(_png())
+    example = {"task_id": "t", "prompt": "p", "answer": "a", "completion": "c", "correct": True,
+               "images": [good, "http://example.com/x.png", 'data:image/png;base64,AA" onerror="alert(1)']}
+    html = render_eval_page({"task": "t", "models": {"m": {"greedy_accuracy": 1.0, "examples": [example]}}})
+    assert html.count("<img class") == 1 and f'src="{good}"' in html
+    assert re.findall(r'src="([^"]*)"', html) == [good] and 'onerror="' not in html and html.count("not shown") == 2

@@ -36,9 +36,11 @@ def run_eval(
     models: list[str], task: str, data: Path | None, samples: int, temperature: float, max_new_tokens: int,
     heldout_size: int, seed: int, ks: list[int] | None = None, plot: Path | None = None, n_boot: int = 2000,
     recipe: str | None = None, engine: str | None = None, rerank: dict[str, Any] | None = None,
+    page: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate each model on the task's held-out split: print a table per model (with 95% bootstrap
-    intervals over prompts), and plot their pass@k curves on one figure if ``plot`` is given."""
+    intervals over prompts), plot their pass@k curves on one figure if ``plot`` is given, and write an HTML
+    page (metrics, the first prompts' greedy completions with their pictures: eval/eval_page.py) to ``page``."""
     from rich.console import Console
 
     if recipe is not None:  # any task source and reward the recipe defines (tables, reasoning-gym, composites)
@@ -76,7 +78,12 @@ def run_eval(
         plot_pass_curves({m: {int(k): v for k, v in r["pass_curve"].items()} for m, r in results.items()}, plot,
                          title=f"pass@k on {splits.name} ({samples} samples, T={temperature})")
         console.print(f"pass@k curves: {plot}")
-    return {"task": splits.name, "samples": samples, "temperature": temperature, "seed": seed, "models": results}
+    out = {"task": splits.name, "samples": samples, "temperature": temperature, "seed": seed, "models": results}
+    if page is not None:
+        from reinforge.eval.eval_page import write_eval_page
+
+        console.print(f"report: {write_eval_page(out, page)}")
+    return out
 
 
 def _reranker(options: dict[str, Any] | None) -> Any:

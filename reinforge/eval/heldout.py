@@ -27,10 +27,12 @@ from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.prompts import encode_prompt, prompt_messages
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.rollout.vision import vision_request
+from reinforge.rollout.vision import image_data_url, vision_request
 from reinforge.types import Task
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
+EXAMPLES = 8  # greedy completions kept for a report (EvalResult.examples)
+THUMBNAIL_SIDE = 96  # their pictures' largest side, in pixels
 BREAKDOWN_KEYS = ("task", "source", "difficulty", "level", "category")
 
 
@@ -46,6 +48,7 @@ class EvalResult:
     breakdown: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     pass_curve: dict[int, float] = field(default_factory=dict)
     best_of_k: dict[int, float] = field(default_factory=dict)  # with a reranker (eval/rerank.py)
+    examples: list[dict[str, Any]] = field(default_factory=list)  # greedy completions of the first prompts
 
     def as_metrics(self, prefix: str = "eval/") -> dict[str, float]:
         out = {f"{prefix}heldout_acc": self.greedy_accuracy}
@@ -64,6 +67,7 @@ class EvalResult:
             "confidence_intervals_95": {k: list(v) for k, v in self.intervals.items()},
             "breakdown": self.breakdown, "pass_curve": {str(k): v for k, v in self.pass_curve.items()},
             **({"best_of_k": {str(k): v for k, v in self.best_of_k.items()}} if self.best_of_k else {}),
+            **({"examples": self.examples} if self.examples else {}),
         }
 
 
@@ -160,6 +164,8 @@ def evaluate(
     greedy = player(tasks, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), 1)[0][:, 0]
     per_prompt: dict[str, np.ndarray] = {"greedy_accuracy": greedy}
     result = EvalResult(float(greedy.mean()), {}, len(tasks), samples)
+    if texts:
+        result.examples = examples(tasks, texts[0], greedy)
     if samples > 0:
         correct, answers = player(
             tasks, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=samples), samples
@@ -184,6 +190,20 @@ def evaluate(
         result.intervals = {n: (float(lo), float(hi)) for n, lo, hi in zip(names, low, high, strict=True)}
         result.breakdown = _breakdown(tasks, per_prompt)
     return result
+
+
+def examples(tasks: Sequence[Task], completions: list[str], correct: np.ndarray, n: int = EXAMPLES,
+             thumbnail: int = THUMBNAIL_SIDE) -> list[dict[str, Any]]:
+    """The first ``n`` prompts' greedy completions for a report: the prompt's text, its pictures as small PNG
+    data URLs (at most ``thumbnail`` pixels a side), the answer, the completion and whether it was right."""
+    out = []
+    for t, text, ok in list(zip(tasks, completions, correct, strict=False))[:n]:
+        prompt = t.prompt if isinstance(t.prompt, str) else "\n".join(
+            f"{m['role']}: " + (m["content"] if isinstance(m["content"], str)
+                                else "".join(p.get("text", "") for p in m["content"])) for m in t.prompt)
+        out.append({"task_id": t.id, "prompt": prompt, "answer": t.answer, "completion": text,
+                    "correct": bool(ok), "images": [image_data_url(img, thumbnail) for img in t.images]})
+    return out
 
 
 def _best_of(tasks: Sequence[Task], correct: np.ndarray, texts: list[str], rerank: Callable, samples: int,
