@@ -148,14 +148,11 @@ def test_evaluation_requests_carry_the_pictures_or_refuse():
 
 
 def test_paths_without_pictures_refuse_tasks_that_have_them():
-    from reinforge.orchestrate.agent_episodes import run_agent_episodes
     from reinforge.orchestrate.multi_turn import _start
 
     tasks = shapes_splits().heldout[:1]
     with pytest.raises(ConfigError, match=r"task 'shapes-colour-\d+' has images, but multi-turn episodes cannot"):
         _start(tasks, None, 1, 0, None, None)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="has images, but agent episodes"):
-        run_agent_episodes(tasks, None, None, "http://unused", 1)  # type: ignore[arg-type]
 
 
 def test_image_parts_are_placed_before_the_first_user_text():

@@ -235,3 +235,56 @@ def test_the_page_shows_only_inline_image_data_urls():
     html = render_eval_page({"task": "t", "models": {"m": {"greedy_accuracy": 1.0, "examples": [example]}}})
     assert html.count("<img class") == 1 and f'src="{good}"' in html
     assert re.findall(r'src="([^"]*)"', html) == [good] and 'onerror="' not in html and html.count("not shown") == 2
+
+
+# ---------------------------------------------------------------- the agent proxy
+def test_agent_episodes_with_pictures_are_token_exact_trajectories_with_their_pixels():
+    """An agent shows the task's picture through the proxy, then asks again in text: one segment (the text call
+    spliced on), whose trajectory carries the picture's pixel_values and whose sampled log-probs are a direct HF
+    forward's over its tokens with those pixels (the image placeholder banned, as the engine samples); a later
+    call with a new picture starts a new segment."""
+    openai = pytest.importorskip("openai", reason="the serve extra (openai) is not installed")
+    import torch
+
+    from reinforge.models.loading import load_model, load_tokenizer
+    from reinforge.orchestrate.agent_episodes import BackgroundServer, run_agent_episodes
+    from reinforge.rollout.torch_engine import TorchRolloutEngine, image_token_id
+    from reinforge.serve.proxy import AgentProxy
+
+    model, processor = load_model(MODEL).eval(), load_processor(MODEL)
+    engine = TorchRolloutEngine(model, load_tokenizer(MODEL), seed=0)
+    engine.processor = processor
+    proxy = AgentProxy(engine, max_tokens=4)
+
+    def agent(base_url, task):
+        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+        shown = with_image_urls([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "colour?"}]}],
+                                task.images)
+        first = client.chat.completions.create(model="m", messages=shown).choices[0].message
+        again = [*shown, {"role": "assistant", "content": first.content}, {"role": "user", "content": "sure?"}]
+        second = client.chat.completions.create(model="m", messages=again).choices[0].message
+        more = [*again, {"role": "assistant", "content": second.content},
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _url(_png())}}]}]
+        client.chat.completions.create(model="m", messages=more)
+        return 1.0
+
+    tasks = shapes_splits().heldout[:1]
+    try:
+        with BackgroundServer(proxy.app) as url:
+            trajs = run_agent_episodes(tasks, agent, proxy, url, group_size=1)
+    finally:
+        proxy.close()
+    assert [t.metadata["segment"] for t in trajs] == [0, 1] and [len(t.turn_spans) for t in trajs] == [2, 1]
+    expected = vision_request(processor, tasks[0].prompt, tasks[0].images, "x").model_inputs["pixel_values"]
+    torch.testing.assert_close(trajs[0].model_inputs["pixel_values"], expected, rtol=0, atol=0)
+    image = image_token_id(model)
+    assert [t.token_ids.count(image) for t in trajs] == [16, 32]  # the second segment shows both pictures
+    with torch.no_grad():
+        for t in trajs:
+            ids = torch.tensor([t.token_ids])
+            logits = model(input_ids=ids, pixel_values=t.model_inputs["pixel_values"]).logits[0, :-1]
+            banned = logits.index_fill(-1, torch.tensor([image]), float("-inf"))
+            direct = torch.log_softmax(banned.float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+            sampled = [i for i, m in enumerate(t.loss_mask) if m]
+            torch.testing.assert_close(torch.tensor([t.logprobs[i] for i in sampled]),
+                                       direct[[i - 1 for i in sampled]], rtol=0, atol=1e-5)

@@ -39,17 +39,13 @@ def _check_request(req: ChatCompletionRequest) -> None:
         raise APIError(400, "prompt_token_ids: not supported by the agent proxy; send messages", param="messages")
     if req.chat_template_kwargs:
         raise APIError(400, "chat_template_kwargs: not supported by the agent proxy", param="chat_template_kwargs")
-    for i, m in enumerate(req.messages):
-        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
-            if part.get("type") == "image_url":  # an episode's segments are spliced text (docs/vision.md)
-                raise APIError(400, f"messages[{i}].content[{j}]: the agent proxy does not take pictures yet; "
-                               "send text, or serve the model with reinforge serve", param=f"messages[{i}].content[{j}]")
 
 
 def _message(m: ChatMessage) -> Message:
-    """A request message as a plain dict; text content parts are joined into one string."""
+    """A request message as a plain dict; text content parts are joined into one string (with image parts, the
+    parts stay: the processor renders them, serve/vision_chat.py)."""
     out = m.model_dump(exclude_none=True)
-    if isinstance(m.content, list):  # text parts only: _check_request refuses image parts (400 naming the part)
+    if isinstance(m.content, list) and all(part.get("type") == "text" for part in m.content):
         out["content"] = "".join(part["text"] for part in m.content)
     return out
 
