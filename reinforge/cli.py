@@ -300,7 +300,7 @@ def serve(
         limits = ServeLimits(max_body_bytes=max_body_bytes, max_prompts=max_prompts, max_sequences=max_sequences,
                              max_pending=max_pending, max_images=max_images)
         app_ = build_server_app(model, served_name, device, dtype, max_batch_sequences, seed, limits, tool_parser,
-                                engine, api_key, image_root)
+                                engine, api_key, image_root=image_root)
         name = app_.state.server.model_name
         Console().print(f"serving [bold]{name}[/] at http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
         uvicorn.run(app_, host=host, port=port, log_level="warning")

@@ -178,6 +178,9 @@ def test_batch_record_carries_pixel_values_row_by_row():
     sub = batch.select([2, 0])  # micro-batches: rows only, the picture dimensions untouched
     assert sub.input_ids.shape == (2, 3) and sub.model_inputs["pixel_values"].shape == (2, 3, 4, 4)
     assert sub.model_inputs["pixel_values"][:, 0, 0, 0].tolist() == [2.0, 0.0]
+    two = _traj([1, 2, 3], 2, torch.zeros(2, 3, 4, 4), 3)  # a row showing two pictures cannot be indexed by row
+    with pytest.raises(ValueError, match="task 't3': a batch row shows one picture; this row shows several"):
+        Batch.from_trajectories([*trajs, two], pad_id=0)
     assert sub.to("cpu") is sub and Batch.from_trajectories(trajs[:1], 0).to("meta").model_inputs[
         "pixel_values"].device.type == "meta"
     assert Batch.from_trajectories([_traj([1, 2], 1, None)], 0).model_inputs == {}  # text rows: nothing
