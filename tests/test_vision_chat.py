@@ -288,3 +288,36 @@ def test_agent_episodes_with_pictures_are_token_exact_trajectories_with_their_pi
             sampled = [i for i, m in enumerate(t.loss_mask) if m]
             torch.testing.assert_close(torch.tensor([t.logprobs[i] for i in sampled]),
                                        direct[[i - 1 for i in sampled]], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_training_a_vlm_through_the_server(served, tmp_path):
+    """GRPO on the shapes task with `rollout.engine: openai` over `reinforge serve --model tiny-vlm`: the pictures
+    go to the server as image_url parts, the weights come back after every update, and the learner's log-probs of
+    the served tokens (with the same pixels) stay the server's, but for the image placeholder the engine never
+    samples (docs/vision.md: log(1 - p(placeholder)), small)."""
+    import httpx
+    import torch
+
+    from reinforge.config import load_config
+    from reinforge.orchestrate.run import train
+    from reinforge.rollout.openai_engine import OpenAIRolloutEngine
+    from reinforge.track.jsonl import read_jsonl
+
+    app, url, _ = served
+    original = {k: v.clone() for k, v in app.state.server.engine.model.state_dict().items()}
+    try:
+        result = train(load_config(None, [
+            f"output_dir={tmp_path}", "name=served-vlm", "model.path=tiny-vlm", "task.kind=shapes", "train.steps=3",
+            "eval.every=0", "checkpoint.every=0", "task.heldout_size=8", "rollout.prompts_per_step=4",
+            "rollout.group_size=4", "rollout.max_new_tokens=6", "train.time_limit_s=0", "train.lr=5e-4",
+            "rollout.engine=openai", f"rollout.server_url={url}/v1", f"rollout.server_model={MODEL}",
+        ]))
+        rows = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "reward/mean" in m]
+        assert len(rows) == 3 and any("train/loss" in m for m in rows)
+        assert httpx.get(f"{url}/reinforge/info").json()["policy_version"] == rows[-1]["policy_version"] == 3
+        assert max(m["train/logprob_mismatch"] for m in rows if "train/loss" in m) < 1e-3  # measured 2.7e-4 to 3.0e-4
+        served_now = app.state.server.engine.model.state_dict()
+        assert any(not torch.equal(served_now[k], v) for k, v in original.items())  # the server took the updates
+    finally:
+        OpenAIRolloutEngine(f"{url}/v1", MODEL, app.state.server.tokenizer).update_weights(original, 0)
