@@ -46,8 +46,8 @@ def _check_prompt(value: Any, column: str, where: str) -> str | Messages:
     for i, m in enumerate(value):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str)
                 and (isinstance(m.get("content"), str) or _parts(m.get("content")))):
-            raise DataError(f"{where}: column {column!r}, message {i}: expected {{'role': str, 'content': str or "
-                            f"a list of text and image_url parts}}, got {str(m)[:80]}")
+            raise DataError(f"{where}: column {column!r}, message {i}: expected {{'role': str, 'content': str}} (or "
+                            f"content as a list of text and image_url parts), got {str(m)[:80]}")
         if m["role"] not in ROLES:
             raise DataError(f"{where}: column {column!r}, message {i}: unknown role {m['role']!r} "
                             f"(allowed: {', '.join(ROLES)})")

@@ -20,11 +20,16 @@ from reinforge.rollout.vision import TOKEN_KEYS, ImagePartError, image_part_url,
 from reinforge.serve.schema import APIError
 
 
-def image_part_fields(messages: list[dict[str, Any]]) -> list[str]:
-    """The ``messages[i].content[j]`` fields that are image parts (none: a text request, served as before)."""
-    return [f"messages[{i}].content[{j}]" for i, m in enumerate(messages)
+def image_parts(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """``(field, part)`` of every image part, the field ``messages[i].content[j]``."""
+    return [(f"messages[{i}].content[{j}]", part) for i, m in enumerate(messages)
             for j, part in enumerate(m.get("content") if isinstance(m.get("content"), list) else [])
             if isinstance(part, dict) and part.get("type") == "image_url"]
+
+
+def image_part_fields(messages: list[dict[str, Any]]) -> list[str]:
+    """The ``messages[i].content[j]`` fields that are image parts (none: a text request, served as before)."""
+    return [field for field, _ in image_parts(messages)]
 
 
 def vision_chat_prompt(processor: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -59,11 +64,10 @@ def _confine_paths(messages: list[dict[str, Any]], root: Path | None) -> None:
     """A file-path URL must name a file inside ``root`` (no ``..`` or absolute path out of it)."""
     if root is None:
         return
-    for field in image_part_fields(messages):
-        i, j = (int(x.split("]")[0]) for x in field.split("[")[1:])
-        url = image_part_url(messages[i]["content"][j])
+    for field, part in image_parts(messages):
+        url = image_part_url(part)
         if not isinstance(url, str) or url.startswith("data:") or "://" in url.removeprefix("file://"):
-            continue
+            continue  # not a path: decode_image_url reads or refuses it
         path = (root / url.removeprefix("file://")).resolve()
         if not path.is_relative_to(root.resolve()):
             raise APIError(400, f"{field}.image_url.url: a file path must stay inside the server's image root",
