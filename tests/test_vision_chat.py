@@ -321,3 +321,33 @@ def test_training_a_vlm_through_the_server(served, tmp_path):
         assert any(not torch.equal(served_now[k], v) for k, v in original.items())  # the server took the updates
     finally:
         OpenAIRolloutEngine(f"{url}/v1", MODEL, app.state.server.tokenizer).update_weights(original, 0)
+
+
+@pytest.mark.slow
+def test_a_vlm_run_report_shows_the_evaluations_pictures(tmp_path):
+    """A short GRPO run on shapes with a final evaluation: eval.json keeps the greedy completions of the first
+    held-out prompts before and after training with their pictures, and report.html shows them (Chromium
+    decodes every one)."""
+    from headless_browser import dump_dom, find_browser
+
+    from reinforge.config import load_config
+    from reinforge.orchestrate.run import train
+
+    result = train(load_config(None, [
+        f"output_dir={tmp_path}", "model.path=tiny-vlm", "task.kind=shapes", "task.heldout_size=6", "train.steps=1",
+        "eval.every=0", "eval.final_samples=2", "checkpoint.every=0", "rollout.prompts_per_step=4",
+        "rollout.group_size=2", "rollout.max_new_tokens=6", "train.time_limit_s=0",
+    ]))
+    data = json.loads((result.run_dir / "eval.json").read_text())
+    heldout = shapes_splits(heldout_size=6).heldout
+    for when in ("before", "after"):
+        examples = data[when]["examples"]
+        assert [e["task_id"] for e in examples] == [t.id for t in heldout]
+        assert sum(e["correct"] for e in examples) / 6 == pytest.approx(data[when]["greedy_accuracy"])
+        assert all(len(e["images"]) == 1 and e["completion"] for e in examples)
+    page = result.run_dir / "report.html"
+    html = page.read_text()
+    assert html.count('<img class="sample"') == 12 and "Greedy completions: after" in html
+    body = dump_dom(find_browser("the report's pictures must decode"), page, tmp_path / "profile")
+    n = html.count("<img ")
+    assert f'data-images-ok="{n}"' in body and 'data-images-loaded="true"' in body

@@ -64,10 +64,11 @@ def run_eval(
         path = resolve_eval_model(model)
         torch.manual_seed(seed)
         rollout_engine = build_eval_engine(path, seed, run_cfg, engine)
-        with _recipe_player(run_cfg, rollout_engine, verifier) as player:
+        texts: list[list[str]] = []  # a recipe's player's completions: the page's examples
+        with _recipe_player(run_cfg, rollout_engine, verifier, texts) as player:
             result = evaluate(rollout_engine, splits.heldout, verifier, max_new_tokens, samples, temperature, ks=ks,
                               system_prompt=task_cfg.system_prompt, confidence=True, n_boot=n_boot, player=player,
-                              rerank=_reranker(rerank))
+                              rerank=_reranker(rerank), texts=texts if player is not None else None)
         console.print(f"\n[bold]{path}[/] on {splits.name}: {result.num_prompts} held-out prompts, "
                       f"{samples} samples each at T={temperature}", highlight=False)
         console.print(result_table(result))
@@ -119,7 +120,7 @@ def build_eval_engine(path: str, seed: int, run_cfg: Any = None, engine: str | N
 
 
 @contextlib.contextmanager
-def _recipe_player(run_cfg, engine, verifier) -> Iterator[Any]:
+def _recipe_player(run_cfg, engine, verifier, texts: list[list[str]] | None = None) -> Iterator[Any]:
     """With a recipe: its environment's collector (multi-turn episodes, a black-box agent), as in
     training (orchestrate/collectors.py); without one: None (one completion per sample)."""
     if run_cfg is None:
@@ -133,7 +134,7 @@ def _recipe_player(run_cfg, engine, verifier) -> Iterator[Any]:
     with build_reward_pool(run_cfg.reward, verifier, kind) as pool:
         _, collector = episode_side(run_cfg, engine, pool, context_limit(engine))
         try:
-            yield play(collector)
+            yield play(collector, texts)
         finally:
             collector.close()
 

@@ -148,13 +148,15 @@ def evaluate(
     n_boot: int = 2000,
     player: Player | None = None,
     rerank: Callable[[list[Task], list[str]], list[float]] | None = None,
+    texts: list[list[str]] | None = None,
 ) -> EvalResult:
     """Greedy accuracy on ``tasks``; with ``samples`` > 0 also mean@n, pass@k and maj@k (k <= samples) at
     ``temperature``; with ``confidence`` bootstrap intervals over prompts and the metadata breakdown.
     ``player`` replaces the single-turn completion + ``verifier`` (e.g. multi-turn episodes). ``rerank``
-    scores the sampled completions for best-of-k (``eval/rerank.py``; single-turn only)."""
+    scores the sampled completions for best-of-k (``eval/rerank.py``; single-turn only). ``texts``: the list a
+    ``player`` appends each call's completions to (``orchestrate.collectors.play``), for the result's ``examples``."""
     tasks = list(tasks)
-    texts: list[list[str]] = []
+    texts = texts if texts is not None else []
     if player is None:
         if verifier is None:
             raise ValueError("evaluate needs a verifier or a player")
@@ -199,8 +201,8 @@ def examples(tasks: Sequence[Task], completions: list[str], correct: np.ndarray,
     out = []
     for t, text, ok in list(zip(tasks, completions, correct, strict=False))[:n]:
         prompt = t.prompt if isinstance(t.prompt, str) else "\n".join(
-            f"{m['role']}: " + (m["content"] if isinstance(m["content"], str)
-                                else "".join(p.get("text", "") for p in m["content"])) for m in t.prompt)
+            f"{m.get('role')}: " + (m.get("content") if isinstance(m.get("content"), str) else "".join(
+                p.get("text", "") for p in m.get("content") or [] if isinstance(p, dict))) for m in t.prompt)
         out.append({"task_id": t.id, "prompt": prompt, "answer": t.answer, "completion": text,
                     "correct": bool(ok), "images": [image_data_url(img, thumbnail) for img in t.images]})
     return out
