@@ -141,6 +141,13 @@ def test_a_chat_request_with_a_picture_runs_the_vlm_on_it(served):
     other_lps = [c["logprob"] for c in other["logprobs"]["content"]]
     assert other_lps == pytest.approx(local.logprobs, abs=1e-5)
     assert other_lps[0] != pytest.approx(served_lps[0], abs=1e-4)  # another picture, another distribution
+    import httpx
+
+    body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:  # streamed: the same reply
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert streamed == reply["message"]["content"]
     by_path = _chat(url, _messages("pics/red.png")).json()["choices"][0]  # a file under the server's image root
     by_data = _chat(url, _messages(_url(_png()))).json()["choices"][0]
     assert by_path["token_ids"] == by_data["token_ids"] and by_path["prompt_token_ids"] == by_data["prompt_token_ids"]
