@@ -195,6 +195,7 @@ def eval_cmd(
     rerank: Annotated[Path | None, typer.Option(help="a reward model (reinforge rm) or process reward model "
                                                      "(reinforge prm) directory: best-of-k of the samples")] = None,
     rerank_steps: Annotated[str, typer.Option(help="a PRM's completion score: min or prod of its steps")] = "min",
+    report: Annotated[Path | None, typer.Option(help="HTML page: metrics, greedy samples with their pictures")] = None,
 ) -> None:
     """Greedy accuracy, mean@n, pass@k (unbiased, Chen et al. 2021), maj@k and, with --rerank, best-of-k, with
     95% bootstrap CIs."""
@@ -208,7 +209,8 @@ def eval_cmd(
         except ValueError:
             raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}") from None
         result = run_eval(model, task, data, samples, temperature, max_new_tokens, heldout_size, seed, k_list, plot,
-                          recipe=recipe, engine=engine, rerank={"path": rerank, "steps": rerank_steps} if rerank else None)
+                          recipe=recipe, engine=engine, rerank={"path": rerank, "steps": rerank_steps} if rerank else None,
+                          page=report)
         out.write_text(json.dumps(result, indent=2) + "\n")
 
     _run_guarded(go)
@@ -270,6 +272,7 @@ def serve(
     max_prompts: Annotated[int, typer.Option(help="prompts in one completions request; 400 above")] = 64,
     max_sequences: Annotated[int, typer.Option(help="n x prompts of one request; 400 above")] = 512,
     max_pending: Annotated[int, typer.Option(help="requests served at once; 503 above")] = 256,
+    max_images: Annotated[int, typer.Option(help="pictures in one chat request; 400 above")] = 8,
     tool_parser: Annotated[str, typer.Option(help="how chat replies' tool calls are read: hermes "
                                                   "(<tool_call>{json}</tool_call>) or none (plain text)")] = "hermes",
     engine: Annotated[str, typer.Option(help="rollout engine: torch, vllm (make install-vllm; no streaming or top "
@@ -277,6 +280,8 @@ def serve(
     api_key: Annotated[str | None, typer.Option(envvar="REINFORGE_API_KEY", show_default=False,
                                                 help="require 'Authorization: Bearer KEY' on every route but "
                                                      "/health (401 otherwise)")] = None,
+    image_root: Annotated[str | None, typer.Option(help="chat image parts may name files in this directory "
+                                                        "(default: data URLs only)")] = None,
 ) -> None:
     """An OpenAI-compatible HTTP server over the rollout engine (/v1/models, /v1/completions, /v1/chat/completions)."""
 
@@ -293,9 +298,9 @@ def serve(
         from reinforge.serve.schema import ServeLimits
 
         limits = ServeLimits(max_body_bytes=max_body_bytes, max_prompts=max_prompts, max_sequences=max_sequences,
-                             max_pending=max_pending)
+                             max_pending=max_pending, max_images=max_images)
         app_ = build_server_app(model, served_name, device, dtype, max_batch_sequences, seed, limits, tool_parser,
-                                engine, api_key)
+                                engine, api_key, image_root=image_root)
         name = app_.state.server.model_name
         Console().print(f"serving [bold]{name}[/] at http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
         uvicorn.run(app_, host=host, port=port, log_level="warning")

@@ -247,6 +247,10 @@ def row_model_inputs(trajs: list[Trajectory]) -> dict[str, Tensor]:
     if odd is not None:
         raise ValueError(f"batch rows differ in their model inputs (task {odd!r} has {sorted(trajs[0].model_inputs)}"
                          f" in another row but not the same here): a batch has pictures in every row or in none")
+    several = next((t.task_id for t in trajs for v in t.model_inputs.values() if len(v) != 1), None)
+    if several is not None:  # rows would no longer index their pictures (Batch.select): refused, never misaligned
+        raise ValueError(f"task {several!r}: a batch row shows one picture; this row shows several (a list of images, "
+                         "or an agent segment that showed more than one)")
     from reinforge.models.vlm_inputs import stack_rows  # torch with it, as the other methods import it
 
     return {k: stack_rows([t.model_inputs[k] for t in trajs]) for k in sorted(keys)}

@@ -225,7 +225,7 @@ def test_reinforge_serve_takes_the_key_from_the_flag_or_the_environment(monkeypa
     from reinforge.cli import app
 
     seen = []
-    monkeypatch.setattr(launch, "build_server_app", lambda *a: seen.append(a[-1]) or SimpleNamespace(
+    monkeypatch.setattr(launch, "build_server_app", lambda *a, **k: seen.append(a[-1]) or SimpleNamespace(
         state=SimpleNamespace(server=SimpleNamespace(model_name="m"))))
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
     monkeypatch.delenv("REINFORGE_API_KEY", raising=False)

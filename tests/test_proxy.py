@@ -208,6 +208,11 @@ def test_bad_requests_get_openai_errors_and_the_proxy_stays_up(proxy, url):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="m", messages=messages, max_tokens=10_000)
     assert e.value.body["code"] == "context_length_exceeded"
+    picture = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {
+        "url": "data:image/png;base64,iVBO"}}]}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=picture)
+    assert e.value.body["param"] == "messages[0].content[1]" and "takes no pictures" in e.value.body["message"]
 
     r = httpx.post(f"{url}/episodes/nobody/reward", json={"reward": 1.0})
     assert r.status_code == 403 and r.json()["error"]["code"] == "reward_forbidden"

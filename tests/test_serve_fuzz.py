@@ -58,8 +58,13 @@ BAD = [
     ("negative top_k", C, {**GOOD, "top_k": -3}, 400, "top_k"),
     ("no messages", CHAT, {"model": MODEL, "messages": []}, 400, "messages"),
     ("a role that is a number", CHAT, {"model": MODEL, "messages": [{"role": 5, "content": "x"}]}, 400, "role"),
-    ("an image part", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     400, "content.0"),
+    ("an image part without a URL", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url"}]}]}, 400, "content.0.image_url.url"),
+    ("a picture for a text model", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "1+1="}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}]}]},
+     400, "messages[0].content[1]"),
+    ("an unknown content part", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "input_audio"}]}]}, 400, "content.0"),
     ("deeply nested JSON", C, b'{"model": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400, None),
 ]
 

@@ -148,14 +148,11 @@ def test_evaluation_requests_carry_the_pictures_or_refuse():
 
 
 def test_paths_without_pictures_refuse_tasks_that_have_them():
-    from reinforge.orchestrate.agent_episodes import run_agent_episodes
     from reinforge.orchestrate.multi_turn import _start
 
     tasks = shapes_splits().heldout[:1]
     with pytest.raises(ConfigError, match=r"task 'shapes-colour-\d+' has images, but multi-turn episodes cannot"):
         _start(tasks, None, 1, 0, None, None)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="has images, but agent episodes"):
-        run_agent_episodes(tasks, None, None, "http://unused", 1)  # type: ignore[arg-type]
 
 
 def test_image_parts_are_placed_before_the_first_user_text():
@@ -181,6 +178,9 @@ def test_batch_record_carries_pixel_values_row_by_row():
     sub = batch.select([2, 0])  # micro-batches: rows only, the picture dimensions untouched
     assert sub.input_ids.shape == (2, 3) and sub.model_inputs["pixel_values"].shape == (2, 3, 4, 4)
     assert sub.model_inputs["pixel_values"][:, 0, 0, 0].tolist() == [2.0, 0.0]
+    two = _traj([1, 2, 3], 2, torch.zeros(2, 3, 4, 4), 3)  # a row showing two pictures cannot be indexed by row
+    with pytest.raises(ValueError, match="task 't3': a batch row shows one picture; this row shows several"):
+        Batch.from_trajectories([*trajs, two], pad_id=0)
     assert sub.to("cpu") is sub and Batch.from_trajectories(trajs[:1], 0).to("meta").model_inputs[
         "pixel_values"].device.type == "meta"
     assert Batch.from_trajectories([_traj([1, 2], 1, None)], 0).model_inputs == {}  # text rows: nothing

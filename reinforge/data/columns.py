@@ -44,14 +44,42 @@ def _check_prompt(value: Any, column: str, where: str) -> str | Messages:
                         f"{{'role': ..., 'content': ...}} messages, got {type(value).__name__}")
     messages: Messages = []
     for i, m in enumerate(value):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise DataError(f"{where}: column {column!r}, message {i}: expected {{'role': str, 'content': str}}, "
-                            f"got {str(m)[:80]}")
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and (isinstance(m.get("content"), str) or _parts(m.get("content")))):
+            raise DataError(f"{where}: column {column!r}, message {i}: expected {{'role': str, 'content': str}} (or "
+                            f"content as a list of text and image_url parts), got {str(m)[:80]}")
         if m["role"] not in ROLES:
             raise DataError(f"{where}: column {column!r}, message {i}: unknown role {m['role']!r} "
                             f"(allowed: {', '.join(ROLES)})")
         messages.append({"role": m["role"], "content": m["content"]})
     return messages
+
+
+def _parts(content: Any) -> bool:
+    """OpenAI content parts: a non-empty list of ``{"type": "text", "text": str}`` and ``{"type": "image_url",
+    "image_url": {"url": ...}}`` parts."""
+    return isinstance(content, list) and bool(content) and all(
+        isinstance(p, dict) and ((p.get("type") == "text" and isinstance(p.get("text"), str))
+                                 or p.get("type") == "image_url") for p in content)
+
+
+def _prompt_pictures(prompt: str | Messages, column: str, where: str, base_dir: Path | None
+                     ) -> tuple[str | Messages, tuple[Any, ...]]:
+    """The prompt with its messages' ``image_url`` parts (data URLs, or paths relative to ``base_dir``) read
+    into pictures and left as image placeholders (rollout/vision.py); text-only part lists become strings."""
+    from reinforge.errors import ConfigError
+    from reinforge.rollout.vision import split_image_parts
+
+    if isinstance(prompt, str):
+        return prompt, ()
+    try:
+        messages, pictures = split_image_parts(prompt, f"{where}: column {column!r}, ", base_dir)
+    except ConfigError as e:
+        raise DataError(str(e)) from None
+    if not pictures:  # text parts only: the plain string content text models' templates expect
+        messages = [{**m, "content": "".join(p["text"] for p in m["content"])} if isinstance(m["content"], list)
+                    else m for m in messages]
+    return messages, pictures
 
 
 def _tests_metadata(value: Any, column: str, where: str) -> dict[str, Any]:
@@ -104,7 +132,7 @@ def row_task(row: dict[str, Any], where: str, default_id: str, cols: ColumnsConf
     def cell(column: str) -> Any:
         return _cell(row, column, where, json_columns)
 
-    prompt = _check_prompt(cell(cols.prompt), cols.prompt, where)
+    prompt, images = _prompt_pictures(_check_prompt(cell(cols.prompt), cols.prompt, where), cols.prompt, where, base_dir)
     if as_chat and isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     if cols.system is not None and (system := cell(cols.system)):
@@ -131,7 +159,11 @@ def row_task(row: dict[str, Any], where: str, default_id: str, cols: ColumnsConf
     extra = [c for c in row if c not in used] if cols.metadata is None else cols.metadata
     for column in extra:
         meta[column] = cell(column)
-    images = _images(cell(cols.images), cols.images, where, base_dir) if cols.images is not None else ()
+    if cols.images is not None:
+        if images:
+            raise DataError(f"{where}: pictures both in the prompt's image_url parts and in column {cols.images!r} "
+                            "(images): give them in one place")
+        images = _images(cell(cols.images), cols.images, where, base_dir)
     return Task(id=task_id, prompt=prompt, answer=answer, metadata=meta, images=images)
 
 

@@ -36,9 +36,11 @@ def run_eval(
     models: list[str], task: str, data: Path | None, samples: int, temperature: float, max_new_tokens: int,
     heldout_size: int, seed: int, ks: list[int] | None = None, plot: Path | None = None, n_boot: int = 2000,
     recipe: str | None = None, engine: str | None = None, rerank: dict[str, Any] | None = None,
+    page: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate each model on the task's held-out split: print a table per model (with 95% bootstrap
-    intervals over prompts), and plot their pass@k curves on one figure if ``plot`` is given."""
+    intervals over prompts), plot their pass@k curves on one figure if ``plot`` is given, and write an HTML
+    page (metrics, the first prompts' greedy completions with their pictures: eval/eval_page.py) to ``page``."""
     from rich.console import Console
 
     if recipe is not None:  # any task source and reward the recipe defines (tables, reasoning-gym, composites)
@@ -62,10 +64,11 @@ def run_eval(
         path = resolve_eval_model(model)
         torch.manual_seed(seed)
         rollout_engine = build_eval_engine(path, seed, run_cfg, engine)
-        with _recipe_player(run_cfg, rollout_engine, verifier) as player:
+        texts: list[list[str]] = []  # a recipe's player's completions: the page's examples
+        with _recipe_player(run_cfg, rollout_engine, verifier, texts) as player:
             result = evaluate(rollout_engine, splits.heldout, verifier, max_new_tokens, samples, temperature, ks=ks,
                               system_prompt=task_cfg.system_prompt, confidence=True, n_boot=n_boot, player=player,
-                              rerank=_reranker(rerank))
+                              rerank=_reranker(rerank), texts=texts if player is not None else None)
         console.print(f"\n[bold]{path}[/] on {splits.name}: {result.num_prompts} held-out prompts, "
                       f"{samples} samples each at T={temperature}", highlight=False)
         console.print(result_table(result))
@@ -76,7 +79,12 @@ def run_eval(
         plot_pass_curves({m: {int(k): v for k, v in r["pass_curve"].items()} for m, r in results.items()}, plot,
                          title=f"pass@k on {splits.name} ({samples} samples, T={temperature})")
         console.print(f"pass@k curves: {plot}")
-    return {"task": splits.name, "samples": samples, "temperature": temperature, "seed": seed, "models": results}
+    out = {"task": splits.name, "samples": samples, "temperature": temperature, "seed": seed, "models": results}
+    if page is not None:
+        from reinforge.eval.eval_page import write_eval_page
+
+        console.print(f"report: {write_eval_page(out, page)}")
+    return out
 
 
 def _reranker(options: dict[str, Any] | None) -> Any:
@@ -112,7 +120,7 @@ def build_eval_engine(path: str, seed: int, run_cfg: Any = None, engine: str | N
 
 
 @contextlib.contextmanager
-def _recipe_player(run_cfg, engine, verifier) -> Iterator[Any]:
+def _recipe_player(run_cfg, engine, verifier, texts: list[list[str]] | None = None) -> Iterator[Any]:
     """With a recipe: its environment's collector (multi-turn episodes, a black-box agent), as in
     training (orchestrate/collectors.py); without one: None (one completion per sample)."""
     if run_cfg is None:
@@ -126,7 +134,7 @@ def _recipe_player(run_cfg, engine, verifier) -> Iterator[Any]:
     with build_reward_pool(run_cfg.reward, verifier, kind) as pool:
         _, collector = episode_side(run_cfg, engine, pool, context_limit(engine))
         try:
-            yield play(collector)
+            yield play(collector, texts)
         finally:
             collector.close()
 

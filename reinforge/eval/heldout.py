@@ -27,10 +27,12 @@ from reinforge.rewards.pool import VerifierPool
 from reinforge.rewards.verifiers import Verifier
 from reinforge.rollout.prompts import encode_prompt, prompt_messages
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.rollout.vision import encode_vision_prompt
+from reinforge.rollout.vision import image_data_url, vision_request
 from reinforge.types import Task
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
+EXAMPLES = 8  # greedy completions kept for a report (EvalResult.examples)
+THUMBNAIL_SIDE = 96  # their pictures' largest side, in pixels
 BREAKDOWN_KEYS = ("task", "source", "difficulty", "level", "category")
 
 
@@ -46,6 +48,7 @@ class EvalResult:
     breakdown: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     pass_curve: dict[int, float] = field(default_factory=dict)
     best_of_k: dict[int, float] = field(default_factory=dict)  # with a reranker (eval/rerank.py)
+    examples: list[dict[str, Any]] = field(default_factory=list)  # greedy completions of the first prompts
 
     def as_metrics(self, prefix: str = "eval/") -> dict[str, float]:
         out = {f"{prefix}heldout_acc": self.greedy_accuracy}
@@ -64,6 +67,7 @@ class EvalResult:
             "confidence_intervals_95": {k: list(v) for k, v in self.intervals.items()},
             "breakdown": self.breakdown, "pass_curve": {str(k): v for k, v in self.pass_curve.items()},
             **({"best_of_k": {str(k): v for k, v in self.best_of_k.items()}} if self.best_of_k else {}),
+            **({"examples": self.examples} if self.examples else {}),
         }
 
 
@@ -75,8 +79,7 @@ def build_requests(tasks: Sequence[Task], tokenizer, system_prompt: str | None, 
     for t in tasks:
         prompt = prompt_messages(t.prompt, system_prompt)
         if t.images:
-            ids, inputs = encode_vision_prompt(processor, prompt, t.images, f"task {t.id!r}")
-            out.append(GenerationRequest(ids, t.id, inputs))
+            out.append(vision_request(processor, prompt, t.images, t.id, f"task {t.id!r}"))
         else:
             out.append(GenerationRequest(encode_prompt(tokenizer, prompt), t.id))
     return out
@@ -145,13 +148,15 @@ def evaluate(
     n_boot: int = 2000,
     player: Player | None = None,
     rerank: Callable[[list[Task], list[str]], list[float]] | None = None,
+    texts: list[list[str]] | None = None,
 ) -> EvalResult:
     """Greedy accuracy on ``tasks``; with ``samples`` > 0 also mean@n, pass@k and maj@k (k <= samples) at
     ``temperature``; with ``confidence`` bootstrap intervals over prompts and the metadata breakdown.
     ``player`` replaces the single-turn completion + ``verifier`` (e.g. multi-turn episodes). ``rerank``
-    scores the sampled completions for best-of-k (``eval/rerank.py``; single-turn only)."""
+    scores the sampled completions for best-of-k (``eval/rerank.py``; single-turn only). ``texts``: the list a
+    ``player`` appends each call's completions to (``orchestrate.collectors.play``), for the result's ``examples``."""
     tasks = list(tasks)
-    texts: list[list[str]] = []
+    texts = texts if texts is not None else []
     if player is None:
         if verifier is None:
             raise ValueError("evaluate needs a verifier or a player")
@@ -161,6 +166,8 @@ def evaluate(
     greedy = player(tasks, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), 1)[0][:, 0]
     per_prompt: dict[str, np.ndarray] = {"greedy_accuracy": greedy}
     result = EvalResult(float(greedy.mean()), {}, len(tasks), samples)
+    if texts:
+        result.examples = examples(tasks, texts[0], greedy)
     if samples > 0:
         correct, answers = player(
             tasks, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=samples), samples
@@ -185,6 +192,20 @@ def evaluate(
         result.intervals = {n: (float(lo), float(hi)) for n, lo, hi in zip(names, low, high, strict=True)}
         result.breakdown = _breakdown(tasks, per_prompt)
     return result
+
+
+def examples(tasks: Sequence[Task], completions: list[str], correct: np.ndarray, n: int = EXAMPLES,
+             thumbnail: int = THUMBNAIL_SIDE) -> list[dict[str, Any]]:
+    """The first ``n`` prompts' greedy completions for a report: the prompt's text, its pictures as small PNG
+    data URLs (at most ``thumbnail`` pixels a side), the answer, the completion and whether it was right."""
+    out = []
+    for t, text, ok in list(zip(tasks, completions, correct, strict=False))[:n]:
+        prompt = t.prompt if isinstance(t.prompt, str) else "\n".join(
+            f"{m.get('role')}: " + (m.get("content") if isinstance(m.get("content"), str) else "".join(
+                p.get("text", "") for p in m.get("content") or [] if isinstance(p, dict))) for m in t.prompt)
+        out.append({"task_id": t.id, "prompt": prompt, "answer": t.answer, "completion": text,
+                    "correct": bool(ok), "images": [image_data_url(img, thumbnail) for img in t.images]})
+    return out
 
 
 def _best_of(tasks: Sequence[Task], correct: np.ndarray, texts: list[str], rerank: Callable, samples: int,

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from reinforge.errors import ReinforgeError
-from reinforge.rollout.vision import refuse_pictures
 from reinforge.types import Task, Trajectory
 
 if TYPE_CHECKING:  # the proxy needs the serve extra (fastapi); this module does not
@@ -68,7 +67,6 @@ def run_agent_episodes(tasks: Sequence[Task], agent: Agent, proxy: AgentProxy, s
     index next, then the episode's segments)."""
     if group_size < 1 or max_workers < 1:
         raise ValueError(f"group_size and max_workers must be >= 1, got {group_size} and {max_workers}")
-    refuse_pictures(tasks, "agent episodes (the proxy)")
     from reinforge.serve import agent_auth
 
     runs = [(t, agent_auth.new_episode_id(f"t{t}s{j}")) for t in range(len(tasks)) for j in range(group_size)]

@@ -261,19 +261,24 @@ def greedy_baseline(collector: Collector, tasks: Sequence[Task], params: Samplin
     return [_first_per_group(trajectories, len(tasks), 1)[i][0].reward for i in range(len(tasks))]
 
 
-def play(collector: Collector):
+def play(collector: Collector, texts: list[list[str]] | None = None):
     """An evaluation player (``eval.heldout.Player``): ``per_task`` samples per task, correctness
-    [P, per_task] and answers [P][per_task] by the collector's ``outcome``."""
+    [P, per_task] and answers [P][per_task] by the collector's ``outcome``; each call's completion texts
+    (P x per_task, task by task) are appended to ``texts`` when given (a report's examples)."""
 
     def player(tasks: Sequence[Task], params: SamplingParams, per_task: int):
         trajectories = collector.collect(tasks, dataclasses.replace(params, n=per_task), EVAL_SEED,
                                          independent=True).trajectories
         correct = np.zeros((len(tasks), per_task))
         answers: list[list[str | None]] = [[None] * per_task for _ in tasks]
+        completions = [""] * (len(tasks) * per_task)
         for p, group in enumerate(_first_per_group(trajectories, len(tasks), per_task)):
             for j, t in enumerate(group):
                 ok, answer = collector.outcome(t)
                 correct[p, j], answers[p][j] = float(ok), answer
+                completions[p * per_task + j] = t.completion_text
+        if texts is not None:
+            texts.append(completions)
         return correct, answers
 
     return player

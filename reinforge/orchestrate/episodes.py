@@ -17,7 +17,7 @@ from reinforge.rewards.pool import VerifierOutcome, VerifierPool
 from reinforge.rollout.group_samplers import GroupSampler
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.rollout.vision import encode_vision_prompt
+from reinforge.rollout.vision import vision_request
 from reinforge.types import Batch, Task, Trajectory, declares_stage
 
 
@@ -44,8 +44,7 @@ def prompt_request(engine, prompt, task: Task) -> GenerationRequest:
     ids the model's processor expands and its ``pixel_values`` (rollout/vision.py)."""
     if not task.images:
         return GenerationRequest(encode_prompt(engine.tokenizer, prompt), task.id)
-    ids, inputs = encode_vision_prompt(getattr(engine, "processor", None), prompt, task.images, f"task {task.id!r}")
-    return GenerationRequest(ids, task.id, inputs)
+    return vision_request(getattr(engine, "processor", None), prompt, task.images, task.id, f"task {task.id!r}")
 
 
 def score_single_turn(

@@ -241,7 +241,7 @@ class Loop:
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
             samples=cfg.eval.final_samples, temperature=cfg.eval.final_temperature,
             ks=[k for k in (1, 2, 4, 8, 16, 32, 64) if k <= cfg.eval.final_samples],
-            confidence=True, player=play(self.collector),
+            confidence=True, player=play(self.collector, texts := []), texts=texts,  # texts: the report's examples
         )
         if training_state is not None:
             generator.set_state(training_state)  # training samples as if there had been no evaluation

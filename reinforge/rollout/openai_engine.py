@@ -7,6 +7,13 @@ The completion token ids come from the ``return_token_ids`` extension where the 
 engine says so once. Each request carries a seed drawn from ``generator``, so a run is
 reproducible (and resumable exactly) when the server honours seeds.
 
+Prompts with pictures (``GenerationRequest.images``, rollout/vision.py) go one per ``/v1/chat/completions``
+request instead: their messages with each picture as an ``image_url`` data-URL part (PNG), so any
+OpenAI-compatible vision server takes them. The prompt's token ids the server reports (``return_token_ids``)
+must equal the ones the collector encoded with the model's processor (what the learner trains on); a server
+that renders the prompt differently is an error, never a silent mismatch. The engine loads the model's processor
+(``processor``) so the collector can encode such prompts.
+
 Weights: ``update_weights`` posts the learner's weights (safetensors) to ``/reinforge/weights``,
 which a reinforge server applies between generations; with ``sync_weights=False`` (a server
 whose weights are managed elsewhere) it only bumps the policy version.
@@ -25,7 +32,9 @@ from torch import Tensor, nn
 
 from reinforge.errors import ReinforgeError
 from reinforge.rollout.engines import register_engine
+from reinforge.rollout.torch_engine import processor_of
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.rollout.vision import with_image_urls
 
 
 @register_engine("openai", description="any OpenAI-compatible server at rollout.server_url, its weights set "
@@ -39,6 +48,7 @@ class OpenAIRolloutEngine:
         ``REINFORGE_API_KEY`` environment variable (as ``reinforge serve --api-key`` reads it)."""
         engine = cls(rollout.server_url, rollout.server_model or model_path, tokenizer, seed=seed,
                      sync_weights=rollout.sync_weights, api_key=os.environ.get("REINFORGE_API_KEY") or "EMPTY")
+        engine.processor = processor_of(model_path)
         engine.update_weights(policy, 0)
         return engine
 
@@ -71,6 +81,7 @@ class OpenAIRolloutEngine:
         self.sync_weights = sync_weights
         self.version = 0
         self._warned_retokenise = False
+        self.processor: Any = None  # a vision-language model's (from_config sets it): the collector encodes pictures
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
@@ -95,14 +106,65 @@ class OpenAIRolloutEngine:
     # ------------------------------------------------------------------ generation
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Generation]:
         """``params.n`` completions for every request, in request order (sample index fastest)."""
-        chunks = [requests[i : i + self.prompts_per_request] for i in range(0, len(requests), self.prompts_per_request)]
+        chunks: list[list[GenerationRequest]] = []  # runs of text prompts; a prompt with pictures alone
+        for r in requests:
+            if r.images or not chunks or chunks[-1][0].images or len(chunks[-1]) == self.prompts_per_request:
+                chunks.append([r])
+            else:
+                chunks[-1].append(r)
         seeds = torch.randint(0, 2**31 - 1, (len(chunks),), generator=self.generator).tolist()
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(chunks)))) as pool:
             results = list(pool.map(lambda a: self._request(*a, params), zip(chunks, seeds, strict=True)))
         return [g for chunk in results for g in chunk]
 
+    def _sampling(self, params: SamplingParams, seed: int) -> dict[str, Any]:
+        return dict(model=self.model_name, n=params.n, max_tokens=params.max_new_tokens,
+                    temperature=0.0 if params.greedy else params.temperature, top_p=params.top_p,
+                    stop=list(params.stop) or None, seed=seed,
+                    extra_body={"return_token_ids": True, **({"top_k": params.top_k} if params.top_k else {})})
+
+    def _chat_request(self, req: GenerationRequest, seed: int, params: SamplingParams) -> list[Generation]:
+        """``params.n`` completions of one prompt with pictures, through ``/v1/chat/completions``."""
+        import openai
+
+        try:
+            response = self.client.chat.completions.create(
+                messages=with_image_urls(req.messages or [], req.images), logprobs=True, **self._sampling(params, seed))
+        except openai.OpenAIError as e:
+            raise ReinforgeError(f"rollout request to {self.base_url} failed: {e}") from None
+        choices = sorted(response.choices, key=lambda c: c.index)
+        if len(choices) != params.n:
+            raise ReinforgeError(f"{self.base_url} returned {len(choices)} choices for one prompt x n={params.n}")
+        out = []
+        for choice in choices:
+            extra = choice.model_extra or {}
+            if extra.get("prompt_token_ids") is not None and list(extra["prompt_token_ids"]) != req.prompt_ids:
+                raise ReinforgeError(f"{self.base_url} rendered request {req.request_id!r}'s messages and pictures to "
+                                     f"{len(extra['prompt_token_ids'])} prompt tokens, not the {len(req.prompt_ids)} "
+                                     "the model's processor gives here: serve the same model directory")
+            token_ids = extra.get("token_ids")
+            if token_ids is None:
+                token_ids = self._retokenise(choice.message.content or "")
+            content = choice.logprobs.content if choice.logprobs and choice.logprobs.content else None
+            logprobs = [c.logprob for c in content] if content else [0.0] * len(token_ids)
+            out.append(self._generation(req, list(token_ids), logprobs, choice.finish_reason, choice.index))
+        return out
+
+    def _generation(self, req: GenerationRequest, token_ids: list[int], logprobs: list[float], finish: str | None,
+                    index: int) -> Generation:
+        if len(logprobs) != len(token_ids):
+            raise ReinforgeError(f"{self.base_url}: {len(logprobs)} log-probs for {len(token_ids)} tokens")
+        return Generation(
+            request_id=req.request_id, prompt_ids=req.prompt_ids, token_ids=token_ids, logprobs=logprobs,
+            finish_reason="stop" if finish == "stop" else "length", version=self.version,
+            text=self.tokenizer.decode(token_ids, skip_special_tokens=True), sample_index=index,
+        )
+
     def _request(self, chunk: list[GenerationRequest], seed: int, params: SamplingParams) -> list[Generation]:
         import openai
+
+        if chunk[0].images:
+            return self._chat_request(chunk[0], seed, params)
 
         try:
             response = self.client.completions.create(

@@ -29,12 +29,16 @@ class GenerationRequest:
     """One prompt; ``adapter`` names the LoRA adapter to sample it with on an engine that serves
     several (``TorchRolloutEngine.update_adapter``; None: the engine's ``default_adapter``);
     ``model_inputs``: the model's other inputs for it (an image's ``pixel_values`` and what its family
-    adds, each with a leading dimension of 1: rollout/vision.py), passed at prefill."""
+    adds, each with a leading dimension of 1: rollout/vision.py), passed at prefill. A prompt with pictures also
+    keeps ``messages`` (its chat messages, one ``{"type": "image"}`` part per picture) and ``images`` (the RGB
+    pictures, in the parts' order): what an engine over an HTTP server sends instead of token ids."""
 
     prompt_ids: list[int]
     request_id: str = ""
     model_inputs: dict = field(default_factory=dict)
     adapter: str | None = None
+    messages: list | None = None
+    images: tuple = ()
 
 
 @dataclass

@@ -90,3 +90,125 @@ def encode_vision_prompt(processor: Any, prompt: str | list[dict[str, Any]], ima
     keep = out["attention_mask"][0].bool() if "attention_mask" in out else None
     ids = ids[keep] if keep is not None else ids
     return ids.tolist(), to_rows(out, where)  # the batch record's row layout of the family (models/vlm_inputs.py)
+
+
+# ---------------------------------------------------------------- pictures in chat messages (OpenAI content parts)
+MAX_IMAGES = 8  # pictures in one prompt (a table row, a request); more is refused, naming the limit
+REMOTE_SCHEMES = ("http://", "https://", "ftp://", "s3://", "gs://")
+
+
+class ImagePartError(ConfigError):
+    """A bad image part of a chat message; ``field`` names it (``messages[0].content[1].image_url.url``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def image_part_url(part: dict[str, Any]) -> Any:
+    """The URL of an OpenAI ``image_url`` part: ``{"image_url": {"url": ...}}`` (or the older bare string)."""
+    value = part.get("image_url")
+    return value.get("url") if isinstance(value, dict) else value
+
+
+def decode_image_url(url: Any, where: str, allow_paths: bool = True) -> bytes | Path:
+    """An image part's URL as the picture's encoded bytes (a base64 ``data:image/...`` URL) or a file path
+    (``file://`` or a plain path, when ``allow_paths``); remote URLs are refused (nothing is fetched)."""
+    import base64
+    import binascii
+
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{where}: expected a non-empty string URL, got {type(url).__name__}")
+    if url.startswith("data:"):
+        header, sep, payload = url[5:].partition(",")
+        mime, *params = header.split(";")
+        if not sep or "base64" not in params:
+            raise ConfigError(f"{where}: a data URL must be base64: data:image/png;base64,...")
+        if not mime.lower().startswith("image/"):
+            raise ConfigError(f"{where}: data URL of type {mime or 'text/plain'!r} is no picture (image/png, "
+                              "image/jpeg, ...)")
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ConfigError(f"{where}: the data URL's base64 does not decode ({e})") from None
+    if url.lower().startswith(REMOTE_SCHEMES) or ("://" in url and not url.startswith("file://")):
+        raise ConfigError(f"{where}: {url[:60]!r} is a remote URL; pictures are read from data URLs "
+                          "(data:image/png;base64,...) or file paths, never fetched over the network")
+    if not allow_paths:
+        raise ConfigError(f"{where}: file paths are not read here; send the picture as a data URL "
+                          "(data:image/png;base64,...)")
+    return Path(url.removeprefix("file://"))
+
+
+def split_image_parts(messages: list[dict[str, Any]], where: str = "", base_dir: Path | None = None,
+                      allow_paths: bool = True, max_images: int = MAX_IMAGES) -> tuple[list[dict[str, Any]], tuple]:
+    """Messages whose ``image_url`` parts became ``{"type": "image"}`` placeholders (what the processor's chat
+    template renders), and their pictures read in order (RGB PIL images). A bad part raises ``ImagePartError``
+    whose ``field`` is ``messages[i].content[j].image_url.url`` (``where`` prefixes the message: a row, a column)."""
+    out, pictures = [], []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                parts.append(part)
+                continue
+            field = f"messages[{i}].content[{j}].image_url.url"
+            if len(pictures) == max_images:
+                raise ImagePartError(field, f"{where}{field}: more than {max_images} pictures in one prompt (the "
+                                            f"limit, max_images)")
+            try:
+                source = decode_image_url(image_part_url(part), f"{where}{field}", allow_paths)
+                pictures.append(read_image(source, f"{where}{field}", base_dir))
+            except ImagePartError:
+                raise
+            except ConfigError as e:
+                raise ImagePartError(field, str(e)) from None
+            parts.append({"type": "image"})
+        out.append({**message, "content": parts})
+    return out, tuple(pictures)
+
+
+def image_data_url(image: Any, max_side: int | None = None) -> str:
+    """A picture (anything ``read_image`` reads) as a PNG data URL, shrunk to at most ``max_side`` pixels a side
+    when given (thumbnails in a report)."""
+    import base64
+
+    picture = read_image(image, "image")
+    if max_side is not None and max(picture.size) > max_side:
+        picture = picture.copy()
+        picture.thumbnail((max_side, max_side))
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def with_image_urls(messages: list[dict[str, Any]], images: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """Messages whose image placeholders (``{"type": "image"}``, as ``with_image_parts`` places them) carry the
+    pictures as OpenAI ``image_url`` data-URL parts, in order: what a request to an OpenAI-compatible server sends."""
+    urls = iter(image_data_url(img) for img in images)
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [{"type": "image_url", "image_url": {"url": next(urls)}} if part.get("type") == "image" else part
+                       for part in content]
+        out.append({**message, "content": content})
+    return out
+
+
+def vision_request(processor: Any, prompt: str | list[dict[str, Any]], images: tuple[Any, ...], request_id: str,
+                   where: str = "task") -> Any:
+    """The ``GenerationRequest`` of a prompt with pictures: its expanded token ids and ``model_inputs``
+    (``encode_vision_prompt``), and the messages and pictures an engine over an HTTP server sends instead."""
+    from reinforge.rollout.types import GenerationRequest
+
+    if processor is None:
+        encode_vision_prompt(processor, prompt, images, where)  # raises, naming what is missing
+    pictures = tuple(read_image(img, f"{where}, images[{i}]") for i, img in enumerate(images))
+    ids, inputs = encode_vision_prompt(processor, prompt, pictures, where)
+    return GenerationRequest(ids, request_id, inputs, messages=with_image_parts(prompt, len(pictures)),
+                             images=pictures)

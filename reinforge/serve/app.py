@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,6 +31,7 @@ from reinforge.rollout.types import Generation, SamplingParams
 from reinforge.serve.http_guards import install_error_handlers, install_guards
 from reinforge.serve.schema import APIError, ChatCompletionRequest, CompletionRequest, ServeLimits, _Sampling
 from reinforge.serve.tool_calls import ToolUse, template_messages, tool_parser
+from reinforge.serve.vision_chat import check_image_root, image_part_fields, vision_chat_prompt
 from reinforge.serve.worker import EngineWorker, Job, TokenEvent
 
 DEFAULT_COMPLETION_TOKENS = 16
@@ -37,14 +39,17 @@ DEFAULT_COMPLETION_TOKENS = 16
 
 def create_app(engine: Any, model_name: str, max_batch_sequences: int = 256,
                limits: ServeLimits | None = None, tool_parser_name: str | None = "hermes",
-               parameter_names: list[str] | None = None, api_key: str | None = None) -> FastAPI:
+               parameter_names: list[str] | None = None, api_key: str | None = None,
+               image_root: str | Path | None = None) -> FastAPI:
     """The server app over a rollout engine (any registered one); ``tool_parser_name`` reads tool calls
     out of chat replies (``reinforge/serve/tool_calls.py``; None or ``"none"``: replies are plain
     text); ``parameter_names``: what ``/reinforge/weights`` must receive (default: the engine's model's);
-    ``api_key``: every route but ``GET /health`` then needs ``Authorization: Bearer <api_key>`` (401)."""
+    ``api_key``: every route but ``GET /health`` then needs ``Authorization: Bearer <api_key>`` (401);
+    ``image_root``: chat image parts may name files inside it (else data URLs only, serve/vision_chat.py)."""
     limits = limits or ServeLimits()
     names = parameter_names if parameter_names is not None else [n for n, _ in engine.model.named_parameters()]
     server = _Server(engine, model_name, max_batch_sequences, limits, tool_parser(tool_parser_name))
+    server.image_root = check_image_root(image_root)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -102,6 +107,7 @@ class _Server:
         self.created = int(time.time())
         self.max_positions = int(context_limit(engine) or 1 << 30)
         self.limits, self.pending = limits, 0
+        self.image_root: Path | None = None
 
     async def admitted(self, handler: Any, req: _Sampling) -> Any:
         """``handler(req)`` unless ``limits.max_pending`` requests are already being served (503); a
@@ -167,16 +173,22 @@ class _Server:
             prompts.append(ids)
         return prompts
 
-    def _chat_prompt(self, req: ChatCompletionRequest, use: ToolUse) -> list[int]:
-        """The prompt's token ids: the rendered messages, then the text a tool_choice forces."""
+    def _chat_prompt(self, req: ChatCompletionRequest, use: ToolUse) -> tuple[list[int], dict[str, Any]]:
+        """The prompt's token ids: the rendered messages, then the text a tool_choice forces; and its model
+        inputs (the pictures of its image parts, serve/vision_chat.py; {} for text)."""
         if req.prompt_token_ids is not None:
             if not req.prompt_token_ids:
                 raise APIError(400, "prompt_token_ids: must not be empty", param="prompt_token_ids")
-            return list(req.prompt_token_ids) + list(self.tokenizer(use.prefix, add_special_tokens=False)["input_ids"])
+            return (list(req.prompt_token_ids)
+                    + list(self.tokenizer(use.prefix, add_special_tokens=False)["input_ids"])), {}
+        messages = template_messages([m.model_dump(exclude_none=True) for m in req.messages or []])
+        if image_part_fields(messages):
+            return vision_chat_prompt(getattr(self.engine, "processor", None), messages, req.tool_schemas(),
+                                      req.chat_template_kwargs or {}, use.prefix, self.limits.max_images,
+                                      self.image_root)
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "messages: this model's tokenizer has no chat template; use /v1/completions",
                            param="messages")
-        messages = template_messages([m.model_dump(exclude_none=True) for m in req.messages or []])
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=req.tool_schemas(), tokenize=False, add_generation_prompt=True,
@@ -184,7 +196,7 @@ class _Server:
             )
         except Exception as e:
             raise APIError(400, f"messages: the chat template failed: {e}", param="messages") from None
-        return list(self.tokenizer(text + use.prefix, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(text + use.prefix, add_special_tokens=False)["input_ids"]), {}
 
     def _checked(self, job: Job, stream: bool | None) -> Job:
         """``job``, unless it needs single decode steps (streaming, top log-probs) from an engine that
@@ -216,10 +228,10 @@ class _Server:
 
     async def chat(self, req: ChatCompletionRequest) -> Any:
         use = ToolUse.of(req.tool_schemas(), req.tool_choice_value(), req.parallel_tool_calls, self.parser)
-        prompt = self._chat_prompt(req, use)
+        prompt, inputs = self._chat_prompt(req, use)
         params = self._params(req, [prompt], None, use.stops())
-        job = self._checked(Job([prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0),
-                            req.stream)
+        job = self._checked(Job([prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+                                model_inputs=[inputs]), req.stream)
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_name}
         if req.stream:
             return _sse(self._stream(job, req, meta, chat=True, use=use))

@@ -7,10 +7,10 @@ from reinforge.errors import ReinforgeError
 
 def build_server_app(model: str, served_name: str | None = None, device: str = "cpu", dtype: str = "float32",
                      max_batch_sequences: int = 256, seed: int = 0, limits=None, tool_parser: str | None = "hermes",
-                     engine: str = "torch", api_key: str | None = None):
+                     engine: str = "torch", api_key: str | None = None, image_root: str | None = None):
     """The app over the registered rollout engine ``engine`` (``torch``, ``vllm``, ``auto``: as
     ``rollout.engine``) holding the model at ``model``; ``api_key``: required of every request but
-    ``GET /health`` (``Authorization: Bearer``)."""
+    ``GET /health`` (``Authorization: Bearer``); ``image_root``: the directory chat image parts may name files in."""
     try:
         from reinforge.serve.app import create_app
     except ImportError as e:
@@ -29,4 +29,4 @@ def build_server_app(model: str, served_name: str | None = None, device: str = "
     names = [name for name, _ in policy.named_parameters()]
     rollout_engine = build_engine(cfg.rollout, policy, load_tokenizer(path), device, seed, path, copy_policy=False)
     return create_app(rollout_engine, served_name or model, max_batch_sequences, limits, tool_parser,
-                      parameter_names=names, api_key=api_key)
+                      parameter_names=names, api_key=api_key, image_root=image_root)

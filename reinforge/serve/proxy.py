@@ -9,7 +9,10 @@ messages extend a segment's last call (its messages plus the assistant reply the
 then at least one new message, with the same ``tools``) continues that segment by appending
 ``close_turn_ids(previous completion) + observation_ids(new messages)`` (``ChatSplicer``): earlier
 tokens are never re-tokenised. Any other call (the first one, or one that rewrote history) starts
-a new segment from ``prompt_ids(messages)``. Each segment becomes one ``Trajectory``.
+a new segment from ``prompt_ids(messages)``. Each segment becomes one ``Trajectory``. Pictures (``image_url``
+parts, serve/vision_chat.py): a new segment's prompt is rendered by the model's processor and the segment keeps
+its ``pixel_values`` for every later call and its trajectory; a call whose new messages carry a picture starts a
+new segment (pictures are never spliced in).
 
 Rewards: ``POST /episodes/<id>/reward`` with ``{"reward": float, "done": true, "info": {...}}`` and
 the episode's reward token (``X-Reinforge-Reward-Token``, given to ``open_episode``; the model-facing
@@ -38,6 +41,7 @@ from torch import Tensor, nn
 from reinforge.rollout.chat_splice import ChatSplicer, ChatTemplateError, Message
 from reinforge.rollout.torch_engine import TorchRolloutEngine
 from reinforge.rollout.types import Generation, SamplingParams
+from reinforge.rollout.vision import MAX_IMAGES
 from reinforge.serve.agent_auth import secret_matches
 from reinforge.serve.app import _usage
 from reinforge.serve.proxy_app import (
@@ -51,6 +55,7 @@ from reinforge.serve.proxy_app import (
 from reinforge.serve.proxy_episodes import EpisodeStatus, _Episode, _Plan, _Segment, _status
 from reinforge.serve.schema import APIError, ChatCompletionRequest
 from reinforge.serve.tool_calls import ToolUse, same_reply, template_messages, tool_parser
+from reinforge.serve.vision_chat import image_part_fields, vision_chat_prompt
 from reinforge.serve.worker import EngineWorker, Job
 from reinforge.types import Trajectory
 
@@ -231,7 +236,7 @@ class AgentProxy:
                       "turns": len(seg.spans), "reward_status": "ok", "finish_reasons": list(seg.finish_reasons),
                       "echo_mismatches": ep.echo_mismatches,
                       "temperatures": sorted(set(seg.temperatures))},
-            token_versions=seg.versions, turn_spans=seg.spans,
+            token_versions=seg.versions, turn_spans=seg.spans, model_inputs=seg.model_inputs,
         )
 
     # ------------------------------------------------------------------ one chat call
@@ -242,7 +247,8 @@ class AgentProxy:
         plan = await asyncio.to_thread(self._plan, episode_id, messages, req.tool_schemas(), use.prefix)
         try:
             params, temperature = self._params(req, len(plan.prompt), use.stops())
-            job = Job([plan.prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
+            job = Job([plan.prompt], params, req.seed, top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+                      model_inputs=[plan.model_inputs])
             gens, tops = await asyncio.wrap_future(self.worker.submit(job))
         except BaseException:
             self._release(plan)
@@ -291,17 +297,28 @@ class AgentProxy:
         try:
             with self._template_lock:
                 forced = splicer.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+                if seg is not None and image_part_fields(messages[len(seg.tip):]):  # pictures are never spliced in
+                    with self._lock:
+                        seg.busy, plan.segment, seg = False, None, None
                 if seg is not None:
                     try:
                         plan.context = (splicer.close_turn_ids(seg.last_completion)
                                         + splicer.observation_ids(template_messages(messages[len(seg.tip):])) + forced)
-                        plan.prompt = seg.ids + plan.context
+                        plan.prompt, plan.model_inputs = seg.ids + plan.context, seg.model_inputs
                         return plan
                     except ChatTemplateError:  # cannot append exactly: start a new segment instead
                         with self._lock:
                             seg.busy, plan.segment = False, None
+                if image_part_fields(messages):  # a segment's pictures: its first prompt's, by the processor
+                    plan.context, plan.model_inputs = vision_chat_prompt(
+                        getattr(self.engine, "processor", None), template_messages(messages), tools, {}, prefix, MAX_IMAGES)
+                    plan.prompt = plan.context
+                    return plan
                 plan.context = plan.prompt = splicer.prompt_ids(template_messages(messages)) + forced
             return plan
+        except APIError:
+            self._release(plan)
+            raise
         except Exception as e:
             self._release(plan)
             raise APIError(400, f"messages: the chat template failed: {e}", param="messages") from None
@@ -340,7 +357,7 @@ class AgentProxy:
         with self._lock:
             ep, seg = plan.episode, plan.segment
             if seg is None:
-                seg = _Segment(plan.tools_key, list(plan.prompt))
+                seg = _Segment(plan.tools_key, list(plan.prompt), model_inputs=plan.model_inputs)
                 ep.segments.append(seg)
             else:
                 seg.append_context(plan.context)

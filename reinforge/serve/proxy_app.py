@@ -42,9 +42,10 @@ def _check_request(req: ChatCompletionRequest) -> None:
 
 
 def _message(m: ChatMessage) -> Message:
-    """A request message as a plain dict; text content parts are joined into one string."""
+    """A request message as a plain dict; text content parts are joined into one string (with image parts, the
+    parts stay: the processor renders them, serve/vision_chat.py)."""
     out = m.model_dump(exclude_none=True)
-    if isinstance(m.content, list):  # text parts only: ChatMessage refuses the others (400 naming the part)
+    if isinstance(m.content, list) and all(part.get("type") == "text" for part in m.content):
         out["content"] = "".join(part["text"] for part in m.content)
     return out
 

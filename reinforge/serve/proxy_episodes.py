@@ -36,6 +36,7 @@ class _Segment:
     spans: list[tuple[int, int]] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     temperatures: list[float] = field(default_factory=list)
+    model_inputs: dict = field(default_factory=dict)  # its first prompt's pictures (pixel_values), for every call
     prompt_len: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +87,7 @@ class _Plan:
     context: list[int]
     prompt: list[int]
     echo_mismatch: str | None = None
+    model_inputs: dict = field(default_factory=dict)
 
 
 def _status(ep: _Episode) -> EpisodeStatus:

@@ -42,6 +42,7 @@ class ServeLimits(BaseModel):
     max_sequences: int = Field(512, ge=1, description="n x prompts of one request: the sequences it asks to "
                                "generate (400 above)")
     max_pending: int = Field(256, ge=1, description="requests being served at once; more get 503 (retry later)")
+    max_images: int = Field(8, ge=0, description="pictures (image_url parts) in one chat request (400 above)")
 
 
 class _Sampling(BaseModel):
@@ -144,11 +145,17 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
     @model_validator(mode="after")
-    def _text_parts_only(self) -> ChatMessage:
+    def _known_parts(self) -> ChatMessage:
         for i, part in enumerate(self.content if isinstance(self.content, list) else []):
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"content.{i}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
-                                 f"supported, got type {part.get('type')!r}")
+            if part.get("type") == "image_url":
+                value = part.get("image_url")
+                url = value.get("url") if isinstance(value, dict) else value
+                if not isinstance(url, str) or not url:
+                    raise ValueError(f"content.{i}.image_url.url: an image part is {{\"type\": \"image_url\", "
+                                     "\"image_url\": {\"url\": \"data:image/png;base64,...\"}}")
+            elif part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"content.{i}: only text parts ({{\"type\": \"text\", \"text\": ...}}) and image "
+                                 f"parts ({{\"type\": \"image_url\", ...}}) are supported, got type {part.get('type')!r}")
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError(f"tool_calls: only assistant messages carry tool calls, not {self.role!r} messages")
         return self

@@ -29,7 +29,7 @@ TokenEvent = tuple[int, int, float, list[tuple[int, float]]]
 class Job:
     """One request: prompts x ``params.n`` rows. ``on_token`` (if set) is called from the worker
     thread for every new token of every active row; the future resolves to (generations, top
-    log-probs per row per token)."""
+    log-probs per row per token). ``model_inputs``: each prompt's (its pictures' ``pixel_values``; empty: text)."""
 
     prompts: list[list[int]]
     params: SamplingParams
@@ -37,14 +37,17 @@ class Job:
     top_logprobs: int = 0
     on_token: Callable[[TokenEvent], None] | None = None
     future: Future = field(default_factory=Future)
+    model_inputs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
         return len(self.prompts) * self.params.n
 
     def batch_key(self) -> tuple | None:
-        """Jobs with equal keys can share one generate call; a seeded job shares with nobody."""
-        return None if self.seed is not None else (self.params,)
+        """Jobs with equal keys can share one generate call; a seeded job shares with nobody, and prompts with
+        pictures share only with prompts whose model inputs are of the same kinds (one prefill takes them all)."""
+        kinds = tuple(sorted({k for inputs in self.model_inputs for k in inputs}))
+        return None if self.seed is not None else (self.params, kinds)
 
 
 @dataclass
@@ -121,7 +124,8 @@ class EngineWorker:
 
     def _run(self, jobs: list[Job]) -> None:
         params = jobs[0].params
-        requests = [GenerationRequest(p) for job in jobs for p in job.prompts]
+        requests = [GenerationRequest(p, "", job.model_inputs[i] if job.model_inputs else {})
+                    for job in jobs for i, p in enumerate(job.prompts)]
         starts, total = [], 0
         for job in jobs:
             starts.append(total)

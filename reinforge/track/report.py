@@ -235,6 +235,7 @@ vertical-align:top;text-align:left} th{background:#f3f3f3} .num{text-align:right
 figure{margin:0} figure img{width:100%;height:auto;border:1px solid #eee} figcaption{font-size:.8em;color:#555}
 pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em} td pre{margin:0;padding:0;background:none;
 white-space:pre-wrap;word-break:break-word;max-width:40em} .note{color:#777;font-size:.9em}
+img.sample{width:96px;height:auto;image-rendering:pixelated;border:1px solid #ddd;margin:0 4px 4px 0}
 """
 
 # Sets data-images-loaded="true" on <body> once every <img> has decoded (headless tests read it).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,7 @@ def _eval_section(data: dict[str, Any] | None, passk: Path | None) -> str:
             parts.append(f'<table class="eval"><tr><th>metric (95% CI)</th>{head}</tr>'
                          f"<tr><th>setting</th>{meta}</tr>{body}</table>")
             parts.append(_breakdown_table(columns))
+            parts.append(_examples_table(columns))
         else:
             parts.append('<p class="note">eval.json has no greedy_accuracy results; raw content below.</p>')
         raw = json.dumps(data, indent=2, sort_keys=False)
@@ -133,6 +135,40 @@ def _eval_section(data: dict[str, Any] | None, passk: Path | None) -> str:
     if passk is not None:
         parts.append(f'<div class="grid">{_img(passk, "pass@k curves before and after training")}</div>')
     parts.append("</section>")
+    return "".join(parts)
+
+
+# A picture in eval.json is shown only as an inline PNG/JPEG/GIF/WebP data URL: nothing the page loads from elsewhere.
+SAFE_IMAGE_URL = re.compile(r"data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/]+={0,2}")
+
+
+def _pictures(urls: Any) -> str:
+    """``<img>`` tags of a sample's pictures (safe data URLs only; anything else is named, not loaded)."""
+    tags = []
+    for url in urls if isinstance(urls, list) else []:
+        if isinstance(url, str) and SAFE_IMAGE_URL.fullmatch(url):
+            tags.append(f'<img class="sample" src="{url}" alt="the prompt\'s picture">')
+        else:
+            tags.append('<span class="note">(a picture that is no inline image data URL: not shown)</span>')
+    return "".join(tags)
+
+
+def _examples_table(columns: dict[str, dict[str, Any]]) -> str:
+    """Each column's greedy completions of its first prompts (``examples``), their pictures beside them."""
+    parts = []
+    for label, c in columns.items():
+        rows = [r for r in c.get("examples") or [] if isinstance(r, dict)]
+        if not rows:
+            continue
+        with_pictures = any(r.get("images") for r in rows)
+        head = ("<tr><th>task</th>" + ("<th>pictures</th>" if with_pictures else "")
+                + "<th>prompt</th><th>answer</th><th>greedy completion</th><th>correct</th></tr>")
+        body = "".join(
+            f"<tr><td>{_e(r.get('task_id', ''))}</td>" + (f"<td>{_pictures(r.get('images'))}</td>" if with_pictures else "")
+            + f"<td><pre>{_e(_clip(r.get('prompt')))}</pre></td><td>{_e(r.get('answer', ''))}</td>"
+            f"<td><pre>{_e(_clip(r.get('completion')))}</pre></td><td>{'yes' if r.get('correct') else 'no'}</td></tr>"
+            for r in rows)
+        parts.append(f'<h3>Greedy completions: {_e(label)}</h3><table class="samples examples">{head}{body}</table>')
     return "".join(parts)
 
 
