@@ -14,7 +14,7 @@ import pytest
 from reinforge.config import ColumnsConfig
 from reinforge.data.columns import rows_to_tasks
 from reinforge.data.shapes import shapes_splits
-from reinforge.errors import DataError
+from reinforge.errors import ConfigError, DataError
 from reinforge.models.loading import load_processor
 from reinforge.rollout.types import GenerationRequest, SamplingParams
 from reinforge.rollout.vision import image_data_url, vision_request, with_image_urls
@@ -65,9 +65,11 @@ def test_table_prompt_column_reads_image_url_parts(tmp_path):
     assert tasks[0].prompt == [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "colour?"}]}]
     assert tasks[2].prompt == [{"role": "user", "content": "1+1="}]  # text parts only: a text prompt, as before
     processor = load_processor(MODEL)
-    request = vision_request(processor, tasks[1].prompt, tasks[1].images, "t1")
+    request = vision_request(processor, tasks[0].prompt, tasks[0].images, "t0")
     image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
-    assert request.prompt_ids.count(image_token) == 32 and request.model_inputs["pixel_values"].shape == (2, 3, 32, 32)
+    assert request.prompt_ids.count(image_token) == 16 and request.model_inputs["pixel_values"].shape == (1, 3, 32, 32)
+    with pytest.raises(ConfigError, match="one picture per prompt"):  # LLaVA's row holds one picture (docs/vision.md)
+        vision_request(processor, tasks[1].prompt, tasks[1].images, "t1")
 
 
 @pytest.mark.parametrize(("what", "url", "message"), BAD_URLS, ids=[b[0] for b in BAD_URLS])
@@ -248,8 +250,8 @@ def test_the_page_shows_only_inline_image_data_urls():
 def test_agent_episodes_with_pictures_are_token_exact_trajectories_with_their_pixels():
     """An agent shows the task's picture through the proxy, then asks again in text: one segment (the text call
     spliced on), whose trajectory carries the picture's pixel_values and whose sampled log-probs are a direct HF
-    forward's over its tokens with those pixels (the image placeholder banned, as the engine samples); a later
-    call with a new picture starts a new segment."""
+    forward's over its tokens with those pixels (the image placeholder banned, as the engine samples); a call
+    adding a second picture is a 400 for LLaVA (one picture a row), one with another picture a new segment."""
     openai = pytest.importorskip("openai", reason="the serve extra (openai) is not installed")
     import torch
 
@@ -272,7 +274,11 @@ def test_agent_episodes_with_pictures_are_token_exact_trajectories_with_their_pi
         second = client.chat.completions.create(model="m", messages=again).choices[0].message
         more = [*again, {"role": "assistant", "content": second.content},
                 {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _url(_png())}}]}]
-        client.chat.completions.create(model="m", messages=more)
+        with pytest.raises(openai.BadRequestError, match="one picture per prompt"):  # LLaVA: one picture a row
+            client.chat.completions.create(model="m", messages=more)
+        other = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _url(_png())}},
+                                              {"type": "text", "text": "colour?"}]}]
+        client.chat.completions.create(model="m", messages=other)  # another picture: a new segment
         return 1.0
 
     tasks = shapes_splits().heldout[:1]
@@ -285,7 +291,7 @@ def test_agent_episodes_with_pictures_are_token_exact_trajectories_with_their_pi
     expected = vision_request(processor, tasks[0].prompt, tasks[0].images, "x").model_inputs["pixel_values"]
     torch.testing.assert_close(trajs[0].model_inputs["pixel_values"], expected, rtol=0, atol=0)
     image = image_token_id(model)
-    assert [t.token_ids.count(image) for t in trajs] == [16, 32]  # the second segment shows both pictures
+    assert [t.token_ids.count(image) for t in trajs] == [16, 16]  # the second segment shows the other picture
     with torch.no_grad():
         for t in trajs:
             ids = torch.tensor([t.token_ids])

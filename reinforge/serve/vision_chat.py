@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.errors import ConfigError
-from reinforge.rollout.vision import TOKEN_KEYS, ImagePartError, image_part_url, split_image_parts
+from reinforge.models.vlm_inputs import to_rows
+from reinforge.rollout.vision import ImagePartError, image_part_url, split_image_parts
 from reinforge.serve.schema import APIError
 
 
@@ -57,7 +58,10 @@ def vision_chat_prompt(processor: Any, messages: list[dict[str, Any]], tools: li
     ids = out["input_ids"][0]
     if "attention_mask" in out:
         ids = ids[out["attention_mask"][0].bool()]
-    return ids.tolist(), {k: v for k, v in out.items() if k not in TOKEN_KEYS}
+    try:
+        return ids.tolist(), to_rows(out, "messages")  # the family's row layout (models/vlm_inputs.py)
+    except ConfigError as e:  # e.g. several pictures for a family that places one per row
+        raise APIError(400, str(e), param="messages") from None
 
 
 def _confine_paths(messages: list[dict[str, Any]], root: Path | None) -> None:
