@@ -13,17 +13,20 @@ import torch
 from reinforge.algo.objective import Term
 from reinforge.algo.perception import (
     PapoSettings,
-    diffusion_noise,
     mask_patches,
     papo_term,
     perception_kl,
-    sigmoid_anneal,
 )
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
 from reinforge.learn.perception import masked_fields, vision_patch
 from reinforge.rewards.grounding import box_iou, box_iou_threshold, iou, parse_box
-from reinforge.rollout.noisy_rollout import NoisyRollout, NoisyRolloutSettings
+from reinforge.rollout.noisy_rollout import (
+    NoisyRollout,
+    NoisyRolloutSettings,
+    diffusion_noise,
+    sigmoid_anneal,
+)
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
 from reinforge.types import Task
 

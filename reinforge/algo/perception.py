@@ -1,6 +1,6 @@
 """Perception-aware terms for vision-language policies: PAPO's implicit perception loss and its double
 entropy loss (Wang et al. 2025, "Perception-Aware Policy Optimization for Multimodal Reasoning",
-arXiv:2507.06448), and the picture corruptions they and NoisyRollout use (pure tensor math).
+arXiv:2507.06448), and the patch masking it shows the policy (pure tensor math).
 
 PAPO adds to GRPO's objective the KL divergence between the policy that sees the picture and the same
 policy shown a masked picture, *maximised*: a policy whose answer does not change when the picture is
@@ -84,22 +84,3 @@ def mask_patches(pixel_values: Tensor, ratio: float, patch: int, generator: torc
     grid = masked.view(pictures, rows, cols).repeat_interleave(patch, 1).repeat_interleave(patch, 2)[:, :h, :w]
     keep = (~grid).to(pixel_values.device, pixel_values.dtype).view(*lead, 1, h, w)
     return pixel_values * keep
-
-
-def diffusion_noise(pixels: Tensor, step: int, generator: torch.Generator | None = None,
-                    num_steps: int = 1000) -> Tensor:
-    """The forward diffusion process at ``step`` on pictures in [0, 1], clamped to [0, 1]:
-    x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps, eps ~ N(0, I), abar_t = prod_{s<=t} (1 - beta_s),
-    beta = sigmoid(linspace(-6, 6, num_steps)) * (5e-3 - 1e-5) + 1e-5 (NoisyRollout's Gaussian noise, the
-    schedule of visual contrastive decoding); ``step`` 0 still adds the first step's noise, as there."""
-    betas = torch.sigmoid(torch.linspace(-6, 6, num_steps, dtype=torch.float64)) * (0.5e-2 - 1e-5) + 1e-5
-    abar = torch.cumprod(1 - betas, dim=0)[min(max(step, 0), num_steps - 1)]
-    eps = torch.randn(pixels.shape, generator=generator, dtype=pixels.dtype).to(pixels.device)
-    return (float(abar.sqrt()) * pixels + float((1 - abar).sqrt()) * eps).clamp(0.0, 1.0)
-
-
-def sigmoid_anneal(alpha0: float, t: int, total: int, coef: float, mid: float) -> int:
-    """NoisyRollout's noise annealing: alpha_t = int(alpha0 * (1 - sigmoid(coef * (t / total - mid)))), the
-    noise step at training step t of ``total``; ``mid`` is the midpoint as a share of the run."""
-    x = coef * (t / total - mid)
-    return int(alpha0 * (1.0 - 1.0 / (1.0 + math.exp(-x))))

@@ -4,10 +4,10 @@ whole group is trained on the clean picture.
 
 For a group of n = n1 + n2: n1 completions from the clean picture I, n2 from I~ = q(I, alpha_t), the
 forward diffusion process at noise step alpha_t on the picture's [0, 1] pixels
-(``algo.perception.diffusion_noise``); the group's advantages are computed over all n rewards, and every
+(``diffusion_noise``); the group's advantages are computed over all n rewards, and every
 completion's log-probs in the update condition on the clean picture (each trajectory keeps its prompt's
 clean ``model_inputs``: the learner's pi_theta and pi_old never see the noise, as the paper's update).
-alpha_t anneals: alpha_t = alpha_0 * (1 - sigmoid(c * (t / T - m))) (``algo.perception.sigmoid_anneal``).
+alpha_t anneals: alpha_t = alpha_0 * (1 - sigmoid(c * (t / T - m))) (``sigmoid_anneal``).
 
 Choices, from the paper and its released scripts: n2 = n1 (``noisy_share`` 0.5), alpha_0 = 500 of 1000
 diffusion steps, the sigmoid annealing with c = 30; the midpoint ``decay_mid`` is a share of ``total_steps``
@@ -23,13 +23,14 @@ completions are those under the noisy picture; leave ``algo.mismatch`` at ``none
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from pydantic import Field
+from torch import Tensor
 
-from reinforge.algo.perception import diffusion_noise, sigmoid_anneal
 from reinforge.errors import ConfigError
 from reinforge.registry import Settings
 from reinforge.rollout.group_samplers import GROUP_SAMPLERS
@@ -40,8 +41,8 @@ class NoisyRolloutSettings(Settings):
     noisy_share: float = Field(0.5, gt=0, lt=1, description="n2 / n: the share of each group sampled from the "
                                "noised picture (rounded, at least 1 and at most n - 1)")
     noise_step: int = Field(500, ge=0, le=999, description="alpha_0: the initial noise step (of 1000)")
-    anneal: Literal["sigmoid", "none"] = Field("sigmoid", description="sigmoid: the paper's annealing; none: "
-                                               "alpha_0 throughout")
+    anneal: bool = Field(True, description="the paper's sigmoid annealing of the noise step; false: alpha_0 "
+                         "throughout")
     decay_coef: float = Field(30.0, gt=0, description="c: the sigmoid's steepness")
     decay_mid: float = Field(0.5, ge=0, le=1, description="m: the sigmoid's midpoint, a share of total_steps")
     total_steps: int = Field(60, ge=1, description="T: the run's training steps (train.steps)")
@@ -66,7 +67,7 @@ class NoisyRollout:
     def noise_step(self) -> int:
         """alpha_t at this call's step t."""
         c = self.cfg
-        if c.anneal == "none":
+        if not c.anneal:
             return c.noise_step
         return sigmoid_anneal(c.noise_step, self.calls, c.total_steps, c.decay_coef, c.decay_mid)
 
@@ -119,3 +120,22 @@ def noised_inputs(engine: Any, request: GenerationRequest, step: int, generator:
     std = torch.tensor(image_processor.image_std, dtype=pixels.dtype).view(shape).to(pixels.device)
     noisy = diffusion_noise(pixels * std + mean, step, generator)
     return {**request.model_inputs, "pixel_values": (noisy - mean) / std}
+
+
+def diffusion_noise(pixels: Tensor, step: int, generator: torch.Generator | None = None,
+                    num_steps: int = 1000) -> Tensor:
+    """The forward diffusion process at ``step`` on pictures in [0, 1], clamped to [0, 1]:
+    x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps, eps ~ N(0, I), abar_t = prod_{s<=t} (1 - beta_s),
+    beta = sigmoid(linspace(-6, 6, num_steps)) * (5e-3 - 1e-5) + 1e-5 (NoisyRollout's Gaussian noise, the
+    schedule of visual contrastive decoding); ``step`` 0 still adds the first step's noise, as there."""
+    betas = torch.sigmoid(torch.linspace(-6, 6, num_steps, dtype=torch.float64)) * (0.5e-2 - 1e-5) + 1e-5
+    abar = torch.cumprod(1 - betas, dim=0)[min(max(step, 0), num_steps - 1)]
+    eps = torch.randn(pixels.shape, generator=generator, dtype=pixels.dtype).to(pixels.device)
+    return (float(abar.sqrt()) * pixels + float((1 - abar).sqrt()) * eps).clamp(0.0, 1.0)
+
+
+def sigmoid_anneal(alpha0: float, t: int, total: int, coef: float, mid: float) -> int:
+    """NoisyRollout's noise annealing: alpha_t = int(alpha0 * (1 - sigmoid(coef * (t / total - mid)))), the
+    noise step at training step t of ``total``; ``mid`` is the midpoint as a share of the run."""
+    x = coef * (t / total - mid)
+    return int(alpha0 * (1.0 - 1.0 / (1.0 + math.exp(-x))))
