@@ -6,7 +6,7 @@ numbers (integers or decimals, any separators, e.g. ``[3, 4, 12, 15]``); a compl
 with x2 < x1 or y2 < y1, scores 0. With inclusive pixel corners a box covers (x2 - x1 + 1)(y2 - y1 + 1)
 pixels (the convention of VLM-R1's released IoU), so a one-pixel box has area 1, not 0.
 
-    IoU(b, b*) = |b n b*| / (|b| + |b*| - |b n b*|)
+    IoU(b, b*) = area(b n b*) / (area(b) + area(b*) - area(b n b*))
 
 ``box_iou`` (VLM-R1, Shen et al. 2025, arXiv:2504.07615: the accuracy reward of referring expression
 comprehension is the predicted box's IoU with the true one) rewards the IoU itself. ``box_iou_threshold``
@@ -62,7 +62,7 @@ def _scored(task: Task, completion: str) -> tuple[float, str | None]:
 
 @VERIFIERS.register(
     "box_iou",
-    formula="r = IoU(b, b*) = |b n b*| / |b u b*| (b: the completion's last four numbers x1,y1,x2,y2, inclusive "
+    formula="r = IoU(b, b*) = area(b n b*) / area(b u b*) (b: the completion's last four numbers x1,y1,x2,y2, inclusive "
             "pixel corners; 0 without a box)",
     paper="Shen et al. 2025, VLM-R1: A Stable and Generalizable R1-style Large Vision-Language Model "
           "(arXiv:2504.07615), the IoU reward of referring expression comprehension",
