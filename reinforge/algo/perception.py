@@ -13,12 +13,13 @@ and the loss term (minimised) is
     l_t = - gamma * min(KL_prc_t, cap) + eta * (H_t[pi(. | q, I)] + H_t[pi(. | q, I_mask)])
 
 Maximising KL_prc alone lets the policy "hack" it by making its masked-picture distribution degenerate;
-the paper's double entropy loss (eta > 0) keeps both entropies low. Choices, from the paper and its
-released code: gamma = 0.01 (PAPO-G's), eta = 0.03 (both entropies one coefficient, the paper's eta_1 =
-eta_2), random patch masking of 60 % of the patches (``mask_ratio``), patches the vision tower's own size
-(the paper's 14 x 14 are Qwen2.5-VL's), a masked patch set to 0 in the processor's normalised pixel values
-(the image processor's mean colour), gradients through both forwards. ``cap`` (None: no cap) clips KL_prc
-from above as later releases of the code do (0.2 there); off by default as in the paper.
+the paper's double entropy loss (eta > 0) keeps both entropies low. Choices: gamma = 0.01 and random
+masking of 60 % of the patches (``mask_ratio``), as read from the paper (TRL's PAPO trainer defaults to
+0.1 and 0.3), eta = 0.03 for both entropies (the paper's eta_1 = eta_2, TRL's default too), the k3 form of
+the KL (as TRL's trainer computes it), patches the vision tower's own size (the paper's 14 x 14 are
+Qwen2.5-VL's), a masked patch set to 0 in the processor's normalised pixel values (the image processor's
+mean colour), gradients through both forwards. ``cap`` (None: no cap) clips KL_prc from above, as a later
+version of TRL's trainer does (at 0.2); off by default.
 """
 
 from __future__ import annotations
