@@ -38,6 +38,7 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.rollout.eptree  # noqa: F401  (eptree group sampler: TreeRL's entropy-guided tree search)
     import reinforge.rollout.group_samplers  # noqa: F401
     import reinforge.rollout.micro_groups  # noqa: F401  (micro_groups group sampler: Infinite Sampling)
+    import reinforge.rollout.noisy_rollout  # noqa: F401  (noisy_rollout group sampler: NoisyRollout)
     import reinforge.rollout.openai_engine  # noqa: F401
     import reinforge.rollout.spec_rl  # noqa: F401  (spec_rl group sampler)
     import reinforge.rollout.think_prompts  # noqa: F401  (autothink_ellipsis, thinkfree group samplers)

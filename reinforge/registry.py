@@ -96,6 +96,8 @@ NEEDS: dict[str, str] = {
     "teacher_logp_vocab": "a frozen teacher's full next-token distributions (algo.teacher)",
     "old_vocab_mean": "pi_old's mean log-probability over the vocabulary at each position, from its no-grad pass",
     "old_topk": "pi_old's sparse support at each position (the taken token and its most probable others) and its log-probabilities there, from its no-grad pass",
+    "masked_pictures": "one more forward of the policy (with gradient) on each row with patches of its picture "
+                       "masked: masked_logp, masked_entropy (PAPO)",
     "demonstrations": "rows given, not sampled (demonstrations.path); the part trains on them",
     "whole_groups": "a loss computed per group: micro-batches keep groups whole",
     "ungrouped": "the estimator's baseline is not its group's: equal-reward groups are kept",

@@ -46,6 +46,10 @@ class Context:
     teacher's, ``algo.teacher``; a part declares the need ``teacher_logp_vocab``), both at the
     training temperature.
 
+    Masked pictures [N, T] (a part declares the need ``masked_pictures``; PAPO's): ``masked_logp`` and
+    ``masked_entropy``, the current policy's log-probs and entropies (with gradient) from one more forward
+    of the same rows with patches of each row's picture masked (learn/perception.py).
+
     Critic and credit [N, T]: ``values`` (V(s_t) at rollout time), ``returns`` (value targets),
     ``advantages``. ``demo`` [N] (bool): demonstration rows (given answers, not sampled; None when
     the batch has none); the policy loss and the other terms are aggregated over the other rows,
@@ -81,6 +85,8 @@ class Context:
     old_topk_logp: Tensor | None = None
     logp_vocab: Tensor | None = None
     teacher_logp_vocab: Tensor | None = None
+    masked_logp: Tensor | None = None
+    masked_entropy: Tensor | None = None
     values: Tensor | None = None
     returns: Tensor | None = None
     advantages: Tensor | None = None

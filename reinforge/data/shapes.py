@@ -7,6 +7,9 @@ a task is the same in every process. Two questions:
 - ``colour``: one shape (square, circle or triangle) of one of four colours at a random place and size on a
   grey ground; the prompt is ``"colour?"`` and the answer the colour's name (``red``, ``green``, ``blue``,
   ``yellow``). A model that does not look is right with probability 1/4 (``CHANCE``).
+- ``box``: the ``colour`` scene; the prompt is ``"box?"`` and the answer the shape's bounding box
+  ``x1,y1,x2,y2`` in pixels, both corners included (score it with the ``box_iou`` verifier,
+  rewards/grounding.py). No chance level: a box is graded by its overlap.
 - ``count``: 1 to 4 dots of one colour at places that do not overlap; the prompt is ``"count?"`` and the
   answer the number of dots. Chance is again 1/4.
 
@@ -29,7 +32,7 @@ from reinforge.types import Task
 COLOURS: dict[str, tuple[int, int, int]] = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 60, 220),
                                             "yellow": (230, 220, 40)}
 SHAPES = ("square", "circle", "triangle")
-QUESTIONS = {"colour": "colour?", "count": "count?"}
+QUESTIONS = {"colour": "colour?", "count": "count?", "box": "box?"}
 MAX_DOTS = 4
 CHANCE = {"colour": 1 / len(COLOURS), "count": 1 / MAX_DOTS}
 GROUND = (128, 128, 128)
@@ -57,7 +60,7 @@ def colour_scene(index: int, size: int) -> tuple[Any, dict[str, Any]]:
     x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
     image = Image.new("RGB", (size, size), GROUND)
     _draw_shape(ImageDraw.Draw(image), shape, (x0, y0, x0 + side - 1, y0 + side - 1), COLOURS[colour])
-    return image, {"colour": colour, "shape": shape}
+    return image, {"colour": colour, "shape": shape, "box": f"{x0},{y0},{x0 + side - 1},{y0 + side - 1}"}
 
 
 def count_scene(index: int, size: int) -> tuple[Any, dict[str, Any]]:
@@ -76,7 +79,7 @@ def count_scene(index: int, size: int) -> tuple[Any, dict[str, Any]]:
     return image, {"count": count, "colour": colour}
 
 
-SCENES = {"colour": (colour_scene, "colour"), "count": (count_scene, "count")}
+SCENES = {"colour": (colour_scene, "colour"), "count": (count_scene, "count"), "box": (colour_scene, "box")}
 
 
 def shapes_task(index: int, question: str, size: int) -> Task:
@@ -99,6 +102,6 @@ def shapes_splits(question: str = "colour", size: int = 32, heldout_size: int = 
         raise ValueError(f"question must be one of {sorted(SCENES)}, got {question!r}")
     if isinstance(size, bool) or not isinstance(size, int) or not 16 <= size <= 512:
         raise ValueError(f"size must be an integer number of pixels in 16..512, got {size!r}")
-    answers = len(COLOURS) if question == "colour" else MAX_DOTS
+    answers = MAX_DOTS if question == "count" else len(COLOURS)
     return grid_splits(answers * SCENES_PER_ANSWER, heldout_size, seed,
                        partial(shapes_task, question=question, size=size), f"shapes(question={question}, size={size})")

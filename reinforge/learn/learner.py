@@ -46,6 +46,7 @@ from reinforge.learn.metric_sums import MetricSums, add_mismatch, batch_summary,
 from reinforge.learn.optim import build_optimizer
 from reinforge.learn.packing import group_micro_batches, group_order, micro_batches, packed_micro_batches
 from reinforge.learn.parallel import DataParallel
+from reinforge.learn.perception import masked_fields
 from reinforge.learn.prepare import PreparesBatches
 from reinforge.learn.shared_prefix import SharedPrefixForward
 from reinforge.models.precision import compute_dtype
@@ -383,7 +384,8 @@ class Learner(PreparesBatches):
         if old_logp is None:  # single update per batch: pi_old is exactly the current policy
             old_logp = logp.detach()
             add_mismatch(stats, old_logp, mb)
-        ctx = batch_context(mb, logp=logp, old_logp=old_logp, entropy=entropy, logp_vocab=logp_vocab)
+        masked = masked_fields(terms, mb, self.model, lambda b: self._logprobs(self.model, b, entropy=True))  # PAPO's
+        ctx = batch_context(mb, logp=logp, old_logp=old_logp, entropy=entropy, logp_vocab=logp_vocab, **masked)
         loss, pg_loss, metrics, masks = self.objective.loss(ctx, norm, terms, demo_norm, self._mix)
         stats.add_tokens("entropy", entropy, sampled_mask(mb))
         for name, values in metrics.items():
