@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.errors import ConfigError
-from reinforge.models.vlm_inputs import to_rows
-from reinforge.rollout.vision import ImagePartError, image_part_url, split_image_parts
+from reinforge.rollout.vision import ImagePartError, image_part_url, split_image_parts, to_rows
 from reinforge.serve.schema import APIError
 
 
