@@ -243,7 +243,7 @@ def test_a_resumed_per_role_run_equals_the_straight_one(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     def cfg(name):
-        return load_config("multi_agent_nim", [f"output_dir={tmp_path}", f"run_name={name}", *LORA, "train.lr=1e-3",
+        return load_config("multi_agent_nim", [f"output_dir={tmp_path}", f"name={name}", *LORA, "train.lr=1e-3",
                                                "train.steps=3", "checkpoint.every=1", "checkpoint.keep=3",
                                                "rollout.prompts_per_step=2", "rollout.group_size=4",
                                                "task.heldout_size=4", "eval.final_samples=0", "log.report=false",
