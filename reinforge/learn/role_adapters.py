@@ -32,13 +32,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from reinforge.algo.role_credit import ROLES
+from reinforge.algo.role_credit import ROLES, role_key
 from reinforge.config import AlgoConfig, LoraConfig, RolloutConfig, RunConfig, TrainConfig
 from reinforge.errors import ConfigError
 from reinforge.learn.learner import Learner
 from reinforge.learn.lora import peft_config, restore_adapter, wrap_lora
 from reinforge.models.adapters import quiet_peft
-from reinforge.orchestrate.roles import role_key
 from reinforge.types import Batch
 
 
