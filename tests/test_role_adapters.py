@@ -182,6 +182,19 @@ def test_the_engine_samples_each_request_with_the_adapter_it_names(tok):
     assert mixed == [alone["second"], alone["first"], alone["second"]]
 
 
+def test_a_role_without_trained_tokens_is_not_updated(tok):
+    cfg = _cfg()
+    learner, batch = _role_learner(tok, cfg), _batch(tok, cfg)
+    batch.loss_mask = role_batch(batch, "first").loss_mask  # second's turns are observations this step
+    before = _adapter(learner.model, "second")
+    metrics = learner.update(batch)
+    after = _adapter(learner.model, "second")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert learner.learners["second"].optimizer.state_dict()["state"] == {} and learner.learners["second"].step == 0
+    assert "role/first/loss" in metrics and not any(k.startswith("role/second/") for k in metrics)
+    assert metrics["updates"] == 4
+
+
 # ---- (c) one per-role step equals separate single-role updates -----------------------------------------
 
 

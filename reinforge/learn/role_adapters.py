@@ -13,7 +13,9 @@ stream: a step trains every adapter on its own role's tokens, as a single-adapte
 alone would (tested), and no adapter receives a gradient from another role's tokens (the other adapters
 are inactive in its forward). Rows are kept whole (a row without a turn of rho has m^rho = 0 and adds
 nothing but its forward); the advantage estimator sees m^rho, which leaves ``at_grpo`` and ``role_ema``
-per role unchanged (both compute each role's credit from its own turns).
+per role unchanged (both compute each role's credit from its own turns). A role without a trained token in
+the batch is not updated that step (no optimizer step: AdamW's moments would move its adapter on a zero
+gradient; its schedule does not advance).
 
 Rollout: the collector asks the engine for each turn of role rho with adapter rho
 (``GenerationRequest.adapter``); a role without an adapter (not listed) is played by the base.
@@ -101,7 +103,8 @@ class RoleAdapters:
 
     def _role_batches(self, batch: Batch) -> dict[str, Batch]:
         if self._batches is None or self._batches[0] is not batch:
-            self._batches = (batch, {role: role_batch(batch, role) for role in self.roles})
+            masked = {role: role_batch(batch, role) for role in self.roles}
+            self._batches = (batch, {role: b for role, b in masked.items() if b.loss_mask.any()})
         return self._batches[1]
 
     # ------------------------------------------------------------------ update
