@@ -33,7 +33,10 @@ def _undocumented(keys: set[str]) -> set[str]:
     ["algo.kl.coef=0.05", "algo.entropy_coef=0.01", "algo.mismatch.mode=token_tis"],
     ["preset=ppo"],
     ["model.path=tiny-agent", "env.name=retry", "env.max_turns=2", "rollout.max_new_tokens=5"],
-], ids=["grpo_kl_entropy_tis", "ppo", "multi_turn"])
+    ["model.path=tiny-agent", "task.kind=nim", "env.name=nim", "env.max_turns=4", "rollout.max_new_tokens=1",
+     "algo.advantage=at_grpo", "algo.skip_equal_reward_groups=false", "model.lora.enabled=true",
+     "model.lora.sync=adapter", "env.role_adapters=[first,second]", "algo.mismatch.mode=token_tis"],
+], ids=["grpo_kl_entropy_tis", "ppo", "multi_turn", "role_adapters"])
 def test_every_logged_metric_is_documented(tmp_path, overrides):
     result = train(load_config(None, [f"output_dir={tmp_path}", *SHORT, *overrides]))
     keys = {k for record in result.metrics() for k in record}

@@ -15,6 +15,7 @@ mask 0 and gets no advantage.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, ClassVar
 
 import torch
@@ -31,6 +32,14 @@ from reinforge.algo.context import register_field
 from reinforge.algo.returns import _gamma, returns_to_go
 
 ROLES, ROLE_RETURNS = "turn_roles", "role_returns"
+
+
+def role_key(role: str) -> int:
+    """The stable 64-bit key of a role's name (the value of ``turn_roles`` on its turns' tokens): the same in
+    every process and run, as ``orchestrate.batch_fields.stable_hash``."""
+    return int.from_bytes(hashlib.blake2b(f"role:{role}".encode(), digest_size=8).digest(), "little", signed=True)
+
+
 register_field(ROLES)  # both produced by orchestrate/roles.py; read here by name
 register_field(ROLE_RETURNS)
 

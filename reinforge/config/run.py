@@ -194,6 +194,10 @@ class EnvConfig(InlineSection):
     train_roles: list[str] | None = Field(None, description="an environment with roles (docs/multi_agent.md): the "
                                           "roles whose model turns are trained; the others' turns are observations "
                                           "(loss mask 0); null = every role")
+    role_adapters: list[str] | None = Field(None, description="one policy per role (docs/multi_agent.md): a LoRA "
+                                            "adapter of its own for each listed role, which samples that role's "
+                                            "turns and trains on them alone (needs model.lora.enabled and "
+                                            "model.lora.sync=adapter); an unlisted role is played by the base")
 
     @classmethod
     def inline_options(cls, data: Mapping[str, Any]) -> InlineOptions | None:
@@ -217,9 +221,10 @@ class EnvConfig(InlineSection):
         if environment_spec(self.name).agent_driven != (self.agent is not None):
             raise ValueError("env.agent ('module:function') goes with env.name=agent, and env.name=agent needs it")
         spec = environment_spec(self.name)
-        if self.train_roles is not None and (not spec.multi_turn or spec.agent_driven):
-            raise ValueError(f"env.train_roles: env {self.name} has no roles (roles are for multi-turn environments "
-                             "with a role() method, docs/multi_agent.md)")
+        for name in ("train_roles", "role_adapters"):
+            if getattr(self, name) is not None and (not spec.multi_turn or spec.agent_driven):
+                raise ValueError(f"env.{name}: env {self.name} has no roles (roles are for multi-turn environments "
+                                 "with a role() method, docs/multi_agent.md)")
         return self
 
     @property

@@ -14,7 +14,7 @@ RunConfig = Any
 def check_strategies(cfg: RunConfig) -> None:
     """Every check below, in order."""
     for check in (one_baseline_producer, rollout_parts_run_in_one_rank, carried_generations_fit,
-                  state_values_are_estimated, reference_rewards_fit, adapter_sync_fits):
+                  state_values_are_estimated, reference_rewards_fit, adapter_sync_fits, role_adapters_fit):
         check(cfg)
 
 
@@ -119,3 +119,29 @@ def adapter_sync_fits(cfg: RunConfig) -> None:
     if lora.enabled and lora.sync == "adapter" and cfg.orchestrate.mode == "async":
         raise ValueError("model.lora.sync=adapter: the asynchronous rollout workers receive merged weights; "
                          "use orchestrate.mode=sync or model.lora.sync=merged")
+
+
+def role_adapters_fit(cfg: RunConfig) -> None:
+    """``env.role_adapters`` (learn/role_adapters.py): each name a peft adapter name (non-empty, no dots, not
+    peft's prefix), each role once and trained; LoRA adapters sent alone to the torch engine, one process;
+    the learner splits each batch by ``turn_roles``, so the run's parts must read it."""
+    from reinforge.algo.objective import read_fields
+    from reinforge.algo.role_credit import ROLES
+
+    roles, env, lora = cfg.env.role_adapters, cfg.env, cfg.model.lora
+    if roles is None:
+        return
+    if not roles or any(not r or "." in r or "lora_" in r for r in roles) or len(set(roles)) != len(roles):
+        raise ValueError(f"env.role_adapters: {roles}: give each role once, each a non-empty name without dots "
+                         "and without 'lora_'")
+    if env.train_roles is not None and set(roles) - set(env.train_roles):
+        raise ValueError(f"env.role_adapters: {sorted(set(roles) - set(env.train_roles))} are not in "
+                         "env.train_roles (the adapter of a role that is not trained would never change)")
+    if not lora.enabled or lora.sync != "adapter":
+        raise ValueError("env.role_adapters: one LoRA adapter per role needs model.lora.enabled=true and "
+                         "model.lora.sync=adapter (the engine samples each role with its own adapter)")
+    if cfg.train.world_size > 1 or cfg.orchestrate.mode != "sync":
+        raise ValueError("env.role_adapters: one process (train.world_size=1, orchestrate.mode=sync)")
+    if ROLES not in read_fields(cfg.algo):
+        raise ValueError(f"env.role_adapters: the learner splits each batch by its turn_roles field, which "
+                         f"algo.advantage={cfg.algo.advantage} does not read; use at_grpo or role_ema")

@@ -49,6 +49,7 @@ from reinforge.learn.parallel import DataParallel
 from reinforge.learn.perception import masked_fields
 from reinforge.learn.prepare import PreparesBatches
 from reinforge.learn.shared_prefix import SharedPrefixForward
+from reinforge.models.adapters import ADAPTER_NAME
 from reinforge.models.precision import compute_dtype
 from reinforge.types import Batch, declares_stage
 
@@ -65,6 +66,8 @@ class Learner(PreparesBatches):
     ``self.model`` is then the FSDP2 module). The reference model and the critic stay whole on
     every rank (the critic's gradients are summed over ranks).
     """
+
+    checkpoint_adapter = ADAPTER_NAME  # the LoRA adapter a checkpoint's peft files hold
 
     def __init__(
         self, model: nn.Module, train: TrainConfig, algo: AlgoConfig, rollout: RolloutConfig, *,

@@ -168,16 +168,17 @@ class MultiTurn:
 
     def __init__(self, engine, make_env: Callable[[], Environment], limits: EpisodeLimits,
                  env_calls: EnvCalls | None = None, pool: VerifierPool | None = None,
-                 train_roles: Sequence[str] | None = None) -> None:
+                 train_roles: Sequence[str] | None = None, role_adapters: Sequence[str] = ()) -> None:
         self.engine, self.make_env, self.limits = engine, make_env, limits
         self.env_calls, self.pool, self.train_roles = env_calls or EnvCalls(), pool, train_roles
+        self.role_adapters = tuple(role_adapters)  # roles sampled with their own LoRA adapter
 
     def collect(self, tasks: Sequence[Task], params: SamplingParams, seed: int, group_offset: int = 0,
                 independent: bool = False) -> Collected:
         on_error = (lambda: self.pool.on_error) if self.pool is not None else "raise"
         trajectories = run_episodes(tasks, self.engine, self.make_env, params, self.limits, seed,
                                     group_offset=group_offset, env_calls=self.env_calls, on_error=on_error,
-                                    train_roles=self.train_roles)
+                                    train_roles=self.train_roles, role_adapters=self.role_adapters)
         stats = self.env_calls.take_stats()
         return Collected(trajectories, env_s=stats.wait_s, metrics=stats.metrics())
 
@@ -249,7 +250,7 @@ def build_collector(env: EnvConfig, rollout: RolloutConfig, engine, make_env: Ca
                           "completions (a multi-turn environment's steps have their own turn rewards)")
     if spec.multi_turn:
         return MultiTurn(engine, make_env, limits, EnvCalls(env.concurrency, env.step_timeout_s), pool,
-                         train_roles=env.train_roles)
+                         train_roles=env.train_roles, role_adapters=env.role_adapters or ())
     return SingleTurn(engine, make_env, pool, rollout.group_sampler)
 
 

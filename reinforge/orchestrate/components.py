@@ -21,6 +21,7 @@ from reinforge.learn import distributed
 from reinforge.learn.critic import build_critic
 from reinforge.learn.learner import Learner
 from reinforge.learn.lora import adapter_weights, is_lora_model, merged_weights
+from reinforge.learn.role_adapters import RoleAdapters
 from reinforge.models.adapters import ADAPTER_NAME
 from reinforge.models.lean_lora import AdapterWeights
 from reinforge.models.loading import load_model, load_tokenizer
@@ -42,7 +43,7 @@ from reinforge.rollout.types import SamplingParams
 class Components:
     cfg: RunConfig
     tokenizer: object
-    learner: Learner
+    learner: Learner | RoleAdapters
     engine: TorchRolloutEngine | OpenAIRolloutEngine
     splits: TaskSplits
     sampler: TaskSamplerPart
@@ -97,12 +98,14 @@ class _MergesLora:
 
 class _SendsAdapters:
     """A rollout engine of a LoRA run with ``model.lora.sync=adapter``: it keeps the base and receives
-    the adapter's A and B alone (``learn.lora.adapter_weights``), applied unmerged at decode time;
-    every request runs that adapter (``default_adapter``)."""
+    every adapter's A and B alone (``learn.lora.adapter_weights``), applied unmerged at decode time;
+    a request runs the adapter it names, else ``default_adapter`` (one adapter: every request runs it;
+    ``env.role_adapters``: one per role, each named by its role)."""
 
     def update_weights(self, state: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
         if is_lora_model(state):
-            self.update_adapter(ADAPTER_NAME, adapter_weights(state), version)  # type: ignore[attr-defined]
+            for name in state.peft_config:  # type: ignore[union-attr]
+                self.update_adapter(name, adapter_weights(state, name), version)  # type: ignore[attr-defined]
         else:
             super().update_weights(state, version)  # type: ignore[misc]
 
@@ -138,9 +141,11 @@ def build_engine(cfg: RunConfig, policy: torch.nn.Module, tokenizer, seed: int |
     engine = build_rollout_engine(cfg.rollout, policy, tokenizer, cfg.model.device,
                                   cfg.seed if seed is None else seed, cfg.model.path, copy_policy=copy_policy,
                                   mixins=mixins, adapter_rank=cfg.model.lora.r if adapters else None)
-    if adapters:
-        engine.default_adapter = ADAPTER_NAME
-        engine.update_adapter(ADAPTER_NAME, AdapterWeights({}), None)  # none yet (the base); fails early if unsupported
+    if adapters:  # none trained yet (the base); fails early if unsupported
+        names = cfg.env.role_adapters or [ADAPTER_NAME]
+        engine.default_adapter = None if cfg.env.role_adapters else ADAPTER_NAME  # roles name theirs
+        for name in names:
+            engine.update_adapter(name, AdapterWeights({}), None)
     return engine
 
 
@@ -233,7 +238,8 @@ def build_components(cfg: RunConfig) -> Components:
     return Components(
         cfg=cfg,
         tokenizer=tokenizer,
-        learner=Learner.for_run(policy, cfg, ref, critic, teacher),
+        learner=RoleAdapters.for_run(policy, cfg, teacher) if cfg.env.role_adapters
+        else Learner.for_run(policy, cfg, ref, critic, teacher),
         engine=engine,
         splits=splits,
         sampler=build_task_sampler(cfg.task.sampler.name, splits.train, cfg.seed, cfg.task.sampler.settings()),

@@ -269,6 +269,7 @@ class Loop:
         save_checkpoint(
             self.run_dir, step, model, processor or c.tokenizer, trainer_state, c.engine.generator,
             self.checkpoint_state(), keep=self.cfg.checkpoint.keep, reward_state=c.reward_pool.state_dict(),
+            adapter_name=c.learner.checkpoint_adapter,
         )
 
     def checkpoint_state(self) -> dict[str, Any]:

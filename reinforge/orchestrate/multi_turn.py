@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -141,12 +141,14 @@ def run_episodes(
     tasks: Sequence[Task], engine, make_env: Callable[[], Environment], params: SamplingParams,
     limits: EpisodeLimits, seed: int, group_offset: int = 0, env_calls: EnvCalls | None = None,
     on_error: str | Callable[[], str] = "raise", train_roles: Sequence[str] | None = None,
+    role_adapters: Collection[str] = (),
 ) -> list[Trajectory]:
     """``params.n`` episodes per task (one group per task), played to the end; trajectories in
     task order, episode index fastest. ``env_calls`` runs the environments' calls (default: 64 at
     once, 60 s each); ``on_error`` ("raise" or "zero", or a function giving it) is the policy for an
     environment that raises; ``train_roles``: the roles whose turns are trained (None: every role), the
-    others' turns have loss mask 0."""
+    others' turns have loss mask 0; ``role_adapters``: the roles with a LoRA adapter of their own (named by
+    the role, ``env.role_adapters``): each of their turns is sampled with it (``GenerationRequest.adapter``)."""
     calls = env_calls or EnvCalls()
     splicers = _Splicers(engine.tokenizer)
     episodes = _start(tasks, make_env, params.n, seed, splicers, calls, on_error)
@@ -162,7 +164,8 @@ def run_episodes(
             break
         played: list[tuple[_Episode, Generation]] = []
         for budget, eps in _by_budget(active, limit, limits.max_turn_tokens).items():
-            gens = _generate(engine, eps, dataclasses.replace(turn_params, max_new_tokens=budget), first=turn == 0)
+            gens = _generate(engine, eps, dataclasses.replace(turn_params, max_new_tokens=budget), turn == 0,
+                             role_adapters)
             played += zip(eps, gens, strict=True)
         _step_all(played, calls, limit, turn == limits.max_turns - 1, on_error, train_roles)
     return [_trajectory(ep, group_offset, engine.tokenizer) for ep in episodes]
@@ -225,9 +228,15 @@ def _by_budget(active: list[_Episode], limit: int, max_turn_tokens: int) -> dict
     return out
 
 
-def _generate(engine, eps: list[_Episode], params: SamplingParams, first: bool) -> list[Generation]:
+def _request(ep: _Episode, role_adapters: Collection[str]) -> GenerationRequest:
+    """The request of an episode's next turn: its role's adapter when the role has one."""
+    return GenerationRequest(list(ep.ids), ep.task.id, adapter=ep.role if ep.role in role_adapters else None)
+
+
+def _generate(engine, eps: list[_Episode], params: SamplingParams, first: bool,
+              role_adapters: Collection[str] = ()) -> list[Generation]:
     """One turn for every episode; on the first turn a group with one shared prompt is one request
-    with ``n`` = group size (its prompt is prefilled once)."""
+    with ``n`` = group size (its prompt is prefilled once; the same state, so the same role)."""
     if first:
         runs: list[list[_Episode]] = []
         for ep in eps:
@@ -239,13 +248,13 @@ def _generate(engine, eps: list[_Episode], params: SamplingParams, first: bool) 
             out: list[Generation] = []
             for size in sorted({len(r) for r in runs}):
                 batch = [r for r in runs if len(r) == size]
-                gens = engine.generate([GenerationRequest(r[0].ids, r[0].task.id) for r in batch],
+                gens = engine.generate([_request(r[0], role_adapters) for r in batch],
                                        dataclasses.replace(params, n=size))
                 out += gens
             order = [ep for size in sorted({len(r) for r in runs}) for r in runs if len(r) == size for ep in r]
             by_episode = {id(ep): g for ep, g in zip(order, out, strict=True)}
             return [by_episode[id(ep)] for ep in eps]
-    return engine.generate([GenerationRequest(list(ep.ids), ep.task.id) for ep in eps], params)
+    return engine.generate([_request(ep, role_adapters) for ep in eps], params)
 
 
 def _step_all(played: list[tuple[_Episode, Generation]], calls: EnvCalls, limit: int, last_turn: bool,

@@ -10,20 +10,14 @@ for every step whose episodes have roles (``reward/role/<role>``, ...).
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from torch import Tensor
 
+from reinforge.algo.role_credit import role_key
 from reinforge.types import Trajectory
 
 NO_ROLE = ""
-
-
-def role_key(role: str) -> int:
-    """The stable 64-bit key of a role's name (the value of ``turn_roles`` on its turns' tokens): the same in
-    every process and run, as ``batch_fields.stable_hash``."""
-    return int.from_bytes(hashlib.blake2b(f"role:{role}".encode(), digest_size=8).digest(), "little", signed=True)
+__all__ = ["NO_ROLE", "role_key", "role_tensors", "role_metrics", "role_turn_returns", "turn_roles"]
 
 
 def turn_roles(t: Trajectory) -> list[str]:

@@ -62,7 +62,7 @@ def hbpo_budgets(engine: Any, requests: Sequence[GenerationRequest], params: Sam
             continue
         budget = round(fraction * params.max_new_tokens)
         phrase = list(engine.tokenizer(cfg.template.format(budget=budget), add_special_tokens=False)["input_ids"])
-        asked = [GenerationRequest(list(r.prompt_ids) + phrase, r.request_id) for r in requests]
+        asked = [dataclasses.replace(r, prompt_ids=list(r.prompt_ids) + phrase) for r in requests]
         gens = engine.generate(asked, dataclasses.replace(params, n=len(rows)))
         for r in range(len(requests)):
             for i, j in enumerate(rows):

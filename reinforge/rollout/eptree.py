@@ -147,8 +147,8 @@ class EPTreeSampler:
         tokens decoded."""
         tasks = [(tree, node, pos) for tree in trees for node, pos in fork_points(tree, self.cfg.forks)]
         rooms = [params.max_new_tokens - len(node.prefix) - pos for _, node, pos in tasks]
-        reqs = [GenerationRequest(list(requests[node.request].prompt_ids) + node.prefix + node.tokens[:pos],
-                                  requests[node.request].request_id) for _, node, pos in tasks]
+        reqs = [dataclasses.replace(requests[node.request], prompt_ids=list(requests[node.request].prompt_ids) + node.prefix
+                                    + node.tokens[:pos]) for _, node, pos in tasks]
         t = self.cfg.branches
         gens = engine.generate(reqs, dataclasses.replace(params, n=t, max_new_tokens=max(rooms)))
         decoded = 0

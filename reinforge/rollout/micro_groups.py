@@ -61,7 +61,7 @@ class MicroGroups:
         parts = [(k, start) for k, _ in enumerate(requests) for start in range(0, n, g)]
         if self.cfg.order == "sjf":
             parts.sort(key=lambda p: self._predicted(requests[p[0]], params))  # stable: request order on ties
-        queue = [GenerationRequest(list(requests[k].prompt_ids), requests[k].request_id) for k, _ in parts]
+        queue = [dataclasses.replace(requests[k], prompt_ids=list(requests[k].prompt_ids)) for k, _ in parts]
         limit = _slot_cap(engine, self.cfg.max_slots)
         with limit as cap:
             gens = engine.generate(queue, dataclasses.replace(params, n=g))

@@ -37,7 +37,7 @@ TFPI = ("Xu et al. 2025, Thinking-Free Policy Initialization (TFPI, arXiv:2509.2
 def with_suffix(engine: Any, requests: Sequence[GenerationRequest], suffix: str) -> list[GenerationRequest]:
     """The requests with ``suffix``'s tokens (no special tokens) appended to their prompts."""
     ids = list(engine.tokenizer(suffix, add_special_tokens=False)["input_ids"]) if suffix else []
-    return [GenerationRequest(list(r.prompt_ids) + ids, r.request_id) for r in requests]
+    return [dataclasses.replace(r, prompt_ids=list(r.prompt_ids) + ids) for r in requests]
 
 
 def tagged(gens: list[Generation], **extra: Any) -> list[Generation]:

@@ -94,7 +94,7 @@ class TruncatedRollouts:
         out: list[Generation | None] = [None] * len(slots)
         for budget in sorted(set(budgets)):
             idx = [i for i, b in enumerate(budgets) if b == budget]
-            reqs = [GenerationRequest(list(slots[i][0].prompt_ids) + slots[i][1]["tokens"], slots[i][0].request_id)
+            reqs = [dataclasses.replace(slots[i][0], prompt_ids=list(slots[i][0].prompt_ids) + slots[i][1]["tokens"])
                     for i in idx]
             for i, g in zip(idx, engine.generate(reqs, dataclasses.replace(params, n=1, max_new_tokens=budget)),
                             strict=True):

@@ -143,8 +143,8 @@ class TreeSampler:
         for count, nodes in by_count.items():
             room = [params.max_new_tokens - len(nd.tokens) for nd in nodes]
             budget = max(room) if last else min(self.cfg.segment_len, max(room))
-            reqs = [GenerationRequest(list(requests[nd.request].prompt_ids) + nd.tokens,
-                                      requests[nd.request].request_id) for nd in nodes]
+            reqs = [dataclasses.replace(requests[nd.request], prompt_ids=list(requests[nd.request].prompt_ids) + nd.tokens)
+                    for nd in nodes]
             gens = engine.generate(reqs, dataclasses.replace(params, n=count, max_new_tokens=budget))
             for j, nd in enumerate(nodes):
                 shares = split_leaves(nd.leaves, count)
