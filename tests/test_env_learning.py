@@ -29,8 +29,10 @@ def test_tiny_base_learns_the_verifiers_addition_taskset(tmp_path):
     assert result.heldout_after > result.heldout_before, (result.heldout_before, result.heldout_after)
 
 
-@pytest.mark.learning  # 30 steps of 8 x 8 games and two evaluations of 64 games: minutes
+@pytest.mark.learning  # 30 steps of 8 x 8 games and two evaluations of 64 games: 7-8 minutes loaded
 def test_tiny_agent_learns_textarena_tictactoe_against_the_random_opponent(tmp_path):
-    _, data = _train(tmp_path, "textarena_tictactoe")
+    """Measured (seeds 0, 1): win rate mean@4 +0.55, +0.49; greedy +0.58, +0.52 (docs/environments.md)."""
+    result, data = _train(tmp_path, "textarena_tictactoe")
     before, after = data["before"]["mean_at_n"], data["after"]["mean_at_n"]
-    assert after >= before + TTT_MEAN_RISE, (before, after)
+    assert after >= before + 0.3, (before, after)
+    assert result.heldout_after >= result.heldout_before + 0.3, (result.heldout_before, result.heldout_after)
