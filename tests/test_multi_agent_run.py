@@ -17,7 +17,7 @@ import torch
 from reinforge.types import Trajectory
 
 RUN = ["env.opponent=random", "env.policy_role=first", "env.max_turns=3", "task.low=3", "task.high=5",
-       "task.repeats=4", "task.heldout_size=2", "train.steps=4", "rollout.prompts_per_step=4", "rollout.group_size=8",
+       "task.repeats=4", "task.heldout_size=2", "train.steps=3", "rollout.prompts_per_step=4", "rollout.group_size=8",
        "train.lr=2e-3", "train.time_limit_s=0", "eval.final_samples=0", "log.report=false", "log.samples_per_step=0"]
 PILES = (3, 4, 5)
 
@@ -96,7 +96,7 @@ def test_a_tiny_run_trains_on_at_grpo_advantages_and_raises_the_trained_roles_re
     from reinforge.models.loading import load_model, load_tokenizer
 
     cfg, result, batches = _run(tmp_path, monkeypatch, seed=0)
-    assert len(batches) == 4
+    assert len(batches) == 3
     settings = cfg.algo.advantage.settings
     assert cfg.algo.advantage == "at_grpo" and settings.scale_by_std
     alpha, eps, gamma = settings.alpha, settings.adv_eps, cfg.algo.discount.gamma
