@@ -72,6 +72,23 @@ def test_a_hung_call_times_out_alone_and_errors_are_returned():
     assert calls.take_stats().calls == 3 and calls.stats.calls == 0
 
 
+def test_a_timeout_the_environment_raises_itself_is_its_error_not_a_timed_out_call():
+    """An environment whose own client gives up (TimeoutError) well within the call's limit: an error with
+    its message (reward.on_error decides), not "timed out after <limit>"."""
+    calls = EnvCalls(timeout_s=5)
+
+    def gives_up():
+        raise TimeoutError("the server did not answer within 0.1 s")
+
+    async def gives_up_async():
+        raise TimeoutError("no reply")
+
+    out = calls.run([gives_up, gives_up_async])
+    assert [o.timed_out for o in out] == [False, False]
+    assert [str(o.error) for o in out] == ["the server did not answer within 0.1 s", "no reply"]
+    assert (calls.stats.timeouts, calls.stats.errors) == (0, 2)
+
+
 def test_async_calls_run_on_the_event_loop_and_are_cancelled_at_their_timeout():
     calls = EnvCalls(concurrency=16, timeout_s=0.5)
     cancelled = []

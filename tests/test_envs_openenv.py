@@ -48,6 +48,8 @@ class CountEnv(Environment):
     def step(self, action, timeout_s=None, **kwargs):
         if action.message == "boom":
             raise RuntimeError("the environment broke")
+        if action.message == "hang":
+            time.sleep(1.5)  # longer than the client's timeout_s in the test
         self._state.step_count += 1
         reward = float(str(self.next) in action.message)
         self.next += 1
@@ -143,6 +145,10 @@ def test_server_failures_are_episode_errors(server):
     env.reset(task, 0)
     with pytest.raises(OpenEnvError, match="step failed"):
         _say(env, "boom")
+    env = build_environment("openenv", None, None, {"url": server, "timeout_s": 0.3})()  # a step that hangs
+    env.reset(task, 0)
+    with pytest.raises(OpenEnvError, match=r"step failed \(no answer within 0.3 s\)"):
+        _say(env, "hang")
 
 
 def test_a_dead_server_ends_episodes_under_on_error_zero_and_stops_the_run_under_raise(server):

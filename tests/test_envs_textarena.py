@@ -200,3 +200,27 @@ def test_task_kind_env_takes_the_environments_own_tasks():
         config_from_dict({"task": {"kind": "arithmetic"}, "env": {"name": "textarena", "game": GAME}})
     with pytest.raises(ConfigError, match="task.kind=env: the tasks come from the run's env section"):
         build_task_splits(cfg.task)
+
+
+def test_a_view_and_a_move_format_for_small_models():
+    """The shipped TicTacToe view (reinforge/envs/examples/textarena_views.py) and env.move: the model writes a
+    bare digit, the game gets "[4]"; the model sees the board as one short line; the opponent still reads the
+    game's own text (the random opponent picks among its Available Moves)."""
+    from reinforge.envs.examples.textarena_views import tictactoe
+
+    make = build_environment("textarena", None, None, {
+        "game": GAME, "move": "[{}]", "view": "reinforge.envs.examples.textarena_views:tictactoe"})
+    env = make()
+    assert env.reset(_task(), 0) == [{"role": "user", "content": "board 012 345 678"}]
+    res = env.step({"role": "assistant", "content": " 4\n"})
+    (opp,) = [c for c in "01235678" if c not in res.observation[0]["content"]]  # the cell the opponent took
+    expected = "".join("o" if c == "4" else "x" if c == opp else c for c in "012345678")
+    assert res.observation == [{"role": "user", "content": f"board {expected[:3]} {expected[3:6]} {expected[6:]}"}]
+    res = env.step({"role": "assistant", "content": "x"})  # "[x]": not a cell; the game warns once
+    assert not res.done and res.observation[0]["content"].startswith("invalid board ")
+    # the view as a function: player 1 is X, so its own marks are the X's
+    text = "Current Board:\n\n O | 1 | X \n---+---+---\n 3 | 4 | 5 \n---+---+---\n 6 | 7 | 8 \n"
+    assert tictactoe(text, 0) == "board o1x 345 678" and tictactoe(text, 1) == "board x1o 345 678"
+    for message, params in {"env.move": {"game": GAME, "move": "[]"}, "env.view": {"game": GAME, "view": "nope"}}.items():
+        with pytest.raises(EnvironmentConfigError, match=message):
+            build_environment("textarena", None, None, params)

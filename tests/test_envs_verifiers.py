@@ -232,3 +232,30 @@ def test_two_training_steps_on_a_verifiers_environment(vf_modules, tmp_path):
     for r in rows:
         assert r["reward/term/turns"] == 2.0 and r["reward/term/bonus"] == 1.0
         assert r["reward/mean"] == pytest.approx(r["reward/term/saw_word"] + 0.25 * 2 + 0.1)
+
+
+def test_the_shipped_addition_taskset_by_its_dotted_id():
+    """reinforge/envs/examples/vf_addition.py, named by its module path (verifiers' own loader cannot import a
+    dotted id): seeded distinct problems, and its rubric: exact 1.0 (the reward), ones and abs_error (metrics)."""
+    params = {"id": "reinforge.envs.examples.vf_addition", "args": {"n": 30, "seed": 3}}
+    splits = _splits(params, heldout=5)
+    tasks = [*splits.train, *splits.heldout]
+    assert len(tasks) == 30 and len({t.prompt[-1]["content"] for t in tasks}) == 30
+    for t in tasks:
+        a, b = t.prompt[-1]["content"].removesuffix("=").split("+")
+        assert 10 <= int(a) <= 99 and 10 <= int(b) <= 99 and t.answer == str(int(a) + int(b))
+        assert t.prompt[0]["role"] == "user"  # no system prompt: tiny-base reads digits and + - = only
+    assert _splits(params, heldout=5).train == splits.train  # the same seed, the same tasks
+    env = build_environment("verifiers", None, None, params)()
+    task = splits.train[0]
+    answer = task.answer
+    env.reset(task, 0)
+    right = env.step({"role": "assistant", "content": f" {answer}"})
+    assert right.done and right.reward == 1.0 and right.info["correct"]
+    assert right.info["reward_terms"] == {"exact": 1.0}
+    assert right.info["verifiers_metrics"] == {"ones": 1.0, "abs_error": 0.0}
+    env.reset(task, 0)
+    near = str(int(answer) + 10)  # the ones digit right, the rest wrong
+    wrong = env.step({"role": "assistant", "content": near})
+    assert wrong.reward == 0.0 and not wrong.info["correct"]
+    assert wrong.info["verifiers_metrics"] == {"ones": 1.0, "abs_error": 10.0}

@@ -175,10 +175,12 @@ def _textarena_tasks(heldout_size: int, seed: int, game: str = "", games: int = 
 def _textarena(
     verifier: Verifier | None, system_prompt: str | None, game: str = "", games: int = 256, player: int = 0,
     num_players: int = 2, opponent: str = "random", win: float = 1.0, draw: float = 0.5, loss: float = 0.0,
+    view: str = "", move: str = "{}",
 ) -> Environment:
     """``game``: a TextArena env id; ``games``: seeded games (tasks); ``player``: our seat; ``opponent``: random
-    or 'module:function'; ``win`` / ``draw`` / ``loss``: the reward of each outcome."""
-    return TextArenaEnv(game, player, num_players, opponent, win, draw, loss, system_prompt)
+    or 'module:function'; ``win`` / ``draw`` / ``loss``: the reward of each outcome; ``view``: 'module:function'
+    rewriting our observations ('' = the game's text); ``move``: the format of our move ('{}' = the text)."""
+    return TextArenaEnv(game, player, num_players, opponent, win, draw, loss, system_prompt, view, move)
 
 
 def _openenv_tasks(heldout_size: int, seed: int, url: str = "", episodes: int = 256, **_: Any) -> TaskSplits:

@@ -21,6 +21,11 @@ opponent's latest observation lists (``Available Moves: '[0]', '[4]'``; ``[0]`` 
 rng: random.Random) -> str``. Not supported: the trained policy as the opponent (its turns would need the
 engine inside the environment), games of more than one trained seat.
 
+For small models (``view``, ``move``): ``view: module:function`` shows the model ``fn(text, player_id) -> str``
+in place of each of our observations (the opponents still read the game's text), e.g. a compact board for a
+model whose context is a few hundred characters; ``move`` formats the model's text (stripped) into the move
+sent to the game, e.g. ``"[{}]"`` for a model that writes a bare cell number.
+
 Nothing downloads: a game whose module fetches NLTK data (``nltk.download``: Wordle, Hangman, ...) is refused
 with the resource's name unless the data is already installed (``python -m nltk.downloader words``).
 """
@@ -101,14 +106,27 @@ def resolve_opponent(opponent: Any) -> Callable[[str, int, random.Random], str]:
         return OPPONENTS[opponent]
     if not isinstance(opponent, str) or ":" not in opponent:
         raise ValueError(f"env.opponent must be 'random' or 'module:function', got {opponent!r}")
-    module, _, name = opponent.partition(":")
+    return resolve_function("opponent", opponent)
+
+
+def resolve_function(field: str, spec: Any) -> Callable[..., Any]:
+    """``module:function`` imported, or a ValueError naming ``env.<field>``."""
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ValueError(f"env.{field} must be 'module:function', got {spec!r}")
+    module, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"env.opponent={opponent!r}: {e}") from None
+        raise ValueError(f"env.{field}={spec!r}: {e}") from None
     if not callable(fn):
-        raise ValueError(f"env.opponent={opponent!r} is not a function")
+        raise ValueError(f"env.{field}={spec!r} is not a function")
     return fn
+
+
+def check_move_format(move: Any) -> str:
+    if not isinstance(move, str) or move.count("{}") != 1:
+        raise ValueError(f"env.move must be a format string with one '{{}}' (the model's text), got {move!r}")
+    return move
 
 
 def make_game(game: str) -> Any:
@@ -140,7 +158,8 @@ class TextArenaEnv:
     """One game of ``game`` with our policy in seat ``player`` (module docstring)."""
 
     def __init__(self, game: str, player: int = 0, num_players: int = 2, opponent: Any = "random",
-                 win: float = 1.0, draw: float = 0.5, loss: float = 0.0, system_prompt: str | None = None) -> None:
+                 win: float = 1.0, draw: float = 0.5, loss: float = 0.0, system_prompt: str | None = None,
+                 view: str = "", move: str = "{}") -> None:
         if isinstance(num_players, bool) or not isinstance(num_players, int) or num_players < 1:
             raise ValueError(f"env.num_players must be an integer >= 1, got {num_players!r}")
         if isinstance(player, bool) or not isinstance(player, int) or not 0 <= player < num_players:
@@ -152,6 +171,8 @@ class TextArenaEnv:
         self.opponent = resolve_opponent(opponent)
         self.values = {1: float(win), 0: float(draw), -1: float(loss)}
         self.system_prompt = system_prompt
+        self.view = resolve_function("view", view) if view else None
+        self.move = check_move_format(move)
         make_game(game)  # a bad game fails when the recipe is checked
 
     def reset(self, task: Task, seed: int = 0) -> list[Message]:
@@ -171,7 +192,8 @@ class TextArenaEnv:
     def step(self, assistant: Message) -> StepResult:
         if self.done:
             raise RuntimeError("step() after the game ended: call reset() first")
-        done, _ = self.game.step(assistant.get("content") or "")
+        text = assistant.get("content") or ""
+        done, _ = self.game.step(text if self.move == "{}" else self.move.format(text.strip()))
         text = "" if done else self._until_our_turn()
         if done or self.done:
             return self._end()
@@ -182,7 +204,8 @@ class TextArenaEnv:
         while True:
             pid, observation = self.game.get_observation()
             if pid == self.player:
-                return self._render(observation)
+                text = self._render(observation)
+                return str(self.view(text, self.player)) if self.view is not None else text
             done, _ = self.game.step(self.opponent(self._render(observation), pid, self.rng))
             self.opponent_moves += 1
             if done:

@@ -91,8 +91,7 @@ def _load(id: str, env_id: str, args_json: str, env_args_json: str, limit: int |
 
     args, env_args = json.loads(args_json), json.loads(env_args_json)
     try:
-        taskset_cls = loaders.taskset_class(id)
-        env_cls = loaders.environment_class(id, env_id)
+        taskset_cls, env_cls = _classes(vf, loaders, id, env_id)
     except (ModuleNotFoundError, AttributeError, TypeError, ValueError) as e:
         raise ValueError(f"env.id={id!r} / env.env_id={env_id!r}: {e}") from None
     try:
@@ -102,7 +101,7 @@ def _load(id: str, env_id: str, args_json: str, env_args_json: str, limit: int |
             cfg_cls = concrete_type(taskset_cls, vf.TasksetConfig) or vf.TasksetConfig
             taskset, env, role = taskset_cls(cfg_cls.model_validate({**args, "id": id})), None, "agent"
         else:
-            env, role = _custom_env(vf, env_cls, id, args, env_args)
+            env, role = _custom_env(vf, env_cls, taskset_cls, id, args, env_args)
             taskset = env.taskset
     except ValidationError as e:
         raise ValueError(f"env.args / env.env_args of {id!r}: {e}") from None
@@ -114,11 +113,28 @@ def _load(id: str, env_id: str, args_json: str, env_args_json: str, limit: int |
     return LoadedVerifiers(id, env, role, tasks)
 
 
-def _custom_env(vf: Any, env_cls: type, id: str, args: dict, env_args: dict) -> tuple[Any, str]:
+def _classes(vf: Any, loaders: Any, id: str, env_id: str) -> tuple[type, type]:
+    """The taskset and Env classes of ``id`` / ``env_id``. A dotted id (``my_pkg.my_taskset``) is imported as
+    that module (verifiers' loader looks a dotted name up under ``verifiers.v1.tasksets`` and fails); its
+    exports are read as verifiers reads them (``__all__``)."""
+    if "." not in id:
+        return loaders.taskset_class(id), loaders.environment_class(id, env_id)
+    import importlib
+
+    module = importlib.import_module(id)
+    taskset_cls = loaders._plugin_class(module, vf.Taskset, "taskset")
+    if env_id:
+        return taskset_cls, loaders.environment_class(id, env_id)
+    try:
+        return taskset_cls, loaders._plugin_class(module, vf.Env, "environment")
+    except TypeError:  # no Env exported: the taskset's tasks are single answers
+        return taskset_cls, vf.SingleAgentEnv
+
+
+def _custom_env(vf: Any, env_cls: type, taskset_cls: type, id: str, args: dict, env_args: dict) -> tuple[Any, str]:
     """An Env with its own ``run``, built from its config without loading harnesses or runtimes."""
     from verifiers.v1.configs.agent import agent_config_fields
     from verifiers.v1.utils.generic import concrete_type
-    from verifiers.v1.utils.loaders import load_taskset
 
     cfg_cls = concrete_type(env_cls, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
     config = cfg_cls.model_validate({**env_args, "taskset": {**args, "id": id}})
@@ -127,7 +143,7 @@ def _custom_env(vf: Any, env_cls: type, id: str, args: dict, env_args: dict) -> 
         raise ValueError(f"env.env_id: verifiers Env {env_cls.__name__} has roles {roles}; only Envs with one agent "
                          "role (the policy) are supported")
     env = env_cls.__new__(env_cls)  # Env.__init__ would load harnesses and runtimes the episode does not use
-    env.config, env.taskset = config, load_taskset(config.taskset)
+    env.config, env.taskset = config, taskset_cls(config.taskset)
     return env, roles[0]
 
 

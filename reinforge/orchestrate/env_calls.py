@@ -95,14 +95,22 @@ class EnvCalls:
                 in_flight[0] += 1
                 self.stats.in_flight_max = max(self.stats.in_flight_max, in_flight[0])
                 start = time.perf_counter()
+                task = asyncio.ensure_future(_awaitable(call))
                 try:
-                    value = await asyncio.wait_for(_awaitable(call), self.timeout_s or None)
-                    return EnvOutcome(value, seconds=time.perf_counter() - start)
-                except TimeoutError:
-                    return EnvOutcome(timed_out=True, seconds=time.perf_counter() - start)
+                    # asyncio.wait, not wait_for: a TimeoutError the environment raises itself (its own
+                    # client's timeout) is its error, with its message, not this call running out of time
+                    done, _ = await asyncio.wait({task}, timeout=self.timeout_s or None)
+                    if not done:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
+                        return EnvOutcome(timed_out=True, seconds=time.perf_counter() - start)
+                    return EnvOutcome(task.result(), seconds=time.perf_counter() - start)
                 except Exception as e:
                     return EnvOutcome(error=e, seconds=time.perf_counter() - start)
                 finally:
+                    if not task.done():  # this wait itself was cancelled
+                        task.cancel()
                     in_flight[0] -= 1
 
         return list(await asyncio.gather(*(one(c) for c in calls)))
