@@ -158,7 +158,10 @@ def vllm_engine():
     from reinforge.models.loading import load_model, load_tokenizer
     from reinforge.rollout.vllm_engine import VLLMRolloutEngine
 
-    return VLLMRolloutEngine(load_model("tiny-base"), load_tokenizer("tiny-base"), seed=0)
+    # LoRA enabled (rank 4): the adapter tests share this engine. vLLM allows one engine at a time in a process
+    # (a second one's start-up breaks the first's parallel state), so the tests that build their own (train, eval,
+    # serve) come after every test of this one.
+    return VLLMRolloutEngine(load_model("tiny-base"), load_tokenizer("tiny-base"), seed=0, adapter_rank=4)
 
 
 @needs_vllm
@@ -228,6 +231,47 @@ def test_vllm_refuses_what_it_cannot_do(vllm_engine, tiny_tokenizer):
     assert context_limit(vllm_engine) == 64
 
 
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_serves_adapters_per_request_like_the_torch_engine(vllm_engine, tiny_model, tiny_tokenizer):
+    """Adapters sent as A and B alone: greedy tokens equal the torch engine's unmerged decoding of the same
+    adapter, sampled log-probs equal the peft policy's; a batch mixing two adapters and the base equals
+    each alone; new weights for a name replace the old LoRA id."""
+    from reinforge.learn.lora import adapter_weights
+    from reinforge.rollout.torch_engine import TorchRolloutEngine
+
+    engine, reqs = vllm_engine, _requests(tiny_tokenizer, 6)
+    engine.update_weights(tiny_model, 0)  # the base again (an earlier test moved it)
+    x, y = _lora_policy(tiny_model, seed=1), _lora_policy(tiny_model, seed=2, targets=("k_proj", "o_proj"))
+    engine.update_adapter("x", adapter_weights(x), version=3)
+    engine.update_adapter("y", adapter_weights(y))
+    torch_engine = TorchRolloutEngine(tiny_model, tiny_tokenizer)
+    torch_engine.update_adapter("x", adapter_weights(x))
+    greedy = SamplingParams(max_new_tokens=6, greedy=True)
+
+    def named(name, rs=reqs):
+        return [GenerationRequest(r.prompt_ids, r.request_id, adapter=name) for r in rs]
+
+    ours = engine.generate(named("x"), greedy)
+    assert [g.token_ids for g in ours] == [g.token_ids for g in torch_engine.generate(named("x"), greedy)]
+    assert all(g.version == 3 for g in ours)
+    alone = {n: [g.token_ids for g in engine.generate(named(n), greedy)] for n in ("x", "y", None)}
+    assert alone["x"] != alone[None] and alone["y"] != alone[None]
+    mixed = engine.generate([GenerationRequest(r.prompt_ids, r.request_id, adapter=("x", "y", None)[i % 3])
+                             for i, r in enumerate(reqs)], greedy)
+    assert [g.token_ids for g in mixed] == [alone[("x", "y", None)[i % 3]][i] for i in range(len(reqs))]
+    gens = engine.generate(named("x"), SamplingParams(max_new_tokens=6, n=3))
+    logp, sampled, mask = _learner_logprobs(x, gens, tiny_tokenizer.pad_token_id, 1.0)
+    assert ((logp - sampled).abs() * mask).max().item() < 1e-4
+    first_id = engine._adapters["x"].lora_int_id
+    engine.update_adapter("x", adapter_weights(y))  # new weights under the old name: a new LoRA id
+    assert engine._adapters["x"].lora_int_id != first_id and first_id not in engine.llm.llm_engine.list_loras()
+    assert [g.token_ids for g in engine.generate(named("x"), greedy)] == alone["y"]
+    engine.remove_adapter("x")
+    with pytest.raises(ReinforgeError, match=r"adapters \['x'\]"):
+        engine.generate(named("x"), greedy)
+
+
 def _answer_probability(model, tokenizer, n: int = 256) -> float:
     """Mean probability of the exact correct answer (then EOS) over ``n`` held-out prompts: the
     expected reward that GRPO on this task raises, computed exactly (no sampling noise)."""
@@ -268,6 +312,30 @@ def test_grpo_through_vllm_learns_like_the_torch_engine(tmp_path, tiny_tokenizer
         gains[engine] = _answer_probability(load_model(str(result.run_dir)), tiny_tokenizer) - base
     # measured: base 0.258, +0.014 (torch) and +0.027 (vllm) after 8 steps
     assert gains["torch"] > 0 and gains["vllm"] > 0.3 * gains["torch"], gains
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_lora_grpo_with_adapter_sync_through_vllm(tmp_path, monkeypatch):
+    """model.lora.sync=adapter with rollout.engine=vllm: after every update vLLM receives the adapter alone
+    (a LoRA request), never full weights, and samples as the learner's policy (log-prob mismatch < 1e-4)."""
+    from reinforge.orchestrate.run import train
+    from reinforge.rollout.vllm_engine import VLLMRolloutEngine
+
+    calls = []
+    adapter, weights = VLLMRolloutEngine.update_adapter, VLLMRolloutEngine.update_weights
+    monkeypatch.setattr(VLLMRolloutEngine, "update_adapter", lambda self, name, w, version=None: (
+        calls.append(("adapter", w.nbytes())), adapter(self, name, w, version))[1])
+    monkeypatch.setattr(VLLMRolloutEngine, "update_weights", lambda self, state, version: (
+        calls.append(("full", 0)), weights(self, state, version))[1])
+    result = train(load_config(None, [
+        f"output_dir={tmp_path}", "model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8",
+        "model.lora.sync=adapter", "rollout.engine=vllm", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "task.heldout_size=8", "train.time_limit_s=0", "train.steps=3", "train.lr=5e-3", "eval.final_samples=0",
+        "eval.every=0", "log.report=false", "checkpoint.every=0", "algo.skip_equal_reward_groups=false"]))
+    steps = [m for m in result.metrics() if "train/loss" in m]
+    assert len(steps) == 3 and max(m["train/logprob_mismatch_max"] for m in steps) < 1e-4
+    assert {kind for kind, _ in calls} == {"adapter"} and len([n for _, n in calls if n > 0]) >= 3
 
 
 @needs_vllm
@@ -392,75 +460,3 @@ def test_a_written_adapter_loads_in_peft_as_the_policy(tmp_path, tiny_model, tin
                                                                          atol=1e-3)
     with pytest.raises(ValueError, match="no layers"):
         write_peft_adapter(type(weights)({}), tmp_path / "b")
-
-
-@pytest.fixture(scope="module")
-def vllm_lora_engine():
-    from reinforge.models.loading import load_model, load_tokenizer
-    from reinforge.rollout.vllm_engine import VLLMRolloutEngine
-
-    return VLLMRolloutEngine(load_model("tiny-base"), load_tokenizer("tiny-base"), seed=0, adapter_rank=4)
-
-
-@needs_vllm
-@pytest.mark.slow
-def test_vllm_serves_adapters_per_request_like_the_torch_engine(vllm_lora_engine, tiny_model, tiny_tokenizer):
-    """Adapters sent as A and B alone: greedy tokens equal the torch engine's unmerged decoding of the same
-    adapter, sampled log-probs equal the peft policy's; a batch mixing two adapters and the base equals
-    each alone; new weights for a name replace the old LoRA id."""
-    from reinforge.learn.lora import adapter_weights
-    from reinforge.rollout.torch_engine import TorchRolloutEngine
-
-    engine, reqs = vllm_lora_engine, _requests(tiny_tokenizer, 6)
-    x, y = _lora_policy(tiny_model, seed=1), _lora_policy(tiny_model, seed=2, targets=("k_proj", "o_proj"))
-    engine.update_adapter("x", adapter_weights(x), version=3)
-    engine.update_adapter("y", adapter_weights(y))
-    torch_engine = TorchRolloutEngine(tiny_model, tiny_tokenizer)
-    torch_engine.update_adapter("x", adapter_weights(x))
-    greedy = SamplingParams(max_new_tokens=6, greedy=True)
-
-    def named(name, rs=reqs):
-        return [GenerationRequest(r.prompt_ids, r.request_id, adapter=name) for r in rs]
-
-    ours = engine.generate(named("x"), greedy)
-    assert [g.token_ids for g in ours] == [g.token_ids for g in torch_engine.generate(named("x"), greedy)]
-    assert all(g.version == 3 for g in ours)
-    alone = {n: [g.token_ids for g in engine.generate(named(n), greedy)] for n in ("x", "y", None)}
-    assert alone["x"] != alone[None] and alone["y"] != alone[None]
-    mixed = engine.generate([GenerationRequest(r.prompt_ids, r.request_id, adapter=("x", "y", None)[i % 3])
-                             for i, r in enumerate(reqs)], greedy)
-    assert [g.token_ids for g in mixed] == [alone[("x", "y", None)[i % 3]][i] for i in range(len(reqs))]
-    gens = engine.generate(named("x"), SamplingParams(max_new_tokens=6, n=3))
-    logp, sampled, mask = _learner_logprobs(x, gens, tiny_tokenizer.pad_token_id, 1.0)
-    assert ((logp - sampled).abs() * mask).max().item() < 1e-4
-    first_id = engine._adapters["x"].lora_int_id
-    engine.update_adapter("x", adapter_weights(y))  # new weights under the old name: a new LoRA id
-    assert engine._adapters["x"].lora_int_id != first_id and first_id not in engine.llm.llm_engine.list_loras()
-    assert [g.token_ids for g in engine.generate(named("x"), greedy)] == alone["y"]
-    engine.remove_adapter("x")
-    with pytest.raises(ReinforgeError, match=r"adapters \['x'\]"):
-        engine.generate(named("x"), greedy)
-
-
-@needs_vllm
-@pytest.mark.slow
-def test_lora_grpo_with_adapter_sync_through_vllm(tmp_path, monkeypatch):
-    """model.lora.sync=adapter with rollout.engine=vllm: after every update vLLM receives the adapter alone
-    (a LoRA request), never full weights, and samples as the learner's policy (log-prob mismatch < 1e-4)."""
-    from reinforge.orchestrate.run import train
-    from reinforge.rollout.vllm_engine import VLLMRolloutEngine
-
-    calls = []
-    adapter, weights = VLLMRolloutEngine.update_adapter, VLLMRolloutEngine.update_weights
-    monkeypatch.setattr(VLLMRolloutEngine, "update_adapter", lambda self, name, w, version=None: (
-        calls.append(("adapter", w.nbytes())), adapter(self, name, w, version))[1])
-    monkeypatch.setattr(VLLMRolloutEngine, "update_weights", lambda self, state, version: (
-        calls.append(("full", 0)), weights(self, state, version))[1])
-    result = train(load_config(None, [
-        f"output_dir={tmp_path}", "model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8",
-        "model.lora.sync=adapter", "rollout.engine=vllm", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "task.heldout_size=8", "train.time_limit_s=0", "train.steps=3", "train.lr=5e-3", "eval.final_samples=0",
-        "eval.every=0", "log.report=false", "checkpoint.every=0", "algo.skip_equal_reward_groups=false"]))
-    steps = [m for m in result.metrics() if "train/loss" in m]
-    assert len(steps) == 3 and max(m["train/logprob_mismatch_max"] for m in steps) < 1e-4
-    assert {kind for kind, _ in calls} == {"adapter"} and len([n for _, n in calls if n > 0]) >= 3
