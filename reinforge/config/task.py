@@ -86,7 +86,8 @@ class ArithmeticTaskConfig(TaskConfigBase):
 class ShapesTaskConfig(TaskConfigBase):
     """The built-in image task (``data/shapes.py``, docs/vision.md); it needs a vision-language model (tiny-vlm)."""
     kind: Literal["shapes"] = "shapes"
-    question: Literal["colour", "count"] = Field("colour", description="name the shape's colour, or count the dots")
+    question: Literal["colour", "count", "shape"] = Field(
+        "colour", description="name the shape's colour, count the dots, or name the shape")
     image_size: int = Field(32, ge=16, le=512, description="pictures are image_size x image_size pixels")
     heldout_size: int = Field(200, ge=1)
 
