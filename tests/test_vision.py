@@ -56,7 +56,7 @@ def test_tiny_vlm_and_its_processor_encode_a_shapes_prompt(monkeypatch):
 
 def test_shapes_task_answer_is_in_the_picture_only():
     splits = build_task_splits(task_config({"kind": "shapes"}))
-    assert CHANCE == {"colour": 0.25, "count": 0.25}
+    assert CHANCE == {"colour": 0.25, "count": 0.25, "shape": pytest.approx(1 / 3)}
     train_ids, held_ids = {t.id for t in splits.train[:2000]}, {t.id for t in splits.heldout}
     assert len(held_ids) == 200 and not train_ids & held_ids
     tasks = splits.heldout[:40]
@@ -70,7 +70,7 @@ def test_shapes_task_answer_is_in_the_picture_only():
     assert {t.answer for t in counts} == {"1", "2", "3", "4"} and all(t.prompt[0]["content"][1]["text"] == "count?"
                                                                       for t in counts)
     with pytest.raises(ValueError, match="question must be one of"):
-        shapes_splits("shape")
+        shapes_splits("size")
     with pytest.raises(ValueError, match="image_size"):
         task_config({"kind": "shapes", "image_size": 8})
 
