@@ -84,7 +84,7 @@ FAST_RUN = ["model.path=tiny-vlm", "task.kind=shapes", "task.heldout_size=60", "
             "log.samples_per_step=0", "algo.kl.coef=0.0", "algo.loss_agg=token_mean", "train.lr=5e-4",
             "train.lr_schedule=constant"]
 """A short GRPO run on the colour question: 20 steps of 16 prompts x 8 samples at a constant 5e-4 (the
-``vlm_colour`` recipe's first third). Seeds 0-4 reached 0.767, 0.467, 0.683, 0.767, 0.467 from 0.167 (30-42 s
+``vlm_colour`` recipe's first third). Seeds 0-4 reached 0.767, 0.467, 0.683, 0.767, 0.467 from 0.167 (20-51 s
 each on a loaded core); 8 prompts a step at 7e-4 learnt in 1 seed of 5, and 1e-3 or more breaks the answers'
 format (the reward falls to 0)."""
 
