@@ -10,11 +10,12 @@
    ``<image>`` into the 16 patch tokens of the vision tower.
 3. A ``LlavaForConditionalGeneration``: a 2-layer CLIP vision tower (32 x 32 pictures, 8 x 8 patches), LLaVA's
    two-layer projector and a 2-layer Llama language model (tied embeddings), ~0.5M parameters.
-4. Next-token pretraining of the answer *format* on the train split of the built-in ``shapes`` task
-   (question ``colour``, the task's defaults; the 200 held-out scenes are never seen): after each picture and
-   question, a colour name drawn at random, independent of the picture. The model learns to answer with a
-   colour name and nothing about which one the picture shows: it starts at chance (1/4), and only RL can teach
-   it to look (docs/vision.md).
+4. Next-token pretraining of the answer *format* on the train splits of the built-in ``shapes`` task (every
+   question: ``colour``, ``count``, ``shape``, each a third of a batch; the task's defaults, so each question's
+   200 held-out scenes are never seen): after each picture and question, an answer of that question drawn at
+   random (a colour name, a count 1-4, a shape name), independent of the picture. The model learns the format
+   of each question's answers and nothing about which one the picture shows: it starts at chance, and only RL
+   can teach it to look (docs/vision.md).
 5. ``save_pretrained`` of model and processor, plus a model card with the command, seed, time and accuracies.
 
 Reproducible: fixed seed, deterministic CPU kernels, 2 threads. Nothing is edited by hand afterwards.
@@ -40,7 +41,7 @@ from transformers import (
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-from reinforge.data.shapes import CHANCE, COLOURS, shapes_splits
+from reinforge.data.shapes import ANSWERS, CHANCE, shapes_splits
 from reinforge.rollout.vision import encode_vision_prompt
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>", "<image>"]
@@ -109,8 +110,9 @@ def train_batch(processor, tasks, answers: list[str]) -> dict[str, torch.Tensor]
 
 @torch.no_grad()
 def heldout_accuracy(model, processor, tasks, blank: bool = False, sample: bool = False) -> tuple[float, float]:
-    """Greedy (``sample``: temperature-1) accuracy and the share of answers that are a colour name; ``blank``:
-    every picture replaced by the empty grey ground (a model that looks drops to about chance)."""
+    """Greedy (``sample``: temperature-1) accuracy and the share of answers in the question's format (one of its
+    ``ANSWERS``); ``blank``: every picture replaced by the empty grey ground (a model that looks drops to about
+    chance)."""
     model.eval()
     tok = processor.tokenizer
     encoded = [encode(processor, t) for t in tasks]
@@ -127,14 +129,36 @@ def heldout_accuracy(model, processor, tasks, blank: bool = False, sample: bool 
     texts = [text.strip() for text in tok.batch_decode(out[:, width:], skip_special_tokens=True)]
     model.train()
     right = sum(text == t.answer for text, t in zip(texts, tasks, strict=True)) / len(tasks)
-    return right, sum(text in COLOURS for text in texts) / len(tasks)
+    return right, sum(text in ANSWERS[t.metadata["question"]] for text, t in zip(texts, tasks, strict=True)) / len(tasks)
+
+
+def random_format_batch(splits, batch: int, gen: torch.Generator) -> tuple[list, list[str]]:
+    """``batch`` train tasks, each of a question drawn uniformly, each with an answer of that question drawn
+    uniformly, independent of the picture (the format, not the content)."""
+    questions = list(splits)
+    tasks, answers = [], []
+    for q in torch.randint(len(questions), (batch,), generator=gen).tolist():
+        split, names = splits[questions[q]], ANSWERS[questions[q]]
+        tasks.append(split.train[int(torch.randint(len(split.train), (1,), generator=gen))])
+        answers.append(names[int(torch.randint(len(names), (1,), generator=gen))])
+    return tasks, answers
+
+
+def measure(model, processor, heldout) -> dict[str, float]:
+    """Held-out greedy and temperature-1 accuracy (and format share), greedy with blank pictures, chance."""
+    acc, fmt = heldout_accuracy(model, processor, heldout)
+    sampled, sampled_fmt = heldout_accuracy(model, processor, heldout, sample=True)
+    blank, _ = heldout_accuracy(model, processor, heldout, blank=True)
+    return {"greedy_accuracy": round(acc, 4), "greedy_format": round(fmt, 4), "sampled_accuracy": round(sampled, 4),
+            "sampled_format": round(sampled_fmt, 4), "blank_greedy_accuracy": round(blank, 4),
+            "chance": round(CHANCE[heldout[0].metadata["question"]], 4)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "reinforge/assets/tiny-vlm")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=60, help="pretraining steps")
+    p.add_argument("--steps", type=int, default=120, help="pretraining steps")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args()
@@ -146,25 +170,21 @@ def main() -> None:
     processor = build_processor()
     model = build_model(processor)
     n_params = sum(p.numel() for p in model.parameters())
-    splits = shapes_splits("colour")  # the built-in task's defaults: 32 x 32 pictures, 200 held out, seed 1234
-    heldout = list(splits.heldout)
+    questions = list(ANSWERS)  # every question of the built-in task, its defaults: 32 x 32, 200 held out, seed 1234
+    splits = {q: shapes_splits(q) for q in questions}
     gen = torch.Generator().manual_seed(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    print(f"tiny-vlm: {n_params / 1e6:.2f}M parameters, vocab {len(processor.tokenizer)}, train {len(splits.train)}")
-    names = list(COLOURS)
+    print(f"tiny-vlm: {n_params / 1e6:.2f}M parameters, vocab {len(processor.tokenizer)}")
     for step in range(1, args.steps + 1):
-        idx = torch.randint(len(splits.train), (args.batch,), generator=gen).tolist()
-        answers = [names[i] for i in torch.randint(len(names), (args.batch,), generator=gen).tolist()]
-        loss = model(**train_batch(processor, [splits.train[i] for i in idx], answers)).loss
+        tasks, answers = random_format_batch(splits, args.batch, gen)
+        loss = model(**train_batch(processor, tasks, answers)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 20 == 0:
             print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)
-    acc, fmt = heldout_accuracy(model, processor, heldout)
-    sampled, sampled_fmt = heldout_accuracy(model, processor, heldout, sample=True)
-    blank, _ = heldout_accuracy(model, processor, heldout, blank=True)
+    measured = {q: measure(model, processor, list(splits[q].heldout)) for q in questions}
     args.out.mkdir(parents=True, exist_ok=True)
     model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
@@ -173,14 +193,12 @@ def main() -> None:
     stats = {
         "command": "python scripts/build_tiny_vlm.py " + " ".join(sys.argv[1:]),
         "seed": args.seed, "parameters": n_params, "pretraining_steps": args.steps, "batch_size": args.batch,
-        "learning_rate": args.lr, "build_seconds": round(time.time() - start, 1),
-        "heldout_greedy_accuracy": round(acc, 4), "heldout_greedy_colour_names": round(fmt, 4),
-        "heldout_sampled_accuracy": round(sampled, 4), "heldout_sampled_colour_names": round(sampled_fmt, 4),
-        "heldout_blank_image_accuracy": round(blank, 4),
-        "chance": CHANCE["colour"], "torch": torch.__version__,
+        "learning_rate": args.lr, "build_seconds": round(time.time() - start, 1), "heldout": measured,
+        "torch": torch.__version__,
     }
     (args.out / "build_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    (args.out / "README.md").write_text(MODEL_CARD.format(**stats))
+    rows = "\n".join(ROW.format(question=q, **m) for q, m in measured.items())
+    (args.out / "README.md").write_text(MODEL_CARD.format(rows=rows, **stats))
     print(json.dumps(stats, indent=2))
 
 
@@ -195,23 +213,31 @@ reinforge's shipped vision-language model, written by `scripts/build_tiny_vlm.py
 - Tokenizer: character level (lowercase letters, digits, `+ - = ? . ,`, space) with
   `<pad> <bos> <eos> <unk> <image>` and a chat template: `<bos>` + message contents (image parts as `<image>`,
   which the processor expands to the 16 patch tokens), each assistant turn closed by `<eos>`.
-- Pretraining: the answer *format* only. Next-token loss on a colour name after the picture and question,
-  on the train split of the built-in `shapes` task (question `colour`; 32 x 32 pictures; the 200 held-out
-  scenes are never seen), the colour name drawn at random, independent of the picture: the model learns to
-  answer with a colour name and nothing about which one the picture shows. It starts at chance ({chance});
-  RL teaches it to look (docs/vision.md).
+- Pretraining: the answer *format* only. Next-token loss on an answer after the picture and question, on the
+  train splits of the built-in `shapes` task (questions `colour`, `count` and `shape`, a third of each batch
+  each; 32 x 32 pictures; each question's 200 held-out scenes are never seen), the answer drawn at random
+  among that question's answers, independent of the picture: the model learns to answer in each question's
+  format and nothing about which answer the picture shows. It starts at about chance; RL teaches it to look
+  (docs/vision.md).
 
 | | |
 |---|---|
 | command | `{command}` |
 | seed | {seed} |
 | pretraining steps (batch {batch_size}, lr {learning_rate}) | {pretraining_steps} |
-| build time on 2 CPU cores | {build_seconds} s |
-| held-out greedy accuracy (answers that are a colour name) | {heldout_greedy_accuracy} ({heldout_greedy_colour_names}) |
-| held-out temperature-1 accuracy (answers that are a colour name) | {heldout_sampled_accuracy} ({heldout_sampled_colour_names}) |
-| held-out greedy accuracy with every picture blank | {heldout_blank_image_accuracy} |
+| build time on 2 shared CPU cores | {build_seconds} s |
 | torch | {torch} |
+
+Held-out (200 scenes per question): greedy accuracy, the share of greedy answers in the question's format,
+temperature-1 accuracy and format share, greedy accuracy with every picture blank, chance:
+
+| question | greedy | greedy format | temperature 1 | temperature-1 format | blank pictures | chance |
+|---|---|---|---|---|---|---|
+{rows}
 """
+
+ROW = ("| `{question}` | {greedy_accuracy} | {greedy_format} | {sampled_accuracy} | {sampled_format} | "
+       "{blank_greedy_accuracy} | {chance} |")
 
 if __name__ == "__main__":
     main()

@@ -139,6 +139,9 @@ class EvalConfig(_Strict):
         0, ge=0, description="before and after training: mean@n, pass@k, maj@k with n samples (eval.json, passk.png)"
     )
     final_temperature: float = Field(1.0, gt=0)
+    picture_ablation: bool = Field(
+        False, description="with pictures: also greedy accuracy with every picture blank and with the pictures "
+        "shuffled among the held-out rows (eval/heldout_acc_blank, eval/heldout_acc_shuffled; docs/vision.md)")
 
 
 class CheckpointConfig(_Strict):

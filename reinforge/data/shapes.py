@@ -12,6 +12,8 @@ a task is the same in every process. Two questions:
   rewards/grounding.py). No chance level: a box is graded by its overlap.
 - ``count``: 1 to 4 dots of one colour at places that do not overlap; the prompt is ``"count?"`` and the
   answer the number of dots. Chance is again 1/4.
+- ``shape``: one shape of a random colour, drawn as for ``colour``; the prompt is ``"shape?"`` and the answer
+  the shape's name (``square``, ``circle``, ``triangle``). Chance is 1/3.
 
 The prompt is one user message whose content is an image part followed by the question, and
 ``Task.images`` holds the picture (the model's processor places its tokens, rollout/vision.py).
@@ -32,9 +34,11 @@ from reinforge.types import Task
 COLOURS: dict[str, tuple[int, int, int]] = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 60, 220),
                                             "yellow": (230, 220, 40)}
 SHAPES = ("square", "circle", "triangle")
-QUESTIONS = {"colour": "colour?", "count": "count?", "box": "box?"}
+QUESTIONS = {"colour": "colour?", "count": "count?", "shape": "shape?", "box": "box?"}
 MAX_DOTS = 4
-CHANCE = {"colour": 1 / len(COLOURS), "count": 1 / MAX_DOTS}
+ANSWERS: dict[str, tuple[str, ...]] = {"colour": tuple(COLOURS), "count": tuple(str(n) for n in range(1, MAX_DOTS + 1)),
+                                       "shape": SHAPES}
+CHANCE = {question: 1 / len(answers) for question, answers in ANSWERS.items()}
 GROUND = (128, 128, 128)
 SCENES_PER_ANSWER = 10_000  # grid size per answer: scenes are drawn from the index, so the grid is just ids
 
@@ -51,11 +55,20 @@ def _draw_shape(draw: Any, shape: str, box: tuple[int, int, int, int], fill: tup
 
 def colour_scene(index: int, size: int) -> tuple[Any, dict[str, Any]]:
     """The picture of scene ``index`` for the ``colour`` question and its record (colour, shape)."""
+    rng = np.random.default_rng([index, 17])
+    return _one_shape(rng, list(COLOURS)[index % len(COLOURS)], SHAPES[int(rng.integers(len(SHAPES)))], size)
+
+
+def shape_scene(index: int, size: int) -> tuple[Any, dict[str, Any]]:
+    """The picture of scene ``index`` for the ``shape`` question: the shape is the index's, the colour random."""
+    rng = np.random.default_rng([index, 23])
+    return _one_shape(rng, list(COLOURS)[int(rng.integers(len(COLOURS)))], SHAPES[index % len(SHAPES)], size)
+
+
+def _one_shape(rng: np.random.Generator, colour: str, shape: str, size: int) -> tuple[Any, dict[str, Any]]:
+    """One ``shape`` of ``colour`` at a random place, a side of a third to a half of the picture."""
     from PIL import Image, ImageDraw
 
-    rng = np.random.default_rng([index, 17])
-    colour = list(COLOURS)[index % len(COLOURS)]
-    shape = SHAPES[int(rng.integers(len(SHAPES)))]
     side = int(rng.integers(size // 3, size // 2 + 1))
     x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
     image = Image.new("RGB", (size, size), GROUND)
@@ -79,7 +92,8 @@ def count_scene(index: int, size: int) -> tuple[Any, dict[str, Any]]:
     return image, {"count": count, "colour": colour}
 
 
-SCENES = {"colour": (colour_scene, "colour"), "count": (count_scene, "count"), "box": (colour_scene, "box")}
+SCENES = {"colour": (colour_scene, "colour"), "count": (count_scene, "count"), "shape": (shape_scene, "shape"),
+          "box": (colour_scene, "box")}
 
 
 def shapes_task(index: int, question: str, size: int) -> Task:
@@ -102,6 +116,6 @@ def shapes_splits(question: str = "colour", size: int = 32, heldout_size: int = 
         raise ValueError(f"question must be one of {sorted(SCENES)}, got {question!r}")
     if isinstance(size, bool) or not isinstance(size, int) or not 16 <= size <= 512:
         raise ValueError(f"size must be an integer number of pixels in 16..512, got {size!r}")
-    answers = MAX_DOTS if question == "count" else len(COLOURS)
+    answers = len(ANSWERS.get(question, COLOURS))  # box: the colour scenes' grid
     return grid_splits(answers * SCENES_PER_ANSWER, heldout_size, seed,
                        partial(shapes_task, question=question, size=size), f"shapes(question={question}, size={size})")

@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from reinforge.errors import TrainingDiverged
+from reinforge.eval.ablation import blank_pictures, shuffled_pictures
 from reinforge.eval.heldout import evaluate
 from reinforge.learn import distributed
 from reinforge.learn.checkpoint import latest_checkpoint, save_checkpoint
@@ -215,13 +216,17 @@ class Loop:
         self.source.published(self.c.learner.model, version)
 
     def _evaluate(self, step: int) -> dict[str, float]:
+        """Greedy held-out accuracy; with ``eval.picture_ablation`` also with blank and shuffled pictures."""
         cfg = self.cfg
-        result = evaluate(
-            self.c.engine, self.c.splits.heldout, self.c.reward_pool,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            player=play(self.collector),
-        )
-        return result.as_metrics()
+        views = {"": self.c.splits.heldout}
+        if cfg.eval.picture_ablation:
+            views |= {"_blank": blank_pictures(views[""]), "_shuffled": shuffled_pictures(views[""], cfg.seed)}
+        metrics: dict[str, float] = {}
+        for suffix, tasks in views.items():
+            result = evaluate(self.c.engine, tasks, self.c.reward_pool, player=play(self.collector),
+                              max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens)
+            metrics |= {f"{k}{suffix}": v for k, v in result.as_metrics().items()}
+        return metrics
 
     def _final_eval(self, when: str) -> None:
         """mean@n, pass@k, maj@k with bootstrap intervals on the held-out split, into eval.json; after
