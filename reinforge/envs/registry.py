@@ -249,3 +249,6 @@ def environment_task_splits(env_name: str, params: dict[str, Any], heldout_size:
         return spec.tasks(heldout_size=heldout_size, seed=seed, **{**spec.params, **params})
     except (TypeError, ValueError) as e:
         raise EnvironmentConfigError(f"task.kind={ENV_TASKS} (env.name={env_name}): {e}") from None
+
+
+import reinforge.envs.self_play  # noqa: E402,F401  (guess_duel, tictactoe, problem_synthesis: registered there)
