@@ -1,7 +1,7 @@
 """A tiny, safe parser and evaluator of integer arithmetic (never ``eval``): the verifier of the tasks a
 proposer writes (reinforge/envs/problem_synthesis.py).
 
-Grammar (spaces ignored)::
+Grammar (spaces between tokens ignored; ``"1 2"`` is two numbers, an error)::
 
     expr   := term (("+" | "-") term)*
     term   := factor ("*" factor)*
@@ -33,12 +33,15 @@ class Parsed:
 
 class _Parser:
     def __init__(self, text: str) -> None:
-        self.s = text.replace(" ", "")
+        self.s = text
         self.i = 0
         self.numbers: list[int] = []
         self.ops: list[str] = []
 
     def peek(self) -> str:
+        """The next character that is not a space ("" at the end)."""
+        while self.i < len(self.s) and self.s[self.i] == " ":
+            self.i += 1
         return self.s[self.i] if self.i < len(self.s) else ""
 
     def expr(self) -> int:
@@ -67,8 +70,9 @@ class _Parser:
                 raise ExpressionError(f"expected ')' at {self.i}")
             self.i += 1
             return value
+        self.peek()
         start = self.i
-        while self.peek().isdigit() and self.peek().isascii():
+        while self.i < len(self.s) and self.s[self.i] in "0123456789":
             self.i += 1
         digits = self.s[start:self.i]
         if not digits:
@@ -83,10 +87,10 @@ def parse_expression(text: str) -> Parsed:
     """The value, numbers and operators of ``text``; ``ExpressionError`` when it is not of the grammar."""
     if len(text) > MAX_CHARS:
         raise ExpressionError(f"longer than {MAX_CHARS} characters")
-    parser = _Parser(text.strip())
-    if not parser.s:
+    parser = _Parser(text)
+    if not text.strip():
         raise ExpressionError("empty")
     value = parser.expr()
-    if parser.i != len(parser.s):
+    if parser.peek():
         raise ExpressionError(f"unexpected {parser.s[parser.i]!r} at {parser.i}")
     return Parsed(value, tuple(parser.numbers), "".join(parser.ops))
