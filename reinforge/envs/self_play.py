@@ -1,6 +1,6 @@
-"""The self-play environments, registered with their own tasks (``task.kind: env``; docs/multi_agent.md):
-``guess_duel`` (a proposer and a guesser), ``tictactoe`` (X and O) and ``problem_synthesis`` (a proposer
-writes arithmetic tasks, a solver solves them: Absolute Zero). Imported by reinforge/envs/registry.py."""
+"""The tasks of the self-play environments (``task.kind: env``; docs/multi_agent.md), as their registrations in
+reinforge/envs/registry.py take them: ``guess_duel`` and ``tictactoe`` games, and ``problem_synthesis``'s task
+starts (training) and fixed sums (held out)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,7 @@ import numpy as np
 
 from reinforge.data.base import TaskSplits
 from reinforge.data.grid import grid_splits
-from reinforge.envs.base import Environment
-from reinforge.envs.guess_duel import GuessDuelEnv
-from reinforge.envs.problem_synthesis import OPERATORS, ProblemSynthesisEnv, check_task
-from reinforge.envs.registry import register_environment
-from reinforge.envs.tictactoe import TicTacToeEnv
-from reinforge.rewards.verifiers import Verifier
+from reinforge.envs.problem_synthesis import OPERATORS, check_task
 from reinforge.types import Task
 
 
@@ -25,13 +20,13 @@ def _game_task(index: int, name: str, metadata: dict[str, Any]) -> Task:
                 metadata={**metadata, "game": index})
 
 
-def _check_games(games: int, heldout_size: int) -> None:
+def _check_games(games: int) -> None:
     if isinstance(games, bool) or not isinstance(games, int) or games < 2:
         raise ValueError(f"games must be an integer >= 2, got {games!r}")
 
 
-def _duel_tasks(heldout_size: int, seed: int, low: int = 1, high: int = 16, games: int = 256, **_: Any) -> TaskSplits:
-    _check_games(games, heldout_size)
+def duel_tasks(heldout_size: int, seed: int, low: int = 1, high: int = 16, games: int = 256, **_: Any) -> TaskSplits:
+    _check_games(games)
     if isinstance(low, bool) or isinstance(high, bool) or not isinstance(low, int) or not isinstance(high, int) \
             or not 0 <= low < high:
         raise ValueError(f"need integers 0 <= low < high, got low={low!r}, high={high!r}")
@@ -39,27 +34,9 @@ def _duel_tasks(heldout_size: int, seed: int, low: int = 1, high: int = 16, game
                                                           metadata={"low": low, "high": high}), f"guess_duel({low}-{high})")
 
 
-@register_environment("guess_duel", task_kinds=("env",), tasks=_duel_tasks,
-                      description="a proposer answers higher/lower/yes (committing to a secret in [low, high] as it "
-                      "answers), a guesser guesses; zero-sum or shaped per role (docs/multi_agent.md)")
-def _guess_duel(verifier: Verifier | None, system_prompt: str | None, low: int = 1, high: int = 16, games: int = 256,
-                max_guesses: int = 5, reward: str = "shaped") -> Environment:
-    """``low``..``high``: the range; ``games``: tasks; ``reward``: zero_sum or shaped (by guesses left)."""
-    return GuessDuelEnv(max_guesses=max_guesses, reward=reward, system_prompt=system_prompt)
-
-
-def _ttt_tasks(heldout_size: int, seed: int, games: int = 256, **_: Any) -> TaskSplits:
-    _check_games(games, heldout_size)
+def ttt_tasks(heldout_size: int, seed: int, games: int = 256, **_: Any) -> TaskSplits:
+    _check_games(games)
     return grid_splits(games, heldout_size, seed, partial(_game_task, name="ttt", metadata={}), "tictactoe")
-
-
-@register_environment("tictactoe", task_kinds=("env",), tasks=_ttt_tasks,
-                      description="X and O play tic-tac-toe by cell number 1-9 (an illegal move forfeits): self-play "
-                      "(opponent=self) or against a scripted opponent (random, optimal); docs/multi_agent.md")
-def _tictactoe(verifier: Verifier | None, system_prompt: str | None, games: int = 256, opponent: str = "self",
-               policy_role: str = "X") -> Environment:
-    """``games``: tasks (the episode's seed drives a scripted opponent); ``policy_role``: X or O against a script."""
-    return TicTacToeEnv(opponent=opponent, policy_role=policy_role, system_prompt=system_prompt)
 
 
 def heldout_expressions(size: int, seed: int, ops: str, min_operand: int, max_operand: int, max_value: int) -> list[str]:
@@ -75,7 +52,7 @@ def heldout_expressions(size: int, seed: int, ops: str, min_operand: int, max_op
     raise ValueError(f"could not draw {size} distinct held-out tasks with ops={ops!r}, max_operand={max_operand}")
 
 
-def _synthesis_tasks(heldout_size: int, seed: int, proposals: int = 256, ops: str = "+", min_operand: int = 10,
+def synthesis_tasks(heldout_size: int, seed: int, proposals: int = 256, ops: str = "+", min_operand: int = 10,
                      max_operand: int = 99, max_value: int = 200, **_: Any) -> TaskSplits:
     if isinstance(proposals, bool) or not isinstance(proposals, int) or proposals < 1:
         raise ValueError(f"proposals must be an integer >= 1, got {proposals!r}")
@@ -90,17 +67,3 @@ def _synthesis_tasks(heldout_size: int, seed: int, proposals: int = 256, ops: st
     heldout = [Task(id=f"solve-{e}", prompt=[{"role": "user", "content": f"{e}="}], answer="", metadata={"expression": e})
                for e in heldout_expressions(heldout_size, seed, ops, min_operand, max_operand, max_value)]
     return TaskSplits(train=train, heldout=heldout, name=f"problem_synthesis(ops={ops}, max_operand={max_operand})")
-
-
-@register_environment("problem_synthesis", task_kinds=("env",), tasks=_synthesis_tasks,
-                      paper="Absolute Zero (Zhao et al. 2025); SPELL (Yang et al. 2025)",
-                      description="a proposer writes an arithmetic task (checked by a safe parser), a solver answers it "
-                      "`solves` times; proposer reward a registered proposer_reward of the solve rate (docs/multi_agent.md)")
-def _problem_synthesis(verifier: Verifier | None, system_prompt: str | None, proposals: int = 256, ops: str = "+",
-                       min_operand: int = 10, max_operand: int = 99, max_value: int = 200, solves: int = 4,
-                       proposer_reward: str | dict[str, Any] = "learnability") -> Environment:
-    """``proposals``: training tasks (prompts ``<a><op>``, a seeded operand ``a`` in min_operand..max_operand and the
-    operators in turn); ``max_operand``: the largest operand a task may hold (the proposer's too); held-out: ``task.heldout_size`` fixed ``a<op>b`` tasks (operands
-    min_operand..max_operand) for the solver alone; ``solves``: the solver's samples per task; ``proposer_reward``: a registered part."""
-    return ProblemSynthesisEnv(solves=solves, ops=ops, max_operand=max_operand, max_value=max_value,
-                               proposer_reward=proposer_reward, system_prompt=system_prompt)
