@@ -149,10 +149,10 @@ GAME = Task(id="g", prompt="ttt", answer="")
 
 def test_x_wins_a_row_in_self_play():
     env = TicTacToeEnv()
-    assert env.reset(GAME, 0) == [{"role": "user", "content": "ttt .........: X"}]
+    assert env.reset(GAME, 0) == [{"role": "user", "content": "ttt 123456789: X"}]
     steps = play(env, ["1", "4", "2", "5", "3"])
     assert [r for r, _ in steps] == ["X", "O", "X", "O", "X"]
-    assert steps[1][1].observation == [{"role": "user", "content": "x..o.....: X"}]
+    assert steps[1][1].observation == [{"role": "user", "content": "x23o56789: X"}]
     last = steps[-1][1]
     assert last.done and last.info["winner"] == "X" and last.info["role_rewards"] == {"X": 1.0, "O": -1.0}
     assert last.reward == 0.0 and last.info["correct"] and last.info["board"] == "xxxoo...."
@@ -200,8 +200,8 @@ def test_against_a_script_the_policy_sees_its_move_and_the_reward_is_its_result(
     env.reset(GAME, 0)
     result = env.step(say("5"))
     board = result.observation[0]["content"]
-    assert board.startswith("....x") or board[4] == "x"
-    assert board.count("o") == 1 and board.endswith(": X") and env.role() == "X"
+    assert board[4] == "x" and board.count("o") == 1 and board.endswith(": X") and env.role() == "X"
+    assert sorted(c for c in board[:9] if c.isdigit()) == [str(i + 1) for i in range(9) if env.board[i] == "."]
 
 
 # ---- the guessing duel ------------------------------------------------------------------------------------------
@@ -220,6 +220,17 @@ def test_a_find_at_the_second_guess_scores_by_guesses_left():
     last = steps[-1][1]
     assert last.info["role_rewards"] == {"guesser": pytest.approx(0.8), "proposer": pytest.approx(-0.8)}
     assert last.info["winner"] == "guesser" and last.reward == 0.0 and last.info["correct"]
+
+
+def test_the_proposer_may_answer_by_pointing_with_a_number():
+    env = GuessDuelEnv(max_guesses=5, reward="zero_sum")
+    env.reset(DUEL, 0)
+    steps = play(env, ["2", "4", "3", "1"])  # 4 > 2: higher; then 1 < 3: lower, but nothing in 3-4 is below 3
+    assert steps[1][1].observation == [{"role": "user", "content": "higher: guesser"}]
+    assert steps[-1][1].info["forfeit"] and steps[-1][1].info["winner"] == "guesser"
+    env.reset(DUEL, 0)
+    last = play(env, ["3", "the secret is 3"])[-1][1]
+    assert last.info["winner"] == "guesser" and last.info["role_rewards"] == {"guesser": 1.0, "proposer": -1.0}
 
 
 def test_an_answer_no_secret_agrees_with_forfeits():

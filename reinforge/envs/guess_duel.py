@@ -8,8 +8,10 @@ answers allow, ``higher`` only when a larger secret is left, ``lower`` only when
 secret is fixed when the interval is one number. This is the game with a secret chosen in advance
 against any guesser that does not read minds, and it keeps the proposer's choice its own: a proposer that
 answers ``yes`` early, or narrows the interval fast, loses sooner. An illegal answer forfeits, as does a
-guesser turn without an integer. The proposer's answer is the first letter of its turn (``h``, ``l`` or
-``y``; the words ``higher`` / ``lower`` / ``yes`` start with them).
+guesser turn without an integer. The proposer answers with a number ``m`` (the last integer of its turn):
+``higher`` when ``m`` is above the guess, ``lower`` below, ``yes`` equal (it points to where its secret
+lies; tiny-agent writes digits, not words); a turn without an integer answers by its first letter (``h``,
+``l`` or ``y``: the words ``higher`` / ``lower`` / ``yes`` start with them).
 
 Prompts: ``"duel 1-16: guesser"``, then ``"8? proposer"`` and ``"higher: guesser"``. Rewards, zero-sum on
 the last step (``info["role_rewards"]``, ``info["winner"]``): ``reward="zero_sum"``: the winner +1 (the
@@ -68,8 +70,9 @@ class GuessDuelEnv:
                 return self._forfeit(GUESSER)
             self.guess, self.guesses, self.turn = guess, self.guesses + 1, PROPOSER
             return StepResult([{"role": "user", "content": f"{guess}? {PROPOSER}"}], 0.0, False)
-        answer = ANSWERS.get(text[:1].lower())
-        g = self.guess
+        g, pointed = self.guess, last_integer(text)
+        answer = ANSWERS.get(text[:1].lower()) if pointed is None else \
+            "yes" if pointed == g else "higher" if pointed > g else "lower"
         if answer == "yes" and self.lo <= g <= self.hi:
             return self._found()
         if answer == "higher" and self.hi > g:

@@ -1,8 +1,9 @@
 """Tic-tac-toe for two roles, ``X`` (moves first) and ``O``: a move is a cell number 1-9 (rows from the top,
 left to right), the last integer of the model's turn; a move that is not 1-9 or names a taken cell forfeits.
 
-The board is written as nine characters, ``x``, ``o`` or ``.`` per cell in order, in every prompt with the
-role to move: ``"ttt .........: X"``, then ``"x...o....: X"``. ``opponent="self"``: the policy plays both
+The board is written as nine characters, ``x``, ``o`` or the free cell's own number, in every prompt with the
+role to move: ``"ttt 123456789: X"``, then ``"x23o56789: X"`` (free cells as digits: tiny-agent answers a
+board of dots with a letter, one of digits with a digit). ``opponent="self"``: the policy plays both
 roles; ``"random"`` or ``"optimal"`` (minimax, ties broken at random): a scripted player inside the
 environment plays the role that is not ``policy_role``, and its move is already on the board the policy is
 shown. Rewards are zero-sum on the last step: ``info["role_rewards"] = {winner: 1, loser: -1}`` (a draw:
@@ -33,6 +34,11 @@ def winner_of(board: str) -> str | None:
         if board[a] != EMPTY and board[a] == board[b] == board[c]:
             return board[a]
     return None
+
+
+def shown(board: str) -> str:
+    """The board as a prompt shows it: the marks, and each free cell's number (1-9)."""
+    return "".join(str(i + 1) if c == EMPTY else c for i, c in enumerate(board))
 
 
 def _mark(role: str) -> str:
@@ -76,7 +82,7 @@ class TicTacToeEnv:
         if self.opponent != "self" and self.policy_role != ROLES[0]:
             self._opponent_move()
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else []
-        return [*system, {"role": "user", "content": f"ttt {self.board}: {self.turn}"}]
+        return [*system, {"role": "user", "content": f"ttt {shown(self.board)}: {self.turn}"}]
 
     def role(self) -> str:
         return self.turn
@@ -99,7 +105,7 @@ class TicTacToeEnv:
             ended = self._outcome()
             if ended is not None:
                 return ended
-        return StepResult([{"role": "user", "content": f"{self.board}: {self.turn}"}], 0.0, False)
+        return StepResult([{"role": "user", "content": f"{shown(self.board)}: {self.turn}"}], 0.0, False)
 
     def _play(self, cell: int) -> StepResult | None:
         self.board = self.board[:cell] + _mark(self.turn) + self.board[cell + 1:]
