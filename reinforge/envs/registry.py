@@ -18,14 +18,18 @@ from reinforge.data.base import TaskSplits
 from reinforge.envs.base import Environment
 from reinforge.envs.calculator import CalculatorEnv
 from reinforge.envs.code_interpreter import CodeInterpreterEnv
+from reinforge.envs.guess_duel import GuessDuelEnv
 from reinforge.envs.guessing import GuessingEnv
 from reinforge.envs.mcp_tools import mcp_toolbox_of
 from reinforge.envs.nim import NimEnv
 from reinforge.envs.openenv_env import OpenEnvEnv, openenv_splits
+from reinforge.envs.problem_synthesis import ProblemSynthesisEnv
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.search import SearchEnv
+from reinforge.envs.self_play import duel_tasks, synthesis_tasks, ttt_tasks
 from reinforge.envs.single_turn import SingleTurnEnv
 from reinforge.envs.textarena_env import TextArenaEnv, textarena_splits
+from reinforge.envs.tictactoe import TicTacToeEnv
 from reinforge.envs.verifiers_env import VerifiersEnv, load_verifiers, verifiers_splits
 from reinforge.errors import ConfigError
 from reinforge.registry import Registry, kind
@@ -141,6 +145,38 @@ def _nim(verifier: Verifier | None, system_prompt: str | None, opponent: str = "
     return NimEnv(opponent=opponent, policy_role=policy_role, system_prompt=system_prompt)
 
 
+@register_environment("guess_duel", task_kinds=(ENV_TASKS,), tasks=duel_tasks,
+                      description="a proposer answers higher/lower/yes (committing to a secret in [low, high] as it "
+                      "answers), a guesser guesses; zero-sum or shaped per role (docs/multi_agent.md)")
+def _guess_duel(verifier: Verifier | None, system_prompt: str | None, low: int = 1, high: int = 16, games: int = 256,
+                max_guesses: int = 5, reward: str = "shaped") -> Environment:
+    """``low``..``high``: the range; ``games``: tasks; ``reward``: zero_sum or shaped (by guesses left)."""
+    return GuessDuelEnv(max_guesses=max_guesses, reward=reward, system_prompt=system_prompt)
+
+
+@register_environment("tictactoe", task_kinds=(ENV_TASKS,), tasks=ttt_tasks,
+                      description="X and O play tic-tac-toe by cell number 1-9 (an illegal move forfeits): self-play "
+                      "(opponent=self) or against a scripted opponent (random, optimal); docs/multi_agent.md")
+def _tictactoe(verifier: Verifier | None, system_prompt: str | None, games: int = 256, opponent: str = "self",
+               policy_role: str = "X") -> Environment:
+    """``games``: tasks (the episode's seed drives a scripted opponent); ``policy_role``: X or O against a script."""
+    return TicTacToeEnv(opponent=opponent, policy_role=policy_role, system_prompt=system_prompt)
+
+
+@register_environment("problem_synthesis", task_kinds=(ENV_TASKS,), tasks=synthesis_tasks,
+                      paper="Absolute Zero (Zhao et al. 2025); SPELL (Yang et al. 2025)",
+                      description="a proposer writes an arithmetic task (checked by a safe parser), a solver answers it "
+                      "`solves` times; proposer reward a registered proposer_reward of the solve rate (docs/multi_agent.md)")
+def _problem_synthesis(verifier: Verifier | None, system_prompt: str | None, proposals: int = 256, ops: str = "+",
+                       min_operand: int = 10, max_operand: int = 99, max_value: int = 200, solves: int = 4,
+                       proposer_reward: str | dict[str, Any] = "learnability") -> Environment:
+    """``proposals``: training tasks (prompts ``<a><op>``, a seeded operand ``a`` in min_operand..max_operand and the
+    operators in turn); ``max_operand``: the largest operand a task may hold (the proposer's too); held-out: ``task.heldout_size`` fixed ``a<op>b`` tasks (operands
+    min_operand..max_operand) for the solver alone; ``solves``: the solver's samples per task; ``proposer_reward``: a registered part."""
+    return ProblemSynthesisEnv(solves=solves, ops=ops, max_operand=max_operand, max_value=max_value,
+                               proposer_reward=proposer_reward, system_prompt=system_prompt)
+
+
 @register_environment(AGENT, agent_driven=True, description="a black-box agent written for the OpenAI API (env.agent), through the "
                       "proxy (reinforge/serve/proxy.py)")
 def _agent(verifier: Verifier | None, system_prompt: str | None) -> Environment:
@@ -251,3 +287,4 @@ def environment_task_splits(env_name: str, params: dict[str, Any], heldout_size:
         return spec.tasks(heldout_size=heldout_size, seed=seed, **{**spec.params, **params})
     except (TypeError, ValueError) as e:
         raise EnvironmentConfigError(f"task.kind={ENV_TASKS} (env.name={env_name}): {e}") from None
+
