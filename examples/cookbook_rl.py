@@ -177,7 +177,7 @@ def run(base_url: str | None, steps: int, batch_size: int, group_size: int, rank
     os.environ.setdefault("TINKER_API_KEY", "tml-example")
     with (nullcontext(base_url) if base_url else local_service()) as url:
         service = tinker.ServiceClient(base_url=url)
-        before = asyncio.run(heldout_accuracy(service.create_sampling_client(base_model=MODEL)))
+        before = asyncio.run(heldout_accuracy(service.create_sampling_client(base_model=MODEL).result()))
         print(f"held-out greedy accuracy before: {before:.3f}", flush=True)
         config = train.Config(
             learning_rate=lr, model_name=MODEL, recipe_name="reinforge_cookbook_rl", max_tokens=MAX_TOKENS,
@@ -188,7 +188,7 @@ def run(base_url: str | None, steps: int, batch_size: int, group_size: int, rank
         from tinker_cookbook import checkpoint_utils
 
         final = checkpoint_utils.get_last_checkpoint(log_path, required_key="sampler_path")
-        after = asyncio.run(heldout_accuracy(service.create_sampling_client(model_path=final.sampler_path)))
+        after = asyncio.run(heldout_accuracy(service.create_sampling_client(model_path=final.sampler_path).result()))
     return before, after
 
 
