@@ -8,7 +8,8 @@ also the stop token) and a problem environment (``ProblemEnv``: the built-in 2-d
 correct = the answer's exact digits). The cookbook's loop then does the rest: its rollouts, its
 advantages (reward minus the group's mean), its ``importance_sampling`` loss, its AdamW steps and its
 final checkpoint. Held-out greedy accuracy (200 problems never trained on) is measured before and after
-with the cookbook's ``RLTestSetEvaluator`` and a temperature-0 ``TinkerTokenCompleter``.
+with the cookbook's ``RLTestSetEvaluator`` and a temperature-0 ``TinkerTokenCompleter``. Measured
+(docs/service.md, 2 loaded CPU cores): 0.395 -> 0.450 after 40 steps (seed 0, 677 s).
 
     pip install --no-deps --target /tmp/tcbpkgs tinker-cookbook==0.6.1 chz blobfile pyrage termcolor pycryptodomex lxml
     PYTHONPATH=.:/tmp/tcbpkgs python examples/cookbook_rl.py --steps 40      # starts the service in this process
