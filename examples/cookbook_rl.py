@@ -9,11 +9,12 @@ correct = the answer's exact digits). The cookbook's loop then does the rest: it
 advantages (reward minus the group's mean), its ``importance_sampling`` loss, its AdamW steps and its
 final checkpoint. Held-out greedy accuracy (200 problems never trained on) is measured before and after
 with the cookbook's ``RLTestSetEvaluator`` and a temperature-0 ``TinkerTokenCompleter``. Measured
-(docs/service.md, 2 loaded CPU cores): 0.395 -> 0.450 after 40 steps (seed 0, 677 s).
+(docs/service.md, 2 loaded CPU cores): 0.395 -> 0.450 (seed 0) and 0.455 (seed 1) after 40
+steps, 323-677 s.
 
     pip install --no-deps --target /tmp/tcbpkgs tinker-cookbook==0.6.1 chz blobfile pyrage termcolor pycryptodomex lxml
     PYTHONPATH=.:/tmp/tcbpkgs python examples/cookbook_rl.py --steps 40      # starts the service in this process
-    PYTHONPATH=.:/tmp/tcbpkgs python examples/cookbook_rl.py --base-url http://127.0.0.1:8000
+    PYTHONPATH=.:/tmp/tcbpkgs python examples/cookbook_rl.py --base-url http://127.0.0.1:8000  # key: $TINKER_API_KEY
 
 (``--no-deps``: the cookbook pins ``tml-renderers>=0.4.1``, which the package index does not have; it is
 imported only for thinkingmachines/Kimi-K3 tokenizers, never on this path.) Needs the ``service``,
