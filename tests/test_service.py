@@ -402,6 +402,30 @@ def test_create_model_without_lora_trains_every_weight(served):
     svc.trainers.pop(model_id)
 
 
+def test_a_sampling_client_from_a_model_path_alone_samples_the_saved_weights(served, client, tok):
+    """``create_sampling_client(model_path=...)`` without ``base_model`` (how the cookbook evaluates a saved
+    checkpoint): the client asks ``GET /api/v1/samplers/{id}`` for the base model."""
+    tc = client.create_lora_training_client(base_model=MODEL, rank=2, seed=0).result()
+    tc.forward_backward([_datum(tok, "12+7=19", weights=_weights)], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=0.5)).result()  # far from the base: its samples differ
+    path = tc.save_weights_for_sampler("s1").result().path
+    by_path = client.create_sampling_client(model_path=path).result()
+    assert by_path.get_base_model() == MODEL
+    prompt, greedy = types.ModelInput.from_ints(tok.encode("12+7=")), types.SamplingParams(max_tokens=4, temperature=0.0)
+    trained = tc.save_weights_and_get_sampling_client().result().sample(prompt, 1, greedy).result().sequences[0]
+    got = by_path.sample(prompt, 1, greedy).result().sequences[0]
+    assert got.tokens == trained.tokens
+    np.testing.assert_allclose(got.logprobs, trained.logprobs, atol=1e-5)
+    info = _get(served[1], f"/api/v1/samplers/{by_path._sampling_session_id}").json()
+    assert info == {"sampler_id": by_path._sampling_session_id, "base_model": MODEL, "model_path": path}
+    missing = _get(served[1], "/api/v1/samplers/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "sampler_id"
+
+
+def _get(url: str, path: str) -> httpx.Response:
+    return httpx.get(f"{url}{path}", headers={"X-API-Key": KEY}, timeout=30)
+
+
 def test_a_broken_protobuf_body_is_a_422(served):
     r = httpx.post(f"{served[1]}/api/v1/forward_backward", content=b"\x1a\xff\xff\x01\x00",
                    headers={"X-API-Key": KEY, "Content-Type": "application/x-protobuf"})

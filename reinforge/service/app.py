@@ -218,6 +218,15 @@ def _sampling_routes(app: FastAPI, svc: TrainingService) -> None:
         base, key = svc.sampling_target(req.base_model, req.model_path)
         return {"type": "create_sampling_session", "sampling_session_id": svc.new_sampling_session(base, key)}
 
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str) -> dict[str, Any]:
+        """What the client asks after ``create_sampling_client(model_path=...)`` to learn the base model."""
+        if sampler_id not in svc.sampling:
+            raise FieldError("sampler_id", f"no such sampling session {sampler_id!r}", 404)
+        base, key = svc.sampling[sampler_id]
+        path = next((p for p, target in svc.snapshot_paths.items() if target == (base, key)), None)
+        return {"sampler_id": sampler_id, "base_model": base, "model_path": path}
+
     @app.post("/api/v1/join_sampling_session")
     async def join(request: Request) -> dict[str, Any]:
         session = (await _json(request)).get("sampling_session_id", "")
