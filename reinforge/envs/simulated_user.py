@@ -3,13 +3,15 @@
 The policy plays the ``assistant`` role (``role()``); the user is a model behind ``user_url`` (``reinforge
 serve``, vLLM, an API), never trained: its messages are observations in the trajectory (loss mask 0).
 
-- **Opening.** The task's prompt is the user's first message (after the optional ``task.system_prompt``).
+- **Opening.** The task's prompt is the user's first message (a message-list prompt: its messages as they
+  are); ``task.system_prompt`` goes to the policy only.
 - **The user's view.** After each assistant turn the simulator is asked for the user's next message
   with the conversation *flipped*: the simulator sees itself as the assistant, so the user's own messages
   (the task's prompt first) are ``assistant`` messages and the policy's turns are ``user`` messages,
   after ``user_system_prompt`` (its persona; ``{stop}`` in it is replaced by ``user_stop``). A chat model
   served through chat completions writes the assistant's turn of the conversation it is given; flipping
-  the roles is what makes it write the user's side, and the system prompt says who it plays.
+  the roles is what makes it write the user's side (a chat template's generation prompt is always the
+  assistant's), and the system prompt says who it plays.
 - **End.** The episode ends when the user's reply contains ``user_stop`` (the reply is kept in
   ``metadata["observations"]``, not in the tokens), or at the collector's limits (``env.max_turns``,
   tokens). ``user_stop: null``: only the limits end it.
