@@ -264,3 +264,39 @@ def test_a_served_user_through_the_collector(served_user):
         logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.token_ids[1:])[:, None])[:, 0]
         rows = sorted(trained)
         assert logp[[i - 1 for i in rows]].tolist() == pytest.approx([t.logprobs[i] for i in rows], abs=1e-4)
+
+
+def _run_config(tmp_path, url: str, **env) -> dict:
+    return {"preset": "grpo", "output_dir": str(tmp_path), "model": {"path": "tiny-agent"},
+            "task": {"kind": "arithmetic", "digits": 1, "ops": "+", "heldout_size": 2, "verifier": "numeric_match"},
+            "env": {"name": "simulated_user", "user_url": url, "user_model": "tiny-base", "user_system_prompt": None,
+                    "user_max_tokens": 4, "max_turns": 2, "max_turn_tokens": 4, **env},
+            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+            "train": {"steps": 2}, "eval": {"every": 0, "final_samples": 0}, "checkpoint": {"every": 0},
+            "log": {"report": False}}
+
+
+def test_a_recipe_names_the_bad_setting(tmp_path):
+    from reinforge.config import config_from_dict
+    from reinforge.orchestrate.components import environment_factory
+    from reinforge.rewards.pool import VerifierPool
+
+    cfg = config_from_dict(_run_config(tmp_path, "http://127.0.0.1:1/v1"))
+    assert cfg.env.params["user_model"] == "tiny-base" and cfg.env.params["user_max_tokens"] == 4
+    with pytest.raises(EnvironmentConfigError, match=r"env.user_url: must be an http\(s\):// base URL"):
+        environment_factory(config_from_dict(_run_config(tmp_path, "127.0.0.1:1")), VerifierPool(numeric_match))
+
+
+def test_training_with_a_served_user(served_user, tmp_path):
+    """Two GRPO steps of tiny-agent talking to tiny-base: every step's episodes ask the served user, and the run
+    ends with its metrics."""
+    from reinforge.config import config_from_dict
+    from reinforge.orchestrate.run import train
+    from reinforge.track.jsonl import read_jsonl
+
+    url, recorder = served_user
+    recorder.calls.clear()
+    run = train(config_from_dict(_run_config(tmp_path, url, user_temperature=0.0)))
+    rows = [m for m in read_jsonl(run.run_dir / "metrics.jsonl") if "env/calls" in m]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["env/errors"] == 0 for r in rows)
+    assert len(recorder.calls) >= 4 and all(b["model"] == "tiny-base" for b, _ in recorder.calls)
