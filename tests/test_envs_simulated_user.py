@@ -72,7 +72,7 @@ def scripted_server() -> tuple[FastAPI, list[dict]]:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
-        bodies.append(body)
+        bodies.append({**body, "authorization": request.headers.get("authorization")})
         last = body["messages"][-1]["content"]
         if "hang" in last:
             await asyncio.sleep(2.0)
@@ -139,6 +139,10 @@ def test_the_user_sees_the_flipped_conversation_and_stops_the_episode(scripted):
         {"role": "assistant", "content": "12+3="}, {"role": "user", "content": "14"},
         {"role": "assistant", "content": "try again"}, {"role": "user", "content": "it is 15"}]
     assert (bodies[-1]["model"], bodies[-1]["max_tokens"], bodies[-1]["temperature"]) == ("sim", 64, 1.0)
+    keyed = _env(url, user_api_key="sekrit", user_max_tokens=5, user_temperature=0.3)()
+    keyed.reset(SUM, 0)
+    keyed.step({"role": "assistant", "content": "15"})
+    assert (bodies[-1]["authorization"], bodies[-1]["max_tokens"], bodies[-1]["temperature"]) == ("Bearer sekrit", 5, 0.3)
 
 
 def test_the_reward_is_the_verifier_on_the_last_turn(scripted):
