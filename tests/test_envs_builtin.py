@@ -328,7 +328,7 @@ def test_guessing_splits_with_repeats_hold_every_secret_in_both_splits():
 def test_registry_builds_fresh_environments():
     assert set(ENVIRONMENTS) == {"single_turn", "calculator", "guessing", "code_interpreter", "search", "retry", "nim",
                                  "agent", "verifiers", "openenv", "textarena", "guess_duel", "tictactoe",
-                                 "problem_synthesis"}
+                                 "problem_synthesis", "simulated_user"}
     agent = build_environment("agent", None, None)  # the loop runs agents through the proxy: never an Environment
     with pytest.raises(ConfigError, match="through the OpenAI-compatible proxy"):
         agent()

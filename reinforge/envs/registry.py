@@ -27,6 +27,7 @@ from reinforge.envs.problem_synthesis import ProblemSynthesisEnv
 from reinforge.envs.retry import RetryEnv
 from reinforge.envs.search import SearchEnv
 from reinforge.envs.self_play import duel_tasks, synthesis_tasks, ttt_tasks
+from reinforge.envs.simulated_user import DEFAULT_USER_PROMPT, SimulatedUserEnv, simulated_user_settings
 from reinforge.envs.single_turn import SingleTurnEnv
 from reinforge.envs.textarena_env import TextArenaEnv, textarena_splits
 from reinforge.envs.tictactoe import TicTacToeEnv
@@ -175,6 +176,24 @@ def _problem_synthesis(verifier: Verifier | None, system_prompt: str | None, pro
     min_operand..max_operand) for the solver alone; ``solves``: the solver's samples per task; ``proposer_reward``: a registered part."""
     return ProblemSynthesisEnv(solves=solves, ops=ops, max_operand=max_operand, max_value=max_value,
                                proposer_reward=proposer_reward, system_prompt=system_prompt)
+
+
+@register_environment("simulated_user", description="the policy as assistant, the user's replies from a model "
+                      "served through an OpenAI-compatible API (observations); reward the verifier on the last "
+                      "assistant turn (docs/multi_agent.md)")
+def _simulated_user(
+    verifier: Verifier | None, system_prompt: str | None, user_url: str = "", user_model: str = "",
+    user_system_prompt: str | None = DEFAULT_USER_PROMPT, user_max_tokens: int = 64, user_temperature: float = 1.0,
+    user_api_key: str | None = None, user_stop: str | None = "[done]", user_timeout_s: float = 60.0,
+) -> Environment:
+    """``user_url``: the server's base URL (``.../v1``); ``user_model``: its model; ``user_system_prompt``: the
+    simulator's persona (``{stop}``: user_stop); ``user_stop``: a reply containing it ends the episode;
+    ``user_timeout_s``: the client's limit on one reply (env.step_timeout_s bounds the step)."""
+    settings = simulated_user_settings(
+        user_url=user_url, user_model=user_model, user_system_prompt=user_system_prompt,
+        user_max_tokens=user_max_tokens, user_temperature=user_temperature, user_api_key=user_api_key,
+        user_stop=user_stop, user_timeout_s=user_timeout_s)
+    return SimulatedUserEnv(settings, verifier, system_prompt)
 
 
 @register_environment(AGENT, agent_driven=True, description="a black-box agent written for the OpenAI API (env.agent), through the "
