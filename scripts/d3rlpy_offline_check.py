@@ -3,6 +3,7 @@ the hyper-parameters of reinforge's td3_bc and cql agents, evaluated the same wa
 for Box actions", the check against d3rlpy). d3rlpy is not a dependency of the package: run with it importable,
 
     PYTHONPATH=.:/path/to/d3rlpy python scripts/d3rlpy_offline_check.py --data DIR [--train-steps 3000]
+        [--cql-hidden 256,256]
 
 (DIR: the tiers' ``<tier>.parquet`` files). The settings matched: networks 256-256 ReLU, batch 256, gamma 0.99,
 tau 0.005; TD3+BC: Adam 3e-4 for both, alpha 2.5, smoothing noise 0.2 clipped at 0.5, the actor every 2 critic
@@ -39,8 +40,10 @@ def dataset(path: Path):  # noqa: ANN201
                                      (ends & ~data.terminated).astype(np.float32))
 
 
-def algorithms() -> dict[str, object]:
+def algorithms(cql_hidden: list[int]) -> dict[str, object]:
     import d3rlpy  # noqa: PLC0415
+
+    cql_encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=cql_hidden)
 
     def scalers():  # noqa: ANN202
         return {"observation_scaler": d3rlpy.preprocessing.StandardObservationScaler(),
@@ -55,8 +58,8 @@ def algorithms() -> dict[str, object]:
         "CQL": lambda: d3rlpy.algos.CQLConfig(
             actor_learning_rate=1e-4, critic_learning_rate=3e-4, temp_learning_rate=1e-4, alpha_learning_rate=0.0,
             batch_size=256, gamma=0.99, tau=0.005, initial_temperature=1.0, initial_alpha=1.0, alpha_threshold=0.0,
-            conservative_weight=5.0, n_action_samples=10,
-            action_scaler=scalers()["action_scaler"]),
+            conservative_weight=5.0, n_action_samples=10, actor_encoder_factory=cql_encoder,
+            critic_encoder_factory=cql_encoder, action_scaler=scalers()["action_scaler"]),
     }
 
 
@@ -81,10 +84,11 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=3000)
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--tiers", default="random,medium,expert")
+    p.add_argument("--cql-hidden", default="256,256", help="CQL's MLP widths (as offline_tiers_pendulum.py's)")
     args = p.parse_args()
     torch.set_num_threads(1)
     t0 = time.time()
-    algos = algorithms()
+    algos = algorithms([int(w) for w in args.cql_hidden.split(",")])
     print(f"d3rlpy {d3rlpy.__version__}; " + "; ".join(f"{k}: {v().__class__.__name__}" for k, v in algos.items()))
     print("| tier | " + " | ".join(f"d3rlpy {k}" for k in algos) + " |")
     print("|---|" + "---:|" * len(algos), flush=True)

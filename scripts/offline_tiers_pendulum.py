@@ -2,7 +2,7 @@
 TD3+BC and CQL trained on each (docs/classic.md, "Offline RL for Box actions").
 
     python scripts/offline_tiers_pendulum.py [--seed 0] [--sac-steps 12000] [--steps-per-tier 10000]
-        [--train-steps 3000] [--out DIR] [--only-data]
+        [--train-steps 3000] [--cql-hidden 256,256] [--out DIR] [--only-data | --reuse]
 
 1. SAC (the shipped ``pendulum_sac`` settings, seed ``--seed``) trains ``--sac-steps`` steps; its actor is
    snapshotted the first time the mean of its last 5 training episodes reaches ``--medium-return`` and at the
@@ -28,7 +28,7 @@ import torch
 
 from reinforge.classic.cql_box import CQL, CQLSettings
 from reinforge.classic.envs import EnvConfig, finished_episodes, make_vec_env, obs_tensor
-from reinforge.classic.offline import collect_box, save_parquet
+from reinforge.classic.offline import collect_box, load_parquet, save_parquet
 from reinforge.classic.sac import SAC, SACSettings
 from reinforge.classic.td3bc import TD3BC, TD3BCSettings
 
@@ -71,6 +71,9 @@ def sac_snapshots(seed: int, steps: int, medium_return: float) -> tuple[dict[str
     return snaps, sac.env_steps
 
 
+LEARNERS: dict[str, tuple] = {}
+
+
 def play(agent, episodes: int, seed: int) -> list[float]:  # noqa: ANN001
     envs = pendulum(seed)
     obs, _ = envs.reset(seed=seed)
@@ -81,8 +84,9 @@ def play(agent, episodes: int, seed: int) -> list[float]:  # noqa: ANN001
     return returns
 
 
-LEARNERS = {"BC": (TD3BC, TD3BCSettings, {"alpha": 0.0}), "TD3+BC": (TD3BC, TD3BCSettings, {}),
-            "CQL": (CQL, CQLSettings, {})}
+def learners(cql_hidden: list[int]) -> dict[str, tuple]:
+    return {"BC": (TD3BC, TD3BCSettings, {"alpha": 0.0}), "TD3+BC": (TD3BC, TD3BCSettings, {}),
+            "CQL": (CQL, CQLSettings, {"hidden": cql_hidden})}
 
 
 def train_offline(agent_cls, settings_cls, options: dict, data: Path, steps: int, seed: int):  # noqa: ANN001, ANN201
@@ -102,20 +106,30 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=3_000)
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--out", type=Path, default=Path("runs/offline-tiers-pendulum"))
+    p.add_argument("--cql-hidden", default="256,256", help="CQL's MLP widths (its log-sum-exp values 30 actions "
+                   "per state: a CPU-sized run takes 64,64)")
     p.add_argument("--only-data", action="store_true", help="log the tiers, train nothing")
+    p.add_argument("--reuse", action="store_true", help="train on the tiers already in --out (no SAC run)")
     args = p.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    snaps, sac_steps = sac_snapshots(args.seed, args.sac_steps, args.medium_return)
-    print(f"SAC seed {args.seed}: {sac_steps} env steps, tiers {sorted(snaps)} ({time.time() - t0:.0f} s)", flush=True)
+    LEARNERS.update(learners([int(w) for w in args.cql_hidden.split(",")]))
+    if args.reuse:
+        snaps = dict.fromkeys(("random", "medium", "expert"))
+    else:
+        snaps, sac_steps = sac_snapshots(args.seed, args.sac_steps, args.medium_return)
+        print(f"SAC seed {args.seed}: {sac_steps} env steps ({time.time() - t0:.0f} s)", flush=True)
     print("| tier | logged episodes (steps) | logged mean return (min to max) | " + " | ".join(LEARNERS) + " |")
     print("|---|---:|---:|" + "---:|" * len(LEARNERS), flush=True)
     results: dict[str, dict] = {}
     for k, (tier, snap) in enumerate(snaps.items()):
-        data = collect_box(snap, pendulum(args.seed + 3 + k), args.steps_per_tier, args.seed + 3 + k)
         path = args.out / f"{tier}.parquet"
-        save_parquet(data, path)
+        if snap is None:
+            data = load_parquet(path)
+        else:
+            data = collect_box(snap, pendulum(args.seed + 3 + k), args.steps_per_tier, args.seed + 3 + k)
+            save_parquet(data, path)
         _, starts = np.unique(data.episode, return_index=True)
         logged = np.add.reduceat(data.reward, starts)
         results[tier] = {"logged_mean": float(logged.mean()), "episodes": len(starts)}

@@ -169,3 +169,23 @@ def test_wsrl_drops_the_data_warms_up_without_updates_then_learns_online(tmp_pat
     metrics = agent.iterate(0.0).metrics
     assert "train/cql_penalty" not in metrics and "train/q_loss" in metrics  # online: SAC, no penalty
     assert agent.replay.size == 4
+
+
+def test_the_recipes_run_end_to_end_and_write_a_comparable_run(tmp_path):
+    import json
+
+    from reinforge.classic.config import load_classic_config
+    from reinforge.classic.run import train_classic
+
+    path = bandit(tmp_path / "d.parquet", n=64)
+    common = [f"output_dir={tmp_path}", f"classic.agent.offline_data={path}", "classic.agent.hidden=[8]",
+              "classic.agent.batch_size=8", "classic.eval.episodes=1"]
+    td3 = train_classic(load_classic_config("pendulum_td3_bc", [*common, "name=t", "classic.agent.iteration_steps=5",
+                                                                  "classic.train.total_env_steps=10"]))
+    assert td3.updates == 2 and (td3.run_dir / "eval.json").is_file()  # 10 gradient steps, 5 an iteration
+    records = [json.loads(line) for line in (td3.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert "train/lambda" in records[-1]
+    wsrl = train_classic(load_classic_config("pendulum_wsrl", [*common, "name=w", "classic.agent.pretrain_steps=2",
+                                                                 "classic.agent.warmup_steps=2",
+                                                                 "classic.train.total_env_steps=4"]))
+    assert wsrl.env_steps == 4 and (wsrl.run_dir / "eval.json").is_file()
