@@ -189,3 +189,36 @@ def test_the_recipes_run_end_to_end_and_write_a_comparable_run(tmp_path):
                                                                  "classic.agent.warmup_steps=2",
                                                                  "classic.train.total_env_steps=4"]))
     assert wsrl.env_steps == 4 and (wsrl.run_dir / "eval.json").is_file()
+
+
+@pytest.mark.learning  # minutes on 2 loaded cores: make test-learning
+def test_td3_bc_and_cql_beat_the_logged_policy_on_pendulum(tmp_path):
+    """On 2,000 steps logged by a short SAC run (4,000 steps, its sampled actions), TD3+BC and CQL (64-64) after
+    3,000 gradient steps play better than the data's own episodes (docs/classic.md, "Dataset tiers on
+    Pendulum-v1": scripts/offline_tiers_pendulum.py runs the same at a larger scale)."""
+    from reinforge.classic.envs import finished_episodes, obs_tensor
+    from reinforge.classic.offline import collect_box
+    from reinforge.classic.sac import SAC, SACSettings
+
+    logger = SAC(pendulum(), 100, SACSettings(learning_starts=1000))
+    while logger.env_steps < 4000:
+        logger.iterate(0.0)
+    data = collect_box(logger, make_vec_env(EnvConfig(id="Pendulum-v1", num_envs=1), 0.99, 600), 2000, 600)
+    save_parquet(data, tmp_path / "d.parquet")
+    logged = float(np.sum(data.reward)) / (int(data.episode.max()) + 1)
+
+    def score(agent) -> float:  # noqa: ANN001
+        envs = make_vec_env(EnvConfig(id="Pendulum-v1", num_envs=1), 0.99, 7)
+        obs, _ = envs.reset(seed=7)
+        returns: list[float] = []
+        while len(returns) < 5:
+            obs, _, _, _, info = envs.step(np.asarray(agent.act(obs_tensor(obs), True), dtype=np.float32))
+            returns += [r for r, _ in finished_episodes(info)]
+        return float(np.mean(returns))
+
+    path = str(tmp_path / "d.parquet")
+    td3 = TD3BC(pendulum(), 0, TD3BCSettings(offline_data=path, iteration_steps=3000))
+    cql = CQL(pendulum(), 0, CQLSettings(offline_data=path, iteration_steps=3000, hidden=[64, 64]))
+    for agent in (td3, cql):
+        agent.iterate(0.0)
+        assert score(agent) > logged, (type(agent).__name__, score(agent), logged)
