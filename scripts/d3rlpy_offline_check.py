@@ -85,10 +85,12 @@ def main() -> None:
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--tiers", default="random,medium,expert")
     p.add_argument("--cql-hidden", default="256,256", help="CQL's MLP widths (as offline_tiers_pendulum.py's)")
+    p.add_argument("--algos", default="BC,TD3+BC,CQL", help="which of BC, TD3+BC, CQL")
     args = p.parse_args()
     torch.set_num_threads(1)
     t0 = time.time()
-    algos = algorithms([int(w) for w in args.cql_hidden.split(",")])
+    algos = {k: v for k, v in algorithms([int(w) for w in args.cql_hidden.split(",")]).items()
+             if k in args.algos.split(",")}
     print(f"d3rlpy {d3rlpy.__version__}; " + "; ".join(f"{k}: {v().__class__.__name__}" for k, v in algos.items()))
     print("| tier | " + " | ".join(f"d3rlpy {k}" for k in algos) + " |")
     print("|---|" + "---:|" * len(algos), flush=True)
