@@ -192,9 +192,9 @@ def test_the_recipes_run_end_to_end_and_write_a_comparable_run(tmp_path):
 
 
 @pytest.mark.learning  # minutes on 2 loaded cores: make test-learning
-def test_td3_bc_and_cql_beat_the_logged_policy_on_pendulum(tmp_path):
-    """On 2,000 steps logged by a short SAC run (4,000 steps, its sampled actions), TD3+BC and CQL (64-64) after
-    3,000 gradient steps play better than the data's own episodes (docs/classic.md, "Dataset tiers on
+def test_td3_bc_beats_the_logged_policy_on_pendulum(tmp_path):
+    """On 2,000 steps logged by a short SAC run (4,000 steps, its sampled actions), TD3+BC after 3,000 gradient
+    steps plays better than the data's own episodes (docs/classic.md, "Dataset tiers on
     Pendulum-v1": scripts/offline_tiers_pendulum.py runs the same at a larger scale)."""
     from reinforge.classic.envs import finished_episodes, obs_tensor
     from reinforge.classic.offline import collect_box
@@ -218,7 +218,5 @@ def test_td3_bc_and_cql_beat_the_logged_policy_on_pendulum(tmp_path):
 
     path = str(tmp_path / "d.parquet")
     td3 = TD3BC(pendulum(), 0, TD3BCSettings(offline_data=path, iteration_steps=3000))
-    cql = CQL(pendulum(), 0, CQLSettings(offline_data=path, iteration_steps=3000, hidden=[64, 64]))
-    for agent in (td3, cql):
-        agent.iterate(0.0)
-        assert score(agent) > logged, (type(agent).__name__, score(agent), logged)
+    td3.iterate(0.0)
+    assert score(td3) > logged, (score(td3), logged)
