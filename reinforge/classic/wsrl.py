@@ -9,8 +9,8 @@ offline data, seeded by a short warmup of the pretrained policy's own rollouts.
                   min E[(Q_j(s, a) - (r + (1 - d) g (min_j Q'_j(s', a') - alpha log pi(a'|s'))))^2]
                   on online batches and one actor and alpha step; actor, critics and alpha start from step 1
 
-Defaults: the paper's (section 5, appendix) where it gives them: Cal-QL pretraining (penalty weight 5, 10
-action samples), warmup 5000 steps, UTD 4, batch 256, gamma 0.99, tau 0.005; the learning rates of the
+Defaults: the paper's as we read them (Cal-QL pretraining with weight 5 and 10 action samples, a warmup of
+5000 steps, UTD 4; not re-checked against the full text here), batch 256, gamma 0.99, tau 0.005; the learning rates of the
 pretraining carry on online (Adam 1e-4 actor and alpha, 3e-4 critics). Choices: twin critics (the paper's
 locomotion runs use a 10-critic ensemble with LayerNorm), pretraining in the agent's constructor (it takes no
 environment step) from the logged data at ``offline_data``. docs/classic.md, "WSRL".
