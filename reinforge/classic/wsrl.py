@@ -12,7 +12,7 @@ offline data, seeded by a short warmup of the pretrained policy's own rollouts.
 Defaults: the paper's as we read them (Cal-QL pretraining with weight 5 and 10 action samples, a warmup of
 5000 steps, UTD 4; not re-checked against the full text here), batch 256, gamma 0.99, tau 0.005; the learning rates of the
 pretraining carry on online (Adam 1e-4 actor and alpha, 3e-4 critics). Choices: twin critics (the paper's
-locomotion runs use a 10-critic ensemble with LayerNorm), pretraining in the agent's constructor (it takes no
+online phase uses a critic ensemble with LayerNorm, as we read it), pretraining in the agent's constructor (it takes no
 environment step) from the logged data at ``offline_data``. docs/classic.md, "WSRL".
 """
 
