@@ -11,6 +11,7 @@ from reinforge.registry import KINDS, Registry
 def all_kinds() -> Mapping[str, Registry]:
     """Every registry, with every built-in part registered (plug-ins add theirs when imported)."""
     import reinforge.algo  # noqa: F401  (every module of algo/: its __init__ imports them all)
+    import reinforge.classic.cql_box  # noqa: F401  (classic agents: cql)
     import reinforge.classic.dqn  # noqa: F401  (classic agents: dqn)
     import reinforge.classic.impala  # noqa: F401  (classic agents: impala)
     import reinforge.classic.mappo  # noqa: F401  (classic agents: ippo, mappo)
@@ -19,7 +20,9 @@ def all_kinds() -> Mapping[str, Registry]:
     import reinforge.classic.ppo  # noqa: F401  (classic agents: ppo)
     import reinforge.classic.rlpd  # noqa: F401  (classic agents: rlpd)
     import reinforge.classic.sac  # noqa: F401  (classic agents: sac)
+    import reinforge.classic.td3bc  # noqa: F401  (classic agents: td3_bc)
     import reinforge.classic.vdn  # noqa: F401  (classic agents: vdn)
+    import reinforge.classic.wsrl  # noqa: F401  (classic agents: wsrl)
     import reinforge.data.budgets  # noqa: F401  (uniform, knapsack rollout budgets)
     import reinforge.data.curriculum  # noqa: F401  (difficulty_filter, dump task samplers)
     import reinforge.data.insight  # noqa: F401  (insight task sampler)

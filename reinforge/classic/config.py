@@ -42,7 +42,8 @@ class ClassicEvalConfig(_Strict):
 class ClassicSection(_Strict):
     agent: Annotated[PartRef, Part("classic_agent")] = Field(
         "ppo", validate_default=True, description="the agent, a registered classic agent with its options inline: "
-        "ppo, dqn (`{name: dqn, lr: 1e-3}`; docs/classic.md), sac, impala, rlpd; multi-agent ippo, mappo, vdn")
+        "ppo, dqn (`{name: dqn, lr: 1e-3}`; docs/classic.md), sac, impala, rlpd, wsrl; offline td3_bc, cql; "
+        "multi-agent ippo, mappo, vdn")
     env: EnvConfig = Field(default_factory=EnvConfig)
     train: ClassicTrainConfig = Field(default_factory=ClassicTrainConfig)
     eval: ClassicEvalConfig = Field(default_factory=ClassicEvalConfig)
