@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import statistics
 import time
 
@@ -138,6 +139,8 @@ def bench_size(size: str, repeats: int, engine_name: str = "torch") -> list[dict
                 times[f"gen {mode}"].append(time.perf_counter() - t)
         rows.append({"size": f"{size} ({engine_name})", "params": n_params, "lora": lora, "merged_bytes": full, "adapter_bytes": sent,
                      **{k: (statistics.median(v), min(v), max(v)) for k, v in times.items()}})
+        del merged, adapter, runs, engine  # vLLM: the old engine must be gone before the next starts (one at a time)
+        gc.collect()
     return rows
 
 
