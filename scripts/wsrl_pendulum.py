@@ -18,24 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from offline_tiers_pendulum import pendulum, play  # scripts/ is on the path when this runs as a script
 
-from reinforge.classic.envs import EnvConfig, finished_episodes, make_vec_env, obs_tensor
 from reinforge.classic.sac import SAC, SACSettings
 from reinforge.classic.wsrl import WSRL, WSRLSettings
-
-
-def pendulum(seed: int):  # noqa: ANN201
-    return make_vec_env(EnvConfig(id="Pendulum-v1", num_envs=1), 0.99, seed)
-
-
-def evaluate(agent, episodes: int, seed: int) -> float:  # noqa: ANN001
-    envs = pendulum(seed)
-    obs, _ = envs.reset(seed=seed)
-    returns: list[float] = []
-    while len(returns) < episodes:
-        obs, _, _, _, info = envs.step(np.asarray(agent.act(obs_tensor(obs), True), dtype=np.float32))
-        returns += [r for r, _ in finished_episodes(info)]
-    return float(np.mean(returns))
 
 
 def online(agent, steps: int) -> list[float]:  # noqa: ANN001
@@ -71,7 +57,7 @@ def main() -> None:
             t0 = time.time()
             agent = build()
             returns = online(agent, args.steps)
-            score = evaluate(agent, args.eval_episodes, seed + 10_000)
+            score = float(np.mean(play(agent, args.eval_episodes, seed + 10_000)))
             print(f"| {seed} | {name} | {', '.join(f'{r:.0f}' for r in returns)} | {np.mean(returns[-5:]):.1f} | "
                   f"{score:.1f} | {time.time() - t0:.0f} s |", flush=True)
 
