@@ -331,7 +331,9 @@ def export(
 
         if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"--dtype: allowed values: float32, bfloat16, float16 (got {dtype!r})")
-        typer.echo(f"exported: {export_model(source, out, dtype)} (AutoModelForCausalLM.from_pretrained loads it)")
+        written = export_model(source, out, dtype)
+        auto = "AutoModelForImageTextToText" if (written / "processor_config.json").is_file() else "AutoModelForCausalLM"
+        typer.echo(f"exported: {written} ({auto}.from_pretrained loads it)")
 
     _run_guarded(go)
 

@@ -264,3 +264,32 @@ def test_grpo_raises_tiny_vlm_accuracy_and_it_reads_the_picture(tmp_path):
     assert before <= CHANCE["colour"] + 0.1 and after >= before + 0.4 and after >= 0.65, evals
     for ablation in ("eval/heldout_acc_blank", "eval/heldout_acc_shuffled"):
         assert evals[-1][ablation] <= CHANCE["colour"] + 0.1 < after - 0.3, (ablation, evals[-1])
+
+
+def test_export_of_a_lora_vlm_checkpoint_is_a_vlm_with_its_processor(tmp_path):
+    """`reinforge export` of a LoRA run over tiny-vlm: the merged model loads as the VLM class with its processor
+    (AutoProcessor), and its forward with a picture equals the peft policy's."""
+    from typer.testing import CliRunner
+
+    from reinforge.cli import app
+    from reinforge.config import LoraConfig
+    from reinforge.learn.checkpoint import save_checkpoint
+    from reinforge.learn.lora import wrap_lora
+
+    policy = wrap_lora(load_model("tiny-vlm"), LoraConfig(enabled=True, r=4, alpha=8), seed=0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    processor = load_processor("tiny-vlm")
+    save_checkpoint(tmp_path / "run", 2, policy, processor, {}, torch.Generator(), {}, keep=1)
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+    assert result.exit_code == 0 and "AutoModelForImageTextToText" in result.output, result.output
+    merged, reloaded_processor = load_model(str(tmp_path / "hf")), load_processor(str(tmp_path / "hf"))
+    assert type(merged).__name__ == "LlavaForConditionalGeneration" and reloaded_processor is not None
+    task = shapes_splits(heldout_size=1).heldout[0]
+    ids, inputs = encode_vision_prompt(reloaded_processor, task.prompt, task.images)
+    with torch.no_grad():
+        ours = merged(input_ids=torch.tensor([ids]), **inputs).logits
+        expected = policy(input_ids=torch.tensor([ids]), **inputs).logits
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)

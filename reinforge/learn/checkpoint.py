@@ -232,8 +232,9 @@ TRAINER_FILES = ("trainer.pt", "rng.pt", "state.json", "manifest.json")
 
 def export_model(source: Path, out: Path, dtype: str | None = None) -> Path:
     """Write the model of ``source`` (a run directory: its latest checkpoint; or a checkpoint) to
-    ``out`` as a Hugging Face model directory with its tokenizer, which
-    ``AutoModelForCausalLM.from_pretrained(out)`` loads.
+    ``out`` as a Hugging Face model directory with its tokenizer (a vision-language model: its processor),
+    which ``AutoModelForCausalLM.from_pretrained(out)`` loads (a vision-language model:
+    ``AutoModelForImageTextToText`` and ``AutoProcessor``).
 
     A LoRA checkpoint is merged into its base (in ``dtype``, default the run's ``model.dtype``); a
     full checkpoint's model files are copied as they are (no optimizer or RNG state)."""
@@ -245,12 +246,13 @@ def export_model(source: Path, out: Path, dtype: str | None = None) -> Path:
     if not lora and not (ckpt / "config.json").is_file():
         raise ReinforgeError(f"{ckpt}: no model in it (no config.json, no adapter_config.json)")
     if lora:
-        from reinforge.models.loading import load_model, load_tokenizer
+        from reinforge.models.loading import load_model, load_processor, load_tokenizer
 
         model, tokenizer = load_model(str(ckpt), dtype or _run_dtype(ckpt)), load_tokenizer(str(ckpt))
+        processor = load_processor(str(ckpt))  # a vision-language model's: its tokenizer and image processor
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
+        (processor or tokenizer).save_pretrained(out)
     else:
         out.mkdir(parents=True, exist_ok=True)
         for f in ckpt.iterdir():
