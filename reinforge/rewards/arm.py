@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from reinforge.models.precision import at_least_float32
 from reinforge.rewards.rm_inputs import RM_CONFIG, reward_text_ids, trained_with
 
 KIND = "autoregressive"  # the value of reinforge_rm.json's "kind" for this model
@@ -44,7 +45,7 @@ KIND = "autoregressive"  # the value of reinforge_rm.json's "kind" for this mode
 def completion_logprob_sum(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> Tensor:
     """``[B]``: ``sum_t log softmax(logits[t-1])[ids[t]]`` over the positions t >= 1 where
     ``completion_mask`` is 1 (the completion's tokens; position 0 has no prediction)."""
-    pred = logits[:, :-1].float()
+    pred = at_least_float32(logits[:, :-1])
     target = input_ids[:, 1:]
     logp = pred.gather(-1, target[..., None]).squeeze(-1) - torch.logsumexp(pred, dim=-1)
     return (logp * completion_mask[:, 1:].to(logp.dtype)).sum(-1)

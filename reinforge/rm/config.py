@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from reinforge.config.base import Part, PartRef, _Strict
 from reinforge.config.recipes import RECIPES_DIR, _format_validation_error, apply_overrides
@@ -43,12 +43,13 @@ class RMModelConfig(_Strict):
     device: str = Field("cpu", description="cpu, cuda, cuda:N")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
 
-    @model_validator(mode="after")
-    def _one_score(self) -> RMModelConfig:
-        if self.kind == "autoregressive" and self.heads != 1:
-            raise ValueError("heads: an autoregressive reward model has one score (its log-likelihood); use "
-                             "ensemble: k for several models")
-        return self
+    @field_validator("heads")
+    @classmethod
+    def _one_score(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("kind") == "autoregressive" and value != 1:
+            raise ValueError("an autoregressive reward model has one score (its log-likelihood); use ensemble: k "
+                             "for several models")
+        return value
 
 
 class PairColumns(_Strict):
