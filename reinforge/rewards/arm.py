@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from reinforge.errors import ConfigError
 from reinforge.models.precision import at_least_float32
 from reinforge.rewards.rm_inputs import RM_CONFIG, reward_text_ids, trained_with
 
@@ -93,13 +94,18 @@ def completion_start(full: list[int], prompt_only: list[int]) -> int:
         if a != b:
             break
         n += 1
-    return min(n, len(full))
+    return n
 
 
-def ids_and_start(tokenizer: Any, prompt: str | list[dict[str, str]], completion: str) -> tuple[list[int], int]:
-    """``reward_text_ids(prompt, completion)`` and where the completion begins in them (``completion_start``)."""
-    ids = reward_text_ids(tokenizer, prompt, completion)
-    return ids, completion_start(ids, reward_text_ids(tokenizer, prompt, ""))
+def ids_and_start(tokenizer: Any, prompt: str | list[dict[str, str]], *completions: str) -> list[tuple[list[int], int]]:
+    """For each completion, ``reward_text_ids(prompt, completion)`` and where the completion begins in them
+    (``completion_start``; the prompt rendered with an empty completion once for all of them)."""
+    prompt_only = reward_text_ids(tokenizer, prompt, "")
+    out = []
+    for completion in completions:
+        ids = reward_text_ids(tokenizer, prompt, completion)
+        out.append((ids, completion_start(ids, prompt_only)))
+    return out
 
 
 def keep_last(ids: list[int], start: int, max_length: int) -> tuple[list[int], int]:
@@ -125,7 +131,5 @@ def load_autoregressive(path: str | Path, dtype: torch.dtype) -> AutoregressiveR
 
     beta = trained_with(path).get("beta")
     if not isinstance(beta, int | float):
-        from reinforge.errors import ConfigError
-
         raise ConfigError(f"{Path(path) / RM_CONFIG}: an autoregressive reward model needs its beta")
     return AutoregressiveRewardModel(AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype), float(beta))

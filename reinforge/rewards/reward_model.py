@@ -243,8 +243,8 @@ class RewardModelScorer:
         by a model that scores the completion's tokens (``rewards.arm``), else 0."""
         if not reads_completion(self.model):
             return self._truncate(self.encode(task, completion)), 0
-        ids, start = ids_and_start(self.tokenizer, with_reference(task.prompt, self.reference_template, task.answer),
-                                   completion)
+        [(ids, start)] = ids_and_start(self.tokenizer, with_reference(task.prompt, self.reference_template,
+                                                                      task.answer), completion)
         kept = self._truncate(ids)
         return kept, max(0, start - (len(ids) - len(kept)))
 

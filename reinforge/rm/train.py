@@ -86,8 +86,8 @@ class EncodedPairs:
         if i not in self._ids:
             p = self.pairs[i]
             prompt = with_reference(p.prompt, self.template, p.reference)
-            self._ids[i] = (keep_last(*ids_and_start(self.tokenizer, prompt, p.chosen), self.max_length),
-                            keep_last(*ids_and_start(self.tokenizer, prompt, p.rejected), self.max_length))
+            chosen, rejected = ids_and_start(self.tokenizer, prompt, p.chosen, p.rejected)
+            self._ids[i] = (keep_last(*chosen, self.max_length), keep_last(*rejected, self.max_length))
         return self._ids[i]
 
     def __len__(self) -> int:
