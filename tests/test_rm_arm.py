@@ -113,7 +113,7 @@ def test_a_saved_run_scores_the_same_through_the_reward_term(tmp_path) -> None:
         start = len(reward_text_ids(scorer.tokenizer, task.prompt, "")) - 1  # the template's eos comes after
         expected.append(by_hand(lm, ids, start, 0.25))
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-5)
-    assert result.heldout.pairs == 2 and scorer.heads == 1
+    assert result.heldout.pairs == 1 and scorer.heads == 1  # 12 prompts: one held out
 
 
 NEAR_MISS_FAST = ["train.steps=250", "train.lr=5e-4", "train.warmup_steps=20", "train.lr_schedule=cosine",
