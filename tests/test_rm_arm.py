@@ -121,13 +121,40 @@ NEAR_MISS_FAST = ["train.steps=250", "train.lr=5e-4", "train.warmup_steps=20", "
                   "data.task={kind: arithmetic, digits: 2, ops: '+', heldout_size: 100}"]
 
 
+@pytest.mark.slow
 def test_an_autoregressive_reward_model_tells_near_misses_apart(tmp_path) -> None:
     """The shipped arithmetic_nearmiss_arm recipe, shortened: from tiny-base, with no reference answer in the
     prompt, held-out pair accuracy on near-miss addition pairs (the answer over the answer +-1, +-2, +-10) of
-    100 held-out problems (600 pairs) reaches 0.9, where a classifier reward model stays at chance."""
+    100 held-out problems (600 pairs) reaches 0.9, where a classifier reward model stays at chance.
+    250 steps of 32 pairs, about 40 s of CPU on one core: 0.972 with seed 0 under torch's AVX-512, AVX2 and
+    scalar CPU kernels (ATEN_CPU_CAPABILITY=avx2, =default), 0.970 with seed 1; the curve passes 0.9 near
+    step 150 (0.912 and 0.943 for seeds 0 and 1), so the 250 steps leave a margin."""
     from reinforge.rm.train import train_reward_model
 
     cfg = load_rm_config("arithmetic_nearmiss_arm", [*NEAR_MISS_FAST, f"output_dir={tmp_path}", "name=arm"])
     result = train_reward_model(cfg)
     assert result.heldout.pairs == 600
     assert result.heldout.accuracy >= 0.9, result.heldout
+
+
+def test_an_ensemble_of_autoregressive_reward_models_is_scored_member_by_member(tmp_path) -> None:
+    """ensemble: 2 trains two autoregressive members (seeds 0, 1); the reward term loads the run directory as
+    an ensemble of two one-score models, and its min aggregate is the lower of the two members' scores."""
+    from reinforge.config import RewardTermConfig
+    from reinforge.rewards.build import _term_verifier
+    from reinforge.rewards.reward_model import RewardModelScorer
+    from reinforge.rm.train import train_reward_model
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "chosen": f"{i}7", "rejected": f"{i}3"}) + "\n"
+                            for i in range(12)))
+    cfg = load_rm_config(None, [f"data.path={data}", "model.kind=autoregressive", "train.steps=2", "train.batch_size=4",
+                                "train.lr=1e-3", "train.eval_every=0", "ensemble=2", f"output_dir={tmp_path}", "name=ens"])
+    result = train_reward_model(cfg)
+    task = Task("t", "5+5=", "")
+    members = [RewardModelScorer(str(d)).score([task], ["57"])[0] for d in result.model_dirs]
+    term = RewardTermConfig.model_validate({"name": "rm", "reward_model": {"path": str(tmp_path / "ens"),
+                                                                          "aggregate": "min"}})
+    verifier = _term_verifier(term, "cpu")
+    assert verifier.scorer.heads == 2 and members[0] != members[1]
+    assert verifier(task, "57").reward == pytest.approx(min(members), rel=1e-6)
