@@ -1,8 +1,8 @@
 """Best-of-n with a learned reward: of a prompt's first k samples, the one a reward model scores
 highest is the answer (``reinforge eval --rerank PATH``).
 
-The reranker is an outcome reward model (any ``AutoModelForSequenceClassification`` directory or an
-ensemble directory, scored as the ``reward_model`` term scores) or a process reward model (an
+The reranker is an outcome reward model (any ``AutoModelForSequenceClassification`` directory, an
+autoregressive reward model or an ensemble directory, scored as the ``reward_model`` term scores) or a process reward model (an
 ``AutoModelForTokenClassification`` directory, ``reinforge prm``): a completion's score is then the
 minimum of its step scores (Math-Shepherd ranks by the minimum; Lightman et al. 2023 by the
 product, ``--rerank-steps prod``), a completion without steps scoring 0.

@@ -95,7 +95,7 @@ class CoEvolvingRewardModel(RewardModelVerifier):
     def update(self, batch: Sequence[Pair]) -> dict[str, float]:
         """One optimizer step of the Bradley-Terry loss on ``batch``; its loss and pair accuracy."""
         s = self.scorer
-        encoded = [s._truncate(s.encode(task, text)) for task, chosen, rejected in batch for text in (chosen, rejected)]
+        encoded = [s.row(task, text) for task, chosen, rejected in batch for text in (chosen, rejected)]
         with s.model_lock:
             s.model.train()
             try:

@@ -1,4 +1,6 @@
-"""Classifier reward models: any Hugging Face ``AutoModelForSequenceClassification``, or an ensemble of them.
+"""Reward models: any Hugging Face ``AutoModelForSequenceClassification``, an autoregressive reward model
+(GenARM's ``r = beta * sum_t log pi_r(y_t | x, y_<t)``, ``rewards/arm.py``: a causal LM directory whose
+``reinforge_rm.json`` says ``kind: autoregressive`` and its beta), or an ensemble of them.
 
 A model with one head gives its score as it is. Several scores, from k heads (``num_labels = k``)
 or from the members of an ensemble directory (``ensemble.json``, written by ``reinforge rm`` with
@@ -10,7 +12,8 @@ text scored is the chat template applied to ``prompt + [assistant: completion]``
 is chat messages and the tokenizer has a template, else ``prompt + completion`` as raw text (chat
 messages without a template: their contents joined by newlines). Sequences are right-padded
 whatever the tokenizer's ``padding_side`` (so real tokens keep positions 0..n-1 under absolute
-position embeddings too), and the model's own pooling reads the head at the last non-pad token.
+position embeddings too), and the model's own pooling reads the head at the last non-pad token (an
+autoregressive reward model sums over the completion's tokens instead, ``row`` telling where they begin).
 A sequence longer than ``max_length`` keeps its last ``max_length`` tokens (the completion's end).
 
 A model trained by ``reinforge rm`` with a reference template (``reinforge_rm.json``) is a
@@ -41,6 +44,22 @@ import torch
 
 from reinforge.errors import ConfigError
 from reinforge.models.precision import at_least_float32
+from reinforge.rewards.arm import (
+    completion_mask,
+    forward_scores,
+    ids_and_start,
+    is_autoregressive,
+    load_autoregressive,
+    reads_completion,
+)
+from reinforge.rewards.rm_inputs import (  # noqa: F401  (re-exported: the trainer and tests import them from here)
+    RM_CONFIG,
+    reference_template,
+    reward_text_ids,
+    right_padded,
+    trained_with,
+    with_reference,
+)
 from reinforge.rewards.verifiers import RewardResult
 from reinforge.types import Task
 
@@ -84,55 +103,6 @@ class RunningMeanStd:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
-RM_CONFIG = "reinforge_rm.json"  # how ``reinforge rm`` trained a model: {"reference_template": ...}
-
-
-def with_reference(prompt: str | list[dict[str, str]], template: str | None, answer: str | None
-                   ) -> str | list[dict[str, str]]:
-    """A reference-based reward model's prompt (the VerifyRM design of Cooper, Hong et al. 2025,
-    arXiv:2508.05613): ``template`` formatted with the reference ``answer`` appended to the last user
-    message (or to a text prompt). No template: the prompt as it is."""
-    if template is None:
-        return prompt
-    if not answer:
-        raise ConfigError("a reference-based reward model scores against the task's reference answer; this task "
-                          "has none")
-    extra = template.format(answer=answer)
-    if isinstance(prompt, str):
-        return prompt + extra
-    last = max((i for i, m in enumerate(prompt) if m["role"] == "user"), default=len(prompt) - 1)
-    return [{**m, "content": m["content"] + extra} if i == last else m for i, m in enumerate(prompt)]
-
-
-def reference_template(path: str | Path) -> str | None:
-    """The reference template a model directory was trained with (its ``reinforge_rm.json``), else None."""
-    config = Path(path) / RM_CONFIG
-    return json.loads(config.read_text()).get("reference_template") if config.is_file() else None
-
-
-def reward_text_ids(tokenizer: Any, prompt: str | list[dict[str, str]], completion: str) -> list[int]:
-    """The ids a reward model scores for ``completion`` as the answer to ``prompt`` (the module
-    docstring's rule); ``reinforge rm`` trains on exactly these."""
-    if isinstance(prompt, str):
-        return list(tokenizer(prompt + completion, add_special_tokens=True)["input_ids"])
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": completion}], tokenize=False)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    text = "\n".join(m["content"] for m in prompt) + completion
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
-
-
-def right_padded(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask) ``[len(rows), longest]``: each row at the left, ``pad_id`` after it."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for k, r in enumerate(rows):
-        ids[k, : len(r)] = torch.tensor(r)
-        mask[k, : len(r)] = 1
-    return ids, mask
-
-
 def reward_model_dir(path: str, label: str = "reward model") -> Path:
     """``path`` as a Hugging Face model directory, or a ConfigError starting with ``label``."""
     directory = Path(path).expanduser()
@@ -161,16 +131,18 @@ class RewardEnsemble(torch.nn.Module):
         super().__init__()
         self.members = torch.nn.ModuleList(members)
         self.config = members[0].config
+        self.reads_completion = reads_completion(members[0])  # members of one run are of one kind
 
     @property
     def heads(self) -> int:
-        return sum(int(m.config.num_labels) for m in self.members)
+        return sum(_heads(m) for m in self.members)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                completion_mask: torch.Tensor | None = None) -> Any:
         from types import SimpleNamespace
 
         return SimpleNamespace(logits=torch.cat(
-            [m(input_ids=input_ids, attention_mask=attention_mask).logits for m in self.members], dim=-1))
+            [forward_scores(m, input_ids, attention_mask, completion_mask) for m in self.members], dim=-1))
 
 
 def _load(path: str, dtype: str) -> torch.nn.Module:
@@ -179,11 +151,16 @@ def _load(path: str, dtype: str) -> torch.nn.Module:
     members = ensemble_members(path)
     if members is not None:
         return RewardEnsemble([_load(str(m), dtype) for m in members])
+    if is_autoregressive(reward_model_dir(path)):
+        return load_autoregressive(reward_model_dir(path), _DTYPES[dtype])
     return AutoModelForSequenceClassification.from_pretrained(str(reward_model_dir(path)), dtype=_DTYPES[dtype])
 
 
 def _heads(model: torch.nn.Module) -> int:
-    return model.heads if isinstance(model, RewardEnsemble) else int(getattr(model.config, "num_labels", 0) or 0)
+    """The model's scores per sequence: its ``heads`` (an ensemble, an autoregressive reward model), else
+    its classifier's ``num_labels``."""
+    heads = getattr(model, "heads", None)
+    return int(heads) if heads is not None else int(getattr(model.config, "num_labels", 0) or 0)
 
 
 class RewardModelScorer:
@@ -261,6 +238,16 @@ class RewardModelScorer:
         prompt = with_reference(task.prompt, self.reference_template, task.answer)
         return reward_text_ids(self.tokenizer, prompt, completion)
 
+    def row(self, task: Task, completion: str) -> tuple[list[int], int]:
+        """The pair's ids as scored (the last ``max_length``) and where its completion begins in them: read
+        by a model that scores the completion's tokens (``rewards.arm``), else 0."""
+        if not reads_completion(self.model):
+            return self._truncate(self.encode(task, completion)), 0
+        [(ids, start)] = ids_and_start(self.tokenizer, with_reference(task.prompt, self.reference_template,
+                                                                      task.answer), completion)
+        kept = self._truncate(ids)
+        return kept, max(0, start - (len(ids) - len(kept)))
+
     def _truncate(self, ids: list[int]) -> list[int]:
         if len(ids) <= self.max_length:
             return ids
@@ -274,10 +261,10 @@ class RewardModelScorer:
         """The head's scalar for every pair, unnormalised, in order (batches of similar lengths)."""
         if len(tasks) != len(completions):
             raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
-        encoded = [self._truncate(self.encode(t, c)) for t, c in zip(tasks, completions, strict=True)]
-        if any(not ids for ids in encoded):
+        encoded = [self.row(t, c) for t, c in zip(tasks, completions, strict=True)]
+        if any(not ids for ids, _ in encoded):
             raise ValueError("a (prompt, completion) pair encodes to no tokens")
-        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
         scores = [0.0] * len(encoded)
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
@@ -287,10 +274,12 @@ class RewardModelScorer:
                 scores[r] = value
         return scores
 
-    def logits(self, encoded: Sequence[list[int]]) -> torch.Tensor:
-        """``[len(encoded), heads]`` (at least float32): the sequences right-padded into one forward."""
-        ids, mask = right_padded(encoded, self.pad_id)
-        return at_least_float32(self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits)
+    def logits(self, rows: Sequence[tuple[list[int], int]]) -> torch.Tensor:
+        """``[len(rows), heads]`` (at least float32): the ``row``s right-padded into one forward."""
+        ids, mask = right_padded([r for r, _ in rows], self.pad_id)
+        completion = completion_mask([len(r) for r, _ in rows], [s for _, s in rows], ids.shape[1])
+        d = self.device
+        return at_least_float32(forward_scores(self.model, ids.to(d), mask.to(d), completion.to(d)))
 
     def _one_score(self, logits: torch.Tensor) -> torch.Tensor:
         """``[batch, heads]`` -> ``[batch]``: a single head as it is, several through the aggregate."""

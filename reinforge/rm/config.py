@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from reinforge.config.base import Part, PartRef, _Strict
 from reinforge.config.recipes import RECIPES_DIR, _format_validation_error, apply_overrides
@@ -32,10 +32,24 @@ def _check_template(value: str | None) -> str | None:
 class RMModelConfig(_Strict):
     path: str = Field("tiny-base", description="where the reward model starts: a causal LM (its transformer is "
                       "kept, a fresh score head added), a reward model directory, a run directory or a shipped name")
+    kind: Literal["sequence_classifier", "autoregressive"] = Field(
+        "sequence_classifier", description="sequence_classifier: a score head at the last token; autoregressive: "
+        "GenARM's r = beta * sum_t log pi_r(y_t | x, y_<t), the causal LM's summed log-probabilities of the "
+        "completion's tokens (Xu et al. 2024, arXiv:2410.08193; no head, no reference model)")
+    beta: float = Field(1.0, gt=0, description="with kind: autoregressive, the beta of r (the scale of the "
+                        "Bradley-Terry logit); saved with the model for the scorer")
     heads: int = Field(1, ge=1, description="score heads on one transformer (num_labels); more than 1 is an "
                        "ensemble of heads, each trained on every pair, aggregated when scored")
     device: str = Field("cpu", description="cpu, cuda, cuda:N")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
+
+    @field_validator("heads")
+    @classmethod
+    def _one_score(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("kind") == "autoregressive" and value != 1:
+            raise ValueError("an autoregressive reward model has one score (its log-likelihood); use ensemble: k "
+                             "for several models")
+        return value
 
 
 class PairColumns(_Strict):
@@ -192,6 +206,13 @@ class PRMConfig(_Strict):
     loss: Annotated[PartRef, Part("prm_loss")] = Field("prm_step_bce", validate_default=True,
                                                      description="the per-step loss")
     train: RMTrainConfig = Field(default_factory=RMTrainConfig)
+
+    @field_validator("model")
+    @classmethod
+    def _classifier(cls, value: RMModelConfig) -> RMModelConfig:
+        if value.kind != "sequence_classifier":
+            raise ValueError("kind: a process reward model is a token classifier (sequence_classifier's network)")
+        return value
 
 
 def load_prm_config(recipe: str | None, overrides: list[str] | None = None) -> PRMConfig:

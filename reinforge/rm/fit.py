@@ -25,12 +25,12 @@ HeldOut = Callable[[], tuple[str, float]]
 
 
 def optimizer_for(model: torch.nn.Module, train: Any) -> torch.optim.Optimizer:
-    """AdamW over the body at ``lr`` and the score head at ``head_lr`` (default ``lr``)."""
+    """AdamW over the body at ``lr`` and the score head, if the model has one, at ``head_lr`` (default ``lr``)."""
     head = head_parameters(model)
     ids = {id(p) for p in head}
     body = [p for p in model.parameters() if id(p) not in ids]
     groups = [{"params": body, "lr": train.lr}, {"params": head, "lr": train.head_lr or train.lr}]
-    return torch.optim.AdamW(groups, weight_decay=train.weight_decay)
+    return torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=train.weight_decay)
 
 
 def fit(model: torch.nn.Module, train: Any, examples: int, seed: int, loss_of: LossOf, heldout: HeldOut,

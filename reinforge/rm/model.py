@@ -1,5 +1,7 @@
 """The reward model's network: any Hugging Face causal LM (or reward model) as an
-``AutoModelForSequenceClassification`` with ``heads`` score outputs, and its atomic save.
+``AutoModelForSequenceClassification`` with ``heads`` score outputs (``model.kind: sequence_classifier``)
+or as GenARM's autoregressive reward model (``model.kind: autoregressive``, ``rewards/arm.py``: the
+causal LM itself, all of it trained, no head), and its atomic save.
 
 From a causal LM the transformer's weights are kept and a score head (``hidden -> heads``) is added.
 One head starts at zero, so every score starts at 0 and the first steps move the head before the
@@ -21,6 +23,7 @@ import torch
 from reinforge.errors import ConfigError
 from reinforge.models.adapters import is_adapter_dir
 from reinforge.models.loading import _existing_model_dir, load_tokenizer
+from reinforge.rewards.arm import KIND, AutoregressiveRewardModel
 
 _SUFFIX = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification"}
 
@@ -65,6 +68,42 @@ def build_reward_model(path: str, heads: int, device: str = "cpu", per: str = "s
     return model.to(device), tokenizer
 
 
+def build_autoregressive_reward_model(path: str, beta: float, device: str = "cpu"
+                                      ) -> tuple[AutoregressiveRewardModel, Any]:
+    """``(model, tokenizer)``: GenARM's pi_r initialised from the causal LM at ``path`` (or continued from an
+    autoregressive reward model directory, whose saved beta gives way to ``beta``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    directory = _existing_model_dir(path)
+    if is_adapter_dir(directory):
+        raise ConfigError(f"model.path: {directory} is a LoRA adapter; export it to a full model first "
+                          "(`reinforge export`) and start the reward model from that")
+    if any(_is_reward_model(AutoConfig.from_pretrained(directory), per) for per in _SUFFIX):
+        raise ConfigError(f"model.path: {directory} is a classifier reward model; an autoregressive reward model "
+                          "starts from a causal LM (or an autoregressive reward model)")
+    tokenizer = load_tokenizer(directory)
+    lm = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    if lm.config.get_text_config().pad_token_id is None:
+        lm.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    return AutoregressiveRewardModel(lm, beta).to(device), tokenizer
+
+
+def build_for(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
+    """The recipe's ``model`` section's network by its ``kind``."""
+    if model_cfg.kind == KIND:
+        return build_autoregressive_reward_model(model_cfg.path, model_cfg.beta, model_cfg.device)
+    return build_reward_model(model_cfg.path, model_cfg.heads, model_cfg.device)
+
+
+def trained_record(model: torch.nn.Module, reference_template: str | None) -> dict[str, Any]:
+    """What ``reinforge_rm.json`` keeps for the scorer: the reference template, and an autoregressive
+    reward model's kind and beta."""
+    record: dict[str, Any] = {"reference_template": reference_template}
+    if isinstance(model, AutoregressiveRewardModel):
+        record.update(kind=KIND, beta=model.beta)
+    return record
+
+
 def _score_head(model: torch.nn.Module) -> torch.nn.Linear:
     for name in ("score", "classifier"):
         head = getattr(model, name, None)
@@ -74,6 +113,9 @@ def _score_head(model: torch.nn.Module) -> torch.nn.Linear:
 
 
 def head_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The score head's parameters (none for an autoregressive reward model, which has no head)."""
+    if isinstance(model, AutoregressiveRewardModel):
+        return []
     return list(_score_head(model).parameters())
 
 

@@ -4,12 +4,14 @@ A run directory ``runs/<name>/`` holds ``config.yaml``, ``metrics.jsonl`` (loss,
 score gap and mean every step; held-out accuracy every ``train.eval_every``), ``eval.json`` (held-out
 pair accuracy with its 95% bootstrap interval, calibration bins), ``calibration.png`` and the reward
 model: ``model/`` (one model) or ``members/<i>/`` plus ``ensemble.json`` (``ensemble: k``), each an
-HF ``AutoModelForSequenceClassification`` directory the ``reward_model`` reward term loads as it is.
+HF ``AutoModelForSequenceClassification`` directory (``model.kind: autoregressive``: a causal LM directory
+with its kind and beta in ``reinforge_rm.json``) the ``reward_model`` reward term loads as it is.
 ``combine: warm`` averages the k members' weights into ``model/`` (WARM), keeping the members (the run
 directory is still their ensemble, for comparison) and recording each one's held-out accuracy and that of their averaged predictions in ``eval.json``.
 
-Each pair is encoded as the scorer encodes (``rewards.reward_model.reward_text_ids``: the RM
-tokenizer's chat template over prompt + answer), keeping the last tokens that fit the model's context.
+Each pair is encoded as the scorer encodes (``rewards.rm_inputs.reward_text_ids``: the RM
+tokenizer's chat template over prompt + answer; ``rewards.arm.ids_and_start``: where the answer's
+tokens begin), keeping the last tokens that fit the model's context.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from reinforge.algo.reward_losses import RM_LOSSES
 from reinforge.data.sources import build_task_splits
 from reinforge.errors import DataError
 from reinforge.orchestrate.run_dir import new_run_dir
-from reinforge.rewards.reward_model import reward_text_ids, right_padded, with_reference
+from reinforge.rewards.arm import completion_mask, forward_scores, ids_and_start, keep_last
+from reinforge.rewards.rm_inputs import right_padded, with_reference
 from reinforge.rm.config import RMConfig
 from reinforge.rm.data import PreferencePair, near_miss_pairs, read_pairs, split_by_prompt
 from reinforge.rm.evaluate import PairEval, evaluate_pairs, plot_calibration
 from reinforge.rm.fit import fit
-from reinforge.rm.model import build_reward_model, save_reward_model
+from reinforge.rm.model import build_for, save_reward_model, trained_record
 from reinforge.track.jsonl import JsonlSink
 
 
@@ -61,8 +64,9 @@ def load_pairs(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair
 
 
 class EncodedPairs:
-    """Every pair's two sides as token ids, encoded when a batch first needs them (a run of S steps of B
-    pairs encodes at most S * B pairs, not the whole file), and right-padded batches of them."""
+    """Every pair's two sides as token ids with where each completion begins (read by an autoregressive
+    reward model), encoded when a batch first needs them (a run of S steps of B pairs encodes at most
+    S * B pairs, not the whole file), and right-padded batches of them."""
 
     def __init__(self, pairs: list[PreferencePair], tokenizer: Any, max_length: int,
                  reference_template: str | None = None) -> None:
@@ -72,33 +76,37 @@ class EncodedPairs:
                 raise DataError(f"{missing.where}: data.reference_template is set but the pair has no reference "
                                 "answer (data.columns.reference)")
         self.pairs, self.tokenizer, self.max_length, self.template = pairs, tokenizer, max_length, reference_template
-        self._ids: dict[int, tuple[list[int], list[int]]] = {}
+        self._ids: dict[int, tuple[tuple[list[int], int], tuple[list[int], int]]] = {}
         self.margin = torch.tensor([p.margin for p in pairs], dtype=torch.float32)
         self.pad_id = int(tokenizer.pad_token_id)
 
-    def sides(self, i: int) -> tuple[list[int], list[int]]:
-        """(chosen ids, rejected ids) of pair ``i``, each keeping its last ``max_length`` tokens."""
+    def sides(self, i: int) -> tuple[tuple[list[int], int], tuple[list[int], int]]:
+        """((chosen ids, start), (rejected ids, start)) of pair ``i``, each keeping its last ``max_length``
+        tokens; start: where the completion begins in the ids kept."""
         if i not in self._ids:
             p = self.pairs[i]
             prompt = with_reference(p.prompt, self.template, p.reference)
-            self._ids[i] = (reward_text_ids(self.tokenizer, prompt, p.chosen)[-self.max_length:],
-                            reward_text_ids(self.tokenizer, prompt, p.rejected)[-self.max_length:])
+            chosen, rejected = ids_and_start(self.tokenizer, prompt, p.chosen, p.rejected)
+            self._ids[i] = (keep_last(*chosen, self.max_length), keep_last(*rejected, self.max_length))
         return self._ids[i]
 
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def batch(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids, attention mask) of ``2 * len(index)`` rows: the chosen sides, then the rejected ones."""
+    def batch(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, attention mask, completion mask) of ``2 * len(index)`` rows: the chosen sides, then the
+        rejected ones."""
         sides = [self.sides(int(i)) for i in index]
-        return right_padded([c for c, _ in sides] + [r for _, r in sides], self.pad_id)
+        rows = [c for c, _ in sides] + [r for _, r in sides]
+        ids, mask = right_padded([r for r, _ in rows], self.pad_id)
+        return ids, mask, completion_mask([len(r) for r, _ in rows], [s for _, s in rows], ids.shape[1])
 
 
 def pair_scores(model: torch.nn.Module, data: EncodedPairs, index: np.ndarray, device: str
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen, rejected) scores ``[len(index), heads]``."""
-    ids, mask = data.batch(index)
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+    ids, mask, completion = data.batch(index)
+    logits = forward_scores(model, ids.to(device), mask.to(device), completion.to(device)).float()
     return logits[: len(index)], logits[len(index):]
 
 
@@ -147,7 +155,7 @@ def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResul
     steps = 0
     for k in range(cfg.ensemble):
         torch.manual_seed(cfg.seed + k)
-        model, tokenizer = build_reward_model(cfg.model.path, cfg.model.heads, cfg.model.device)
+        model, tokenizer = build_for(cfg.model)
         limit = _context_length(model)
         template = cfg.data.reference_template
         train = EncodedPairs(train_pairs, tokenizer, limit, template)
@@ -156,7 +164,7 @@ def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResul
         steps = train_member(cfg, cfg.seed + k, train, held, model, sink, console, label)
         out = run_dir / "model" if cfg.ensemble == 1 else run_dir / "members" / str(k)
         out.parent.mkdir(parents=True, exist_ok=True)
-        members.append(save_reward_model(model, tokenizer, out, {"reference_template": template}))
+        members.append(save_reward_model(model, tokenizer, out, trained_record(model, template)))
         member_scores.append(heldout_scores(model, held, cfg.model.device))
         if cfg.combine == "warm":
             states.append({n: t.detach().clone() for n, t in model.state_dict().items()})
@@ -171,7 +179,7 @@ def train_reward_model(cfg: RMConfig, console: Console | None = None) -> RMResul
         c, r = heldout_scores(model, held, cfg.model.device)
         result = evaluate_pairs(c.mean(-1), r.mean(-1), seed=cfg.seed)
         _write_outputs(run_dir, cfg, result, members, evals)  # the members stay an ensemble beside the WARM model
-        members = [save_reward_model(model, tokenizer, run_dir / "model", {"reference_template": template})]
+        members = [save_reward_model(model, tokenizer, run_dir / "model", trained_record(model, template))]
     else:
         _write_outputs(run_dir, cfg, result, members, evals)
     seconds = time.monotonic() - begin
