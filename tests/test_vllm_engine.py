@@ -416,6 +416,15 @@ def test_vllm_with_pictures_matches_the_torch_engine_and_the_learner(vlm_engine)
         # still counts the placeholder: a gap of -log(1 - p(placeholder)) (docs/vision.md), 5.3e-4 at most here
         assert mask.sum() > 18 and _max_diff(banned, sampled, mask) < 1e-4, _max_diff(banned, sampled, mask)
         assert _max_diff(logp, sampled, mask) < gap + 1e-4, (_max_diff(logp, sampled, mask), gap)
+    torch.manual_seed(0)  # new weights, the vision tower's too: the same pictures' cached encoder outputs are stale
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    vlm_engine.update_weights(dict(model.named_parameters()), 1)
+    gens = vlm_engine.generate(reqs, SamplingParams(max_new_tokens=8, n=3))
+    _, sampled, mask = _learner_logprobs(model, gens, processor.tokenizer.pad_token_id, 1.0, _pixels(gens, reqs))
+    banned, _ = _placeholder_banned(model, gens, processor.tokenizer.pad_token_id, 1.0, _pixels(gens, reqs))
+    assert _max_diff(banned, sampled, mask) < 1e-4 and all(g.version == 1 for g in gens)
 
 
 @needs_vllm_vision
@@ -426,6 +435,7 @@ def test_vllm_gives_each_picture_of_a_batch_its_own_answer(vlm_engine):
     from reinforge.models.loading import load_model
 
     model, processor = load_model("tiny-vlm").eval(), vlm_engine.processor
+    vlm_engine.update_weights(model, 0)  # tiny-vlm as shipped (an earlier test moved the weights)
     reqs = _picture_requests(processor, 12)
     a = reqs[0]
     b = next(r for r in reqs[1:] if list(r.images[0].getdata()) != list(a.images[0].getdata()))
@@ -594,7 +604,9 @@ def test_grpo_on_pictures_through_vllm(tmp_path):
         "rollout.group_size=4", "task.heldout_size=8", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0",
         "log.report=false", "train.time_limit_s=0", "algo.skip_equal_reward_groups=false"]))
     steps = [m for m in result.metrics() if "train/loss" in m]
-    assert len(steps) == 2 and max(m["train/logprob_mismatch_max"] for m in steps) < 1e-4
+    # the placeholder gap -log(1 - p(placeholder)) (docs/vision.md): 5.4e-4 measured here, as large as at the
+    # start (5.3e-4 in the parity test); the computation itself agrees to 1e-4 (the tests above)
+    assert len(steps) == 2 and max(m["train/logprob_mismatch_max"] for m in steps) < 1e-3
 
 
 # ---------------------------------------------------------------------------------- LoRA requests

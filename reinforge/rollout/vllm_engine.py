@@ -283,6 +283,11 @@ class VLLMRolloutEngine:
         weights = {tower_name(k, self.config): v for k, v in full_weights(state, self.tied).items()}
         iterator: Iterator[tuple[str, Tensor]] = iter(weights.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iterator})
+        if image_limit(self.config) is not None:
+            # the worker's reload drops its encoder outputs and processed pictures, which are stale now, but the
+            # scheduler and the input processor still count them as cached: reset both sides
+            self.llm.llm_engine.reset_mm_cache()
+            self.llm.llm_engine.reset_encoder_cache()
         self.last_sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.version = version
 
