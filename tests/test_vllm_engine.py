@@ -604,9 +604,10 @@ def test_grpo_on_pictures_through_vllm(tmp_path):
         "rollout.group_size=4", "task.heldout_size=8", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0",
         "log.report=false", "train.time_limit_s=0", "algo.skip_equal_reward_groups=false"]))
     steps = [m for m in result.metrics() if "train/loss" in m]
-    # the placeholder gap -log(1 - p(placeholder)) (docs/vision.md): 5.4e-4 measured here, as large as at the
-    # start (5.3e-4 in the parity test); the computation itself agrees to 1e-4 (the tests above)
-    assert len(steps) == 2 and max(m["train/logprob_mismatch_max"] for m in steps) < 1e-3
+    # the learner's softmax counts the placeholder the engines never sample: a gap of -log(1 - p(placeholder))
+    # (docs/vision.md), 5.4e-4 here and up to 1.04e-3 over 128 samples of tiny-vlm at T = 1; vLLM's log-probs
+    # equal the placeholder-free softmax to 6e-6 (the tests above); a stale or another picture differs by 0.1 to 5
+    assert len(steps) == 2 and max(m["train/logprob_mismatch_max"] for m in steps) < 2e-3
 
 
 # ---------------------------------------------------------------------------------- LoRA requests
