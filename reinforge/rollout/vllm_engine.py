@@ -28,11 +28,12 @@ vLLM and its directory deleted). A request runs its ``GenerationRequest.adapter`
 ``default_adapter``; an adapter sent with no tensors yet is the base) as vLLM's ``LoRARequest``; one
 ``generate`` may mix adapters.
 
-Pictures (docs/vision.md): a vision-language model is written with its processor, and a prompt with pictures
-goes to vLLM as its token ids with one placeholder per picture and the pictures as ``multi_modal_data``; vLLM
-expands the placeholders and its expanded prompt must be the processor's (rollout/vllm_pictures.py). vLLM
-runs its own copy of the processor on the pictures (``GenerationRequest.images``), not the request's
-``model_inputs``: a sampler that changes those alone (``noisy_rollout``) is refused (``reads_model_inputs``).
+Pictures (docs/vision.md, rollout/vllm_pictures.py): the model is written with its processor; a prompt with
+pictures goes as its ids with one placeholder per picture plus ``multi_modal_data``, and vLLM's expansion must
+be the processor's. vLLM runs its own processor on ``GenerationRequest.images``, never ``model_inputs``: a
+sampler changing those alone (``noisy_rollout``) is refused (``reads_model_inputs``). The placeholder is never
+sampled (as in the torch engine), a CLIP / SigLIP tower's weights go under vLLM's names, and each weight update
+resets vLLM's encoder and multi-modal caches (its reload drops the worker's cached features, not the scheduler's).
 """
 
 from __future__ import annotations
