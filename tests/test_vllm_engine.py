@@ -597,8 +597,11 @@ def test_serve_through_vllm():
 def test_grpo_on_pictures_through_vllm(tmp_path):
     """The vlm_colour recipe, shortened, with rollout.engine=vllm: the collector encodes the pictures with the
     engine's processor, vLLM samples them, the learner's log-probs agree (weights synced every step)."""
+    import gc
+
     from reinforge.orchestrate.run import train
 
+    gc.collect()  # an earlier test's engine, finalised during this one, would tear down vLLM's parallel state
     result = train(load_config("vlm_colour", [
         f"output_dir={tmp_path}", "rollout.engine=vllm", "train.steps=2", "rollout.prompts_per_step=4",
         "rollout.group_size=4", "task.heldout_size=8", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0",
