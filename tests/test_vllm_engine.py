@@ -3,7 +3,9 @@
 The first tests run without vLLM (the clear error, weight naming, sampling translation, config
 resolution, the auto rule); those that build vLLM are skipped with the reason when it is not
 importable (`make install-vllm` installs it) and share one engine over tiny-base (vLLM loads in
-about 15 s, its first generate warms up for about 20 s on 2 CPU cores).
+about 15 s, its first generate warms up for about 20 s on 2 CPU cores). The picture tests share a second
+engine over tiny-vlm, built after the last test of the first; they also need vLLM's LLaVA module to import
+(it needs torchvision built for this torch, docs/vision.md) and are skipped with that reason otherwise.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from reinforge.rollout.auto_engine import VLLM_CROSSOVER_PARAMS, choose_engine, 
 from reinforge.rollout.engines import context_limit, engine_spec
 from reinforge.rollout.prompts import encode_prompt
 from reinforge.rollout.types import GenerationRequest, SamplingParams
-from reinforge.rollout.vllm_engine import full_weights, import_vllm, vllm_sampling_params
+from reinforge.rollout.vllm_engine import full_weights, import_vllm, model_positions, vllm_sampling_params
+from reinforge.rollout.vllm_pictures import check_expanded, collapse_image_runs, image_limit, vllm_prompt
 
 
 def _vllm_importable() -> tuple[bool, str]:
@@ -128,9 +131,83 @@ def test_eval_engine_defaults_to_torch_and_takes_a_name(tiny_model):
         build_eval_engine("tiny-base", 0, engine="nope")
 
 
+# ---------------------------------------------------------------------------------- pictures, without vLLM
+def _picture_requests(processor, n: int) -> list[GenerationRequest]:
+    """Held-out shapes prompts (``colour?`` over one 32 x 32 picture) as the collector builds them."""
+    from reinforge.data.shapes import shapes_splits
+    from reinforge.rollout.vision import vision_request
+
+    return [vision_request(processor, t.prompt, t.images, t.id) for t in shapes_splits().heldout[:n]]
+
+
+def test_a_picture_prompt_goes_to_vllm_with_one_placeholder_per_picture():
+    """The processor's 16 image tokens (32 x 32 pixels in 8 x 8 patches) become one; vLLM's expansion (the
+    image token replaced by the picture's 16 features) gives the processor's ids back; text prompts unchanged."""
+    from reinforge.models.loading import load_model, load_processor
+
+    config, processor = load_model("tiny-vlm").config, load_processor("tiny-vlm")
+    req = _picture_requests(processor, 1)[0]
+    token = config.image_token_index
+    prompt = vllm_prompt(req, config)
+    ids = prompt["prompt_token_ids"]
+    assert token == 4 and req.prompt_ids.count(token) == 16 and ids.count(token) == 1
+    at = ids.index(token)
+    assert ids[:at] + [token] * 16 + ids[at + 1:] == req.prompt_ids
+    assert prompt["multi_modal_data"] == {"image": list(req.images)} and req.images[0].mode == "RGB"
+    assert vllm_prompt(GenerationRequest([1, 5, 6], "t"), config) == {"prompt_token_ids": [1, 5, 6]}
+    assert image_limit(config) == {"image": 1} and model_positions(config) == 128  # the text model's context
+    fake = types.SimpleNamespace(SamplingParams=lambda **kw: kw)  # the placeholder is never sampled
+    assert vllm_sampling_params(fake, SamplingParams(), seed=0, banned=token)["logit_bias"] == {token: -100.0}
+
+
+def test_collapsing_image_runs_by_hand():
+    s, t, e = 7, 9, 8  # Qwen-VL: <|vision_start|> <|image_pad|> x n <|vision_end|> per picture
+    assert collapse_image_runs([1, s, t, t, t, e, 2, s, t, t, e], t, 2) == [1, s, t, e, 2, s, t, e]
+    assert collapse_image_runs([1, t, t, t, t, t, t, 2], t, 2) == [1, t, t, 2]  # two adjacent pictures of 3
+    with pytest.raises(ReinforgeError, match=r"3 runs of the image token \(9\) for 2 pictures"):
+        collapse_image_runs([t, 1, t, 1, t, t], t, 2)
+
+
+def test_vllm_refuses_pictures_it_cannot_send(tiny_model):
+    from PIL import Image
+
+    img = Image.new("RGB", (4, 4))
+    llava = types.SimpleNamespace(model_type="llava", vision_config={}, image_token_index=5)
+    idefics = types.SimpleNamespace(model_type="idefics3", vision_config={}, image_token_id=5)
+    req = GenerationRequest([1, 5, 5, 2], "r", {"pixel_values": torch.zeros(1, 3, 4, 4)}, images=(img,))
+    with pytest.raises(ReinforgeError, match=r"does not send pictures to idefics3 models.*use rollout.engine=torch"):
+        vllm_prompt(req, idefics)
+    with pytest.raises(ReinforgeError, match="has 2 pictures; llava takes at most 1 a prompt"):
+        vllm_prompt(GenerationRequest(req.prompt_ids, "r", images=(img, img)), llava)
+    with pytest.raises(ReinforgeError, match=r"model inputs \(\['pixel_values'\]\) but no pictures"):
+        vllm_prompt(GenerationRequest(req.prompt_ids, "r", req.model_inputs), llava)
+    with pytest.raises(ReinforgeError, match=r"has pictures but the model \(llama\) takes none"):
+        vllm_prompt(req, tiny_model.config)
+    check_expanded(req, [1, 5, 5, 2])  # vLLM expanded the pictures to the processor's ids
+    check_expanded(GenerationRequest([1, 2], "text"), [1, 2, 3])  # text prompts are not checked
+    with pytest.raises(ReinforgeError, match="expanded request 'r'.* to 5 prompt tokens, not the 4"):
+        check_expanded(req, [1, 5, 5, 5, 2])
+    qwen = types.SimpleNamespace(model_type="qwen2_vl", vision_config={})
+    assert image_limit(qwen) == {"image": 8} and image_limit(idefics) is None and image_limit(tiny_model.config) is None
+
+
 # ---------------------------------------------------------------------------------- with vLLM
 VLLM_OK, VLLM_WHY = _vllm_importable()
 needs_vllm = pytest.mark.skipif(not VLLM_OK, reason=VLLM_WHY)
+
+
+def _vllm_vision_importable() -> tuple[bool, str]:
+    if not VLLM_OK:
+        return False, VLLM_WHY
+    try:
+        importlib.import_module("vllm.model_executor.models.llava")
+    except Exception as e:  # noqa: BLE001 - a missing dependency is a reason to skip, shown as such
+        return False, f"vLLM's LLaVA module does not import ({type(e).__name__}: {e}); docs/vision.md"
+    return True, ""
+
+
+VISION_OK, VISION_WHY = _vllm_vision_importable()
+needs_vllm_vision = pytest.mark.skipif(not VISION_OK, reason=VISION_WHY)
 
 
 def _requests(tokenizer, n=12):
@@ -138,8 +215,10 @@ def _requests(tokenizer, n=12):
     return [GenerationRequest(encode_prompt(tokenizer, t.prompt), t.id) for t in tasks]
 
 
-def _learner_logprobs(model, gens, pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(learner log-probs, sampler log-probs, mask) over the completions, right-padded."""
+def _learner_logprobs(model, gens, pad_id: int, temperature: float, model_inputs=None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(learner log-probs, sampler log-probs, mask) over the completions, right-padded; ``model_inputs``: the
+    rows' pictures (``pixel_values`` stacked in the completions' order)."""
     ids = [g.prompt_ids + g.token_ids for g in gens]
     width = max(map(len, ids))
     input_ids = torch.full((len(ids), width), pad_id)
@@ -149,7 +228,7 @@ def _learner_logprobs(model, gens, pad_id: int, temperature: float) -> tuple[tor
         p = len(g.prompt_ids)
         sampled[i, p : len(row)], mask[i, p : len(row)] = torch.tensor(g.logprobs), 1
     with torch.no_grad():
-        logp, _ = token_logprobs(model, input_ids, attn, temperature)
+        logp, _ = token_logprobs(model, input_ids, attn, temperature, model_inputs=model_inputs)
     return logp, sampled, mask
 
 
@@ -270,6 +349,109 @@ def test_vllm_serves_adapters_per_request_like_the_torch_engine(vllm_engine, tin
     engine.remove_adapter("x")
     with pytest.raises(ReinforgeError, match=r"adapters \['x'\]"):
         engine.generate(named("x"), greedy)
+
+
+# ---------------------------------------------------------------------------------- pictures through vLLM
+@pytest.fixture(scope="module")
+def vlm_engine():
+    """vLLM over tiny-vlm with its processor. Built when the first picture test runs, after every test of
+    ``vllm_engine`` (one engine in use at a time in a process: see ``vllm_engine``)."""
+    from reinforge.models.loading import load_model, load_processor, load_tokenizer
+    from reinforge.rollout.vllm_engine import VLLMRolloutEngine
+
+    return VLLMRolloutEngine(load_model("tiny-vlm"), load_tokenizer("tiny-vlm"), seed=0,
+                             processor=load_processor("tiny-vlm"))
+
+
+def _pixels(gens, reqs) -> dict[str, torch.Tensor]:
+    by_id = {r.request_id: r.model_inputs["pixel_values"] for r in reqs}
+    return {"pixel_values": torch.cat([by_id[g.request_id] for g in gens])}
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return torch.where(mask > 0, (a - b).abs(), 0.0).max().item()
+
+
+def _placeholder_banned(model, gens, pad_id: int, temperature: float, model_inputs) -> tuple[torch.Tensor, float]:
+    """The completions' log-probs under softmax(z / T) without the image placeholder (the engines' distribution),
+    and the largest gap to the learner's plain softmax over the completions, -log(1 - p(placeholder))."""
+    token = model.config.image_token_index
+    ids = [g.prompt_ids + g.token_ids for g in gens]
+    x = torch.full((len(ids), max(map(len, ids))), pad_id)
+    attn = torch.zeros_like(x)
+    for i, row in enumerate(ids):
+        x[i, : len(row)], attn[i, : len(row)] = torch.tensor(row), 1
+    with torch.no_grad():
+        z = model(input_ids=x, attention_mask=attn, **model_inputs).logits.float()[:, :-1] / temperature
+    banned = torch.zeros(x.shape)
+    banned[:, 1:] = torch.log_softmax(z.index_fill(-1, torch.tensor([token]), float("-inf")), -1).gather(
+        -1, x[:, 1:, None])[..., 0]
+    gap = -torch.log1p(-torch.softmax(z, -1)[..., token])
+    completion = torch.zeros(x.shape[0], x.shape[1] - 1, dtype=torch.bool)
+    for i, g in enumerate(gens):
+        completion[i, len(g.prompt_ids) - 1 : len(ids[i]) - 1] = True
+    return banned, gap[completion].max().item()
+
+
+@needs_vllm_vision
+@pytest.mark.slow
+def test_vllm_with_pictures_matches_the_torch_engine_and_the_learner(vlm_engine):
+    """Prompts with pictures: greedy tokens equal the torch engine's; sampled log-probs equal the learner's
+    forward with the same pictures; vLLM's expanded prompt is the processor's."""
+    from reinforge.models.loading import load_model
+    from reinforge.rollout.torch_engine import TorchRolloutEngine
+
+    model, processor = load_model("tiny-vlm").eval(), vlm_engine.processor
+    reqs, greedy = _picture_requests(processor, 6), SamplingParams(max_new_tokens=8, greedy=True)
+    ours = vlm_engine.generate(reqs, greedy)
+    torch_engine = TorchRolloutEngine(load_model("tiny-vlm"), processor.tokenizer)
+    assert [g.token_ids for g in ours] == [g.token_ids for g in torch_engine.generate(reqs, greedy)]
+    for temperature in (1.0, 0.7):
+        gens = vlm_engine.generate(reqs, SamplingParams(max_new_tokens=8, n=3, temperature=temperature))
+        assert len(gens) == 18 and all(g.prompt_ids == reqs[i // 3].prompt_ids for i, g in enumerate(gens))
+        pad, pixels = processor.tokenizer.pad_token_id, _pixels(gens, reqs)
+        logp, sampled, mask = _learner_logprobs(model, gens, pad, temperature, pixels)
+        banned, gap = _placeholder_banned(model, gens, pad, temperature, pixels)
+        # the engines' distribution (the placeholder never sampled) to float precision; the learner's softmax
+        # still counts the placeholder: a gap of -log(1 - p(placeholder)) (docs/vision.md), 5.3e-4 at most here
+        assert mask.sum() > 18 and _max_diff(banned, sampled, mask) < 1e-4, _max_diff(banned, sampled, mask)
+        assert _max_diff(logp, sampled, mask) < gap + 1e-4, (_max_diff(logp, sampled, mask), gap)
+    torch.manual_seed(0)  # new weights, the vision tower's too: the same pictures' cached encoder outputs are stale
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    vlm_engine.update_weights(dict(model.named_parameters()), 1)
+    gens = vlm_engine.generate(reqs, SamplingParams(max_new_tokens=8, n=3))
+    _, sampled, mask = _learner_logprobs(model, gens, processor.tokenizer.pad_token_id, 1.0, _pixels(gens, reqs))
+    banned, _ = _placeholder_banned(model, gens, processor.tokenizer.pad_token_id, 1.0, _pixels(gens, reqs))
+    assert _max_diff(banned, sampled, mask) < 1e-4 and all(g.version == 1 for g in gens)
+
+
+@needs_vllm_vision
+@pytest.mark.slow
+def test_vllm_gives_each_picture_of_a_batch_its_own_answer(vlm_engine):
+    """Two prompts with the same tokens and different pictures in one batch: each completion equals its prompt's
+    alone, and its log-probs are the learner's under its own picture, not the other's."""
+    from reinforge.models.loading import load_model
+
+    model, processor = load_model("tiny-vlm").eval(), vlm_engine.processor
+    vlm_engine.update_weights(model, 0)  # tiny-vlm as shipped (an earlier test moved the weights)
+    reqs = _picture_requests(processor, 12)
+    a = reqs[0]
+    b = next(r for r in reqs[1:] if list(r.images[0].getdata()) != list(a.images[0].getdata()))
+    assert a.prompt_ids == b.prompt_ids  # the same question: only the picture differs
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    alone = [vlm_engine.generate([r], params)[0] for r in (a, b)]
+    both = vlm_engine.generate([a, b], params)
+    assert [g.token_ids for g in both] == [g.token_ids for g in alone]
+    for g, h in zip(both, alone, strict=True):
+        assert max(abs(x - y) for x, y in zip(g.logprobs, h.logprobs, strict=True)) < 1e-5
+    pad = processor.tokenizer.pad_token_id
+    _, sampled, mask = _learner_logprobs(model, both, pad, 1.0, _pixels(both, [a, b]))
+    own, _ = _placeholder_banned(model, both, pad, 1.0, _pixels(both, [a, b]))
+    swapped, _ = _placeholder_banned(model, both, pad, 1.0, _pixels(both[::-1], [a, b]))
+    assert _max_diff(own, sampled, mask) < 1e-4
+    assert _max_diff(swapped, sampled, mask) > 1e-3  # the other picture gives other log-probs
 
 
 def _answer_probability(model, tokenizer, n: int = 256) -> float:
@@ -408,6 +590,27 @@ def test_serve_through_vllm():
                 with pytest.raises(openai.BadRequestError, match="--engine torch"):
                     client.completions.create(model="tiny-base", prompt="1+1=", max_tokens=4, stream=True)
     assert texts["vllm"] == texts["torch"]
+
+
+@needs_vllm_vision
+@pytest.mark.slow
+def test_grpo_on_pictures_through_vllm(tmp_path):
+    """The vlm_colour recipe, shortened, with rollout.engine=vllm: the collector encodes the pictures with the
+    engine's processor, vLLM samples them, the learner's log-probs agree (weights synced every step)."""
+    import gc
+
+    from reinforge.orchestrate.run import train
+
+    gc.collect()  # an earlier test's engine, finalised during this one, would tear down vLLM's parallel state
+    result = train(load_config("vlm_colour", [
+        f"output_dir={tmp_path}", "rollout.engine=vllm", "train.steps=2", "rollout.prompts_per_step=4",
+        "rollout.group_size=4", "task.heldout_size=8", "eval.every=0", "eval.final_samples=0", "checkpoint.every=0",
+        "log.report=false", "train.time_limit_s=0", "algo.skip_equal_reward_groups=false"]))
+    steps = [m for m in result.metrics() if "train/loss" in m]
+    # the learner's softmax counts the placeholder the engines never sample: a gap of -log(1 - p(placeholder))
+    # (docs/vision.md), 5.4e-4 here and up to 1.04e-3 over 128 samples of tiny-vlm at T = 1; vLLM's log-probs
+    # equal the placeholder-free softmax to 6e-6 (the tests above); a stale or another picture differs by 0.1 to 5
+    assert len(steps) == 2 and max(m["train/logprob_mismatch_max"] for m in steps) < 2e-3
 
 
 # ---------------------------------------------------------------------------------- LoRA requests

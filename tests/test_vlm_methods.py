@@ -175,6 +175,12 @@ def test_noisy_rollout_refuses_groups_of_one_and_rows_without_pictures():
                        SamplingParams(n=1))
     with pytest.raises(ConfigError, match="has no picture"):
         sampler.sample(_Engine(), [GenerationRequest([1], "a")], SamplingParams(n=2))
+    sent_pictures = _Engine()
+    sent_pictures.reads_model_inputs = False  # the vLLM engine's: it samples from the pictures, not pixel_values
+    with pytest.raises(ConfigError, match="noisy_rollout noises the processor's pixel values.*rollout.engine=torch"):
+        sampler.sample(sent_pictures, [GenerationRequest([1], "a", {"pixel_values": torch.zeros(1, 3, 2, 2)})],
+                       SamplingParams(n=2))
+    assert sent_pictures.calls == []
 
 
 # --- grounding rewards and the box question -------------------------------------------------------------------------

