@@ -181,6 +181,10 @@ def test_noisy_rollout_refuses_groups_of_one_and_rows_without_pictures():
         sampler.sample(sent_pictures, [GenerationRequest([1], "a", {"pixel_values": torch.zeros(1, 3, 2, 2)})],
                        SamplingParams(n=2))
     assert sent_pictures.calls == []
+    from reinforge.rollout.openai_engine import OpenAIRolloutEngine
+    from reinforge.rollout.vllm_engine import VLLMRolloutEngine
+    # both send the pictures themselves (image parts, multi_modal_data): the noise on pixel_values would not reach them
+    assert OpenAIRolloutEngine.reads_model_inputs is False and VLLMRolloutEngine.reads_model_inputs is False
 
 
 # --- grounding rewards and the box question -------------------------------------------------------------------------

@@ -75,8 +75,8 @@ class NoisyRollout:
         n = params.n
         if not getattr(engine, "reads_model_inputs", True):
             raise ConfigError("rollout.group_sampler=noisy_rollout noises the processor's pixel values "
-                              "(model_inputs), which this engine does not sample from (rollout.engine=vllm is sent "
-                              "the pictures themselves): use rollout.engine=torch")
+                              "(model_inputs), which this engine does not sample from (rollout.engine=vllm and "
+                              "rollout.engine=openai are sent the pictures themselves): use rollout.engine=torch")
         if n < 2:
             raise ConfigError("rollout.group_sampler=noisy_rollout needs rollout.group_size >= 2 (clean and noisy "
                               "samples in each group)")

@@ -40,6 +40,8 @@ from reinforge.rollout.vision import with_image_urls
 @register_engine("openai", description="any OpenAI-compatible server at rollout.server_url, its weights set "
                  "to the policy's over HTTP", replicable=False, needs_server=True)
 class OpenAIRolloutEngine:
+    reads_model_inputs = False  # the server is sent the pictures as image parts, never the processor's pixel values
+
     @classmethod
     def from_config(cls, rollout: Any, policy: nn.Module, tokenizer, device: str, seed: int, model_path: str,
                     copy_policy: bool = True) -> OpenAIRolloutEngine:
