@@ -104,18 +104,22 @@ def test_the_goal_reacher_recipe_runs(tmp_path):
     assert records[-1]["env_steps"] == 1100 and any("train/q_loss" in r for r in records)
     result = json.loads((run_dir / "eval.json").read_text())
     assert result["eval/episodes"] == 2 and result["eval/length_mean"] == 50
+    assert result["eval/success_rate"] in (0.0, 0.5, 1.0)  # is_success at each episode's last step
     assert all(-50 <= r <= 0 for r in result["returns"])
 
 
-def _eval_returns(run_dir) -> np.ndarray:
-    return np.array(json.loads((run_dir / "eval.json").read_text())["returns"])
+def _eval(run_dir) -> tuple[float, float]:
+    """The share of greedy evaluation episodes that end on the target, and their mean return."""
+    result = json.loads((run_dir / "eval.json").read_text())
+    return result["eval/success_rate"], float(np.mean(result["returns"]))
 
 
-@pytest.mark.learning
+@pytest.mark.learning  # about 9 min on one loaded core: make test-learning
 def test_sac_her_reaches_more_goals_than_sac(tmp_path):
-    """The shipped recipe on seed 0 with and without HER, the same settings and budget: HER's greedy
-    evaluation episodes reach the target (a return above -50) at least 30 points more often than SAC's."""
-    her = _eval_returns(_run(tmp_path, "her", ["seed=0"]))
-    plain = _eval_returns(_run(tmp_path, "plain", ["seed=0", "classic.agent.her=null"]))
-    her_rate, plain_rate = float(np.mean(her > -50)), float(np.mean(plain > -50))
-    assert her_rate >= plain_rate + 0.3, (her_rate, plain_rate, her.mean(), plain.mean())
+    """The shipped recipe (15,000 steps) on seed 0 with and without HER, the same settings: HER's greedy
+    evaluation episodes end on the target at least 30 points more often than SAC's, and its mean return
+    (minus the steps off the target) is at least 15 higher."""
+    her_success, her_return = _eval(_run(tmp_path, "her", ["seed=0"]))
+    plain_success, plain_return = _eval(_run(tmp_path, "plain", ["seed=0", "classic.agent.her=null"]))
+    assert her_success >= plain_success + 0.3, (her_success, plain_success)
+    assert her_return >= plain_return + 15, (her_return, plain_return)
