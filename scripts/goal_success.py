@@ -1,7 +1,7 @@
 """Success rates of classic runs on a sparse-reward goal task (reward -1 a step until the goal is reached,
 0 on it; docs/classic.md, "Goal-conditioned"): an episode reached its goal when its return is above
--horizon. For each run directory: the share of its greedy evaluation episodes (eval.json) that did, their
-mean return, and the share of its training episodes that did in consecutive windows of env steps
+-horizon. For each run directory: the share of its greedy evaluation episodes (eval.json) that end on
+their goal (``eval/success_rate``), the share that reached it at some step, their mean return, and the share of its training episodes that did in consecutive windows of env steps
 (metrics.jsonl, one record per update with the mean return of the episodes that ended in it: one
 environment, so one episode per record).
 
@@ -41,9 +41,12 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=3000, help="env steps per training window")
     args = parser.parse_args()
     for run_dir in args.runs:
-        returns = np.array(json.loads((run_dir / "eval.json").read_text())["returns"])
+        result = json.loads((run_dir / "eval.json").read_text())
+        returns = np.array(result["returns"])
+        success = f"{result['eval/success_rate']:4.0%}" if "eval/success_rate" in result else "   -"
         train = " ".join(f"{share:4.0%}" for share in training_success(run_dir, args.horizon, args.window))
-        print(f"{run_dir.name}: eval reached {np.mean(returns > -args.horizon):4.0%} of {returns.size}, "
+        print(f"{run_dir.name}: eval ends on goal {success}, reached {np.mean(returns > -args.horizon):4.0%} "
+              f"of {returns.size}, "
               f"mean return {returns.mean():6.1f} | training reached per {args.window} steps: {train}")
 
 
