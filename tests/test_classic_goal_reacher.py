@@ -114,11 +114,12 @@ def _eval(run_dir) -> tuple[float, float]:
     return result["eval/success_rate"], float(np.mean(result["returns"]))
 
 
-@pytest.mark.learning  # about 9 min on one loaded core: make test-learning
+@pytest.mark.learning  # 8-9 min on one core shared with other jobs: make test-learning
 def test_sac_her_reaches_more_goals_than_sac(tmp_path):
     """The shipped recipe (15,000 steps) on seed 0 with and without HER, the same settings: HER's greedy
     evaluation episodes end on the target at least 30 points more often than SAC's, and its mean return
-    (minus the steps off the target) is at least 15 higher."""
+    (minus the steps off the target) is at least 15 higher (measured: 72% and 2%, -19.2 and -47.5; seeds 1
+    and 2 in docs/classic.md). The runs are deterministic: a second run gave the same returns."""
     her_success, her_return = _eval(_run(tmp_path, "her", ["seed=0"]))
     plain_success, plain_return = _eval(_run(tmp_path, "plain", ["seed=0", "classic.agent.her=null"]))
     assert her_success >= plain_success + 0.3, (her_success, plain_success)
