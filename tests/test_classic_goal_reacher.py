@@ -114,7 +114,7 @@ def _eval(run_dir) -> tuple[float, float]:
     return result["eval/success_rate"], float(np.mean(result["returns"]))
 
 
-@pytest.mark.learning  # 8-9 min on one core shared with other jobs: make test-learning
+@pytest.mark.learning  # 3.5-8 min on one core shared with other jobs: make test-learning
 def test_sac_her_reaches_more_goals_than_sac(tmp_path):
     """The shipped recipe (15,000 steps) on seed 0 with and without HER, the same settings: HER's greedy
     evaluation episodes end on the target at least 30 points more often than SAC's, and its mean return
