@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_shipped_classic_recipes_load():
     assert {"cartpole_ppo", "acrobot_ppo", "pendulum_ppo", "cartpole_dqn", "pendulum_sac", "cartpole_impala",
-            "inverted_pendulum_sac", "bit_flipping_dqn_her", "point_reach_sac_her"} <= set(classic_recipe_names())
+            "inverted_pendulum_sac", "bit_flipping_dqn_her", "point_reach_sac_her",
+            "goal_reacher_sac_her"} <= set(classic_recipe_names())
     for name in classic_recipe_names():
         path = classic_recipe_path(name)
         assert path is not None and path.read_text().startswith("# ")

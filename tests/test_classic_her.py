@@ -14,7 +14,7 @@ gym = pytest.importorskip("gymnasium")
 
 from reinforge.classic.config import classic_config_from_dict, load_classic_config  # noqa: E402
 from reinforge.classic.dqn import DQN, DQNSettings  # noqa: E402
-from reinforge.classic.envs import EnvConfig, make_vec_env, require_gymnasium  # noqa: E402
+from reinforge.classic.envs import EnvConfig, finished_successes, make_vec_env, require_gymnasium  # noqa: E402
 from reinforge.classic.goal_envs import BIT_FLIPPING_ID, POINT_REACH_ID, BitFlippingEnv, PointReachEnv  # noqa: E402
 from reinforge.classic.her import Episode, HERSettings, hindsight_transitions, sample_goal_steps  # noqa: E402
 from reinforge.errors import ConfigError  # noqa: E402
@@ -113,6 +113,13 @@ def test_the_replay_holds_each_step_once_with_its_goal_and_k_times_relabelled():
     assert np.array_equal(obs[:, 4:], nxt[:, 4:])  # one goal per transition
     assert np.all(np.abs(obs[:, :4] - nxt[:, :4]).sum(-1) == 1)  # one bit flipped per step
     assert reached.mean() > 0.25  # relabelled goals are reached far more often than the 1/16 chance
+
+
+def test_finished_successes_read_the_last_steps_is_success():
+    # three environments, two of whose episodes ended this step: the first on its goal, the third not
+    info = {"final_info": {"is_success": np.array([True, True, False]), "_is_success": np.array([True, False, True])}}
+    assert finished_successes(info) == [True, False]
+    assert finished_successes({"final_info": {"episode": {}}}) == [] and finished_successes({}) == []
 
 
 def test_a_namespaced_id_names_one_run_directory(tmp_path):

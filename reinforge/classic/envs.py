@@ -187,6 +187,16 @@ def finished_episodes(info: dict[str, Any]) -> list[tuple[float, int]]:
     return [(float(r), int(n)) for r, n, d in zip(stats["r"], stats["l"], done, strict=True) if d]
 
 
+def finished_successes(info: dict[str, Any]) -> list[bool]:
+    """``is_success`` at the last step of every episode that ended in this step (a goal environment's
+    success, as Gymnasium-Robotics and the HER paper measure it: at the episode's end); [] without one."""
+    final = info.get("final_info") or {}
+    if "is_success" not in final:
+        return []
+    done = np.asarray(final.get("_is_success", np.ones(len(final["is_success"]), dtype=bool)))
+    return [bool(s) for s, d in zip(final["is_success"], done, strict=True) if d]
+
+
 def final_observations(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """The indices of the environments whose episode ended in this step and their last observations,
     flattened as the networks see them (``flat_observation``)."""

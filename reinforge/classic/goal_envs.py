@@ -11,6 +11,14 @@ that works on batches), registered as Gymnasium ids so ``classic.env.id`` names 
   the position clipped to the square), a goal uniform in the square; reward 0 within ``tolerance``
   (0.1) of the goal, else -1 (the sparse reward of the Fetch tasks); never terminates, truncated after
   50 steps. ``info["is_success"]`` as in Gymnasium-Robotics.
+- ``reinforge/GoalReacher-v0``: Gymnasium's MuJoCo ``Reacher-v5`` arm (two hinge joints, torques in
+  [-1, 1]^2, its target drawn uniformly in the disc of radius 0.2 at reset) as a GoalEnv: observation =
+  (cos q, sin q, dq/dt) of the two arm joints, without the target; achieved goal = the fingertip's xy;
+  desired goal = the target's xy; reward 0 within ``distance_threshold`` of the target, else -1 (the Fetch
+  tasks' sparse reward); never terminates, truncated after 50 steps (Reacher's limit). The threshold is
+  Fetch's 0.05: Fetch draws goals in a box of half-width 0.15, Reacher in a disc of radius 0.2, so the same
+  threshold asks for about the same precision (0.02, the fingertip sphere's radius 0.01 plus the target's
+  0.009, asks for touching it; docs/classic.md measures both). Needs ``mujoco`` (imported when made).
 
 ``compute_terminated(achieved, desired, info)`` says which (relabelled) transitions end the episode;
 the hindsight replay (``classic/her.py``) recomputes rewards and terminations with these functions.
@@ -26,6 +34,7 @@ from gymnasium import spaces
 
 BIT_FLIPPING_ID = "reinforge/BitFlipping-v0"
 POINT_REACH_ID = "reinforge/PointReach-v0"
+GOAL_REACHER_ID = "reinforge/GoalReacher-v0"
 
 
 class BitFlippingEnv(gym.Env):
@@ -101,6 +110,59 @@ class PointReachEnv(gym.Env):
         return np.zeros(np.shape(achieved_goal)[:-1], dtype=bool)
 
 
+class GoalReacherEnv(gym.Env):
+    """Reacher-v5's arm and target as a GoalEnv with the sparse reward -(|fingertip - target| > threshold)."""
+
+    metadata = {"render_modes": ["human", "rgb_array", "depth_array"]}
+
+    def __init__(self, distance_threshold: float = 0.05, **reacher_kwargs: Any) -> None:
+        from gymnasium.envs.mujoco.reacher_v5 import ReacherEnv  # needs mujoco: imported only here
+
+        if distance_threshold <= 0:
+            raise ValueError(f"distance_threshold must be positive (got {distance_threshold})")
+        self.distance_threshold = distance_threshold
+        self.reacher = ReacherEnv(**reacher_kwargs)
+        self.render_mode = self.reacher.render_mode
+        arena = spaces.Box(-0.3, 0.3, (2,), dtype=np.float32)  # inside the arena's walls (the arm reaches 0.21)
+        joints = spaces.Box(-np.inf, np.inf, (6,), dtype=np.float32)
+        self.observation_space = spaces.Dict({"observation": joints, "achieved_goal": arena, "desired_goal": arena})
+        self.action_space = self.reacher.action_space
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        """(cos q0, cos q1, sin q0, sin q1, dq0, dq1); the fingertip's and the target's xy (world frame)."""
+        q, dq = self.reacher.data.qpos[:2], self.reacher.data.qvel[:2]
+        joints = np.concatenate([np.cos(q), np.sin(q), dq]).astype(np.float32)
+        return {"observation": joints,
+                "achieved_goal": self.reacher.get_body_com("fingertip")[:2].astype(np.float32),
+                "desired_goal": self.reacher.get_body_com("target")[:2].astype(np.float32)}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
+        super().reset(seed=seed)
+        self.reacher.reset(seed=seed, options=options)  # its own draw of the arm's start and the target
+        return self._obs(), {}
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict]:
+        self.reacher.step(np.asarray(action, dtype=np.float64))  # its dense reward is not used
+        obs = self._obs()
+        reward = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], {}))
+        distance = float(np.linalg.norm(obs["achieved_goal"] - obs["desired_goal"]))
+        return obs, reward, False, False, {"is_success": reward == 0.0, "distance": distance}
+
+    def compute_reward(self, achieved_goal: np.ndarray, desired_goal: np.ndarray, info: Any) -> np.ndarray:
+        """0 within ``distance_threshold`` (Euclidean), else -1 (batched over leading dimensions)."""
+        distance = np.linalg.norm(np.asarray(achieved_goal) - np.asarray(desired_goal), axis=-1)
+        return -(distance > self.distance_threshold).astype(np.float32)
+
+    def compute_terminated(self, achieved_goal: np.ndarray, desired_goal: np.ndarray, info: Any) -> np.ndarray:
+        return np.zeros(np.shape(achieved_goal)[:-1], dtype=bool)
+
+    def render(self) -> Any:
+        return self.reacher.render()
+
+    def close(self) -> None:
+        self.reacher.close()
+
+
 def _bit_flipping(n_bits: int = 10, **kwargs: Any) -> gym.Env:
     """The environment with a time limit of ``n_bits`` steps (the paper's episode length)."""
     return gym.wrappers.TimeLimit(BitFlippingEnv(n_bits, **kwargs), max_episode_steps=n_bits)
@@ -112,3 +174,5 @@ def register_goal_envs() -> None:
         gym.register(BIT_FLIPPING_ID, entry_point=_bit_flipping)
     if POINT_REACH_ID not in gym.registry:
         gym.register(POINT_REACH_ID, entry_point=PointReachEnv, max_episode_steps=50)
+    if GOAL_REACHER_ID not in gym.registry:
+        gym.register(GOAL_REACHER_ID, entry_point=GoalReacherEnv, max_episode_steps=50)

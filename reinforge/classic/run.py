@@ -17,7 +17,13 @@ from rich.console import Console
 
 from reinforge.classic.agents import ClassicAgent, Iteration, build_agent
 from reinforge.classic.config import ClassicConfig
-from reinforge.classic.envs import finished_episodes, make_vec_env, obs_normalizers, obs_tensor
+from reinforge.classic.envs import (
+    finished_episodes,
+    finished_successes,
+    make_vec_env,
+    obs_normalizers,
+    obs_tensor,
+)
 from reinforge.learn.checkpoint import save_checkpoint
 from reinforge.orchestrate.run_dir import new_run_dir
 from reinforge.track.jsonl import JsonlSink
@@ -66,7 +72,8 @@ def _checkpoint(run_dir: Path, agent: ClassicAgent, envs: Any, update: int, env_
 
 def evaluate(cfg: ClassicConfig, agent: ClassicAgent, train_envs: Any) -> dict[str, Any]:
     """``eval.episodes`` episodes of the policy (its mode if ``eval.deterministic``) on a fresh environment
-    seeded ``seed + 10_000``, with the training environments' observation statistics (frozen)."""
+    seeded ``seed + 10_000``, with the training environments' observation statistics (frozen); on a goal
+    environment (``info["is_success"]``) also the share of episodes that end on their goal."""
     c = cfg.classic
     env = make_vec_env(c.env.model_copy(update={"vectorization": "sync", "normalize_reward": False}),
                        c.agent.settings.gamma, cfg.seed + 10_000, num_envs=1)
@@ -76,16 +83,21 @@ def evaluate(cfg: ClassicConfig, agent: ClassicAgent, train_envs: Any) -> dict[s
     obs, _ = env.reset(seed=cfg.seed + 10_000)
     returns: list[float] = []
     lengths: list[int] = []
+    successes: list[bool] = []
     while len(returns) < c.eval.episodes:
         action = agent.act(obs_tensor(obs), c.eval.deterministic).numpy()
         obs, _, _, _, info = env.step(action.astype(np.int64) if action.dtype.kind in "iu" else action)
         for r, n in finished_episodes(info):
             returns.append(r)
             lengths.append(n)
+        successes += finished_successes(info)
     env.close()
-    return {"eval/return_mean": float(np.mean(returns)), "eval/return_std": float(np.std(returns)),
-            "eval/length_mean": float(np.mean(lengths)), "eval/episodes": len(returns),
-            "eval/deterministic": c.eval.deterministic, "returns": returns}
+    result = {"eval/return_mean": float(np.mean(returns)), "eval/return_std": float(np.std(returns)),
+              "eval/length_mean": float(np.mean(lengths)), "eval/episodes": len(returns),
+              "eval/deterministic": c.eval.deterministic, "returns": returns}
+    if successes:
+        result["eval/success_rate"] = float(np.mean(successes))
+    return result
 
 
 def _record(update: int, env_steps: int, it: Iteration, start: float) -> dict[str, Any]:
