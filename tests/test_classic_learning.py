@@ -143,7 +143,7 @@ def test_pendulum_mbpo_reaches_minus_400_before_sac(tmp_path):
     assert mbpo.eval_return is not None and mbpo.eval_return > -400, mbpo.eval_return
 
 
-@pytest.mark.learning  # about 2-3 min on 2 loaded cores: make test-learning (parts: tests/test_classic_mbpo.py)
+@pytest.mark.learning  # 36 s at load average 4 on 2 cores: make test-learning (parts: tests/test_classic_mbpo.py)
 def test_inverted_pendulum_mbpo_reaches_50_before_sac(tmp_path):
     """MBPO (the shipped inverted_pendulum_mbpo recipe) reaches a 3-episode training mean of 50 on
     InvertedPendulum-v5 (random actions: 2-17) in fewer environment steps than SAC with the same networks, batch

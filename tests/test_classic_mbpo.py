@@ -2,8 +2,10 @@
 log-variance, the Gaussian NLL and the CEM update by hand, elite selection, the rollout schedule, model-rollout
 branching (shapes and termination) with a noiseless hand-set ensemble, the model buffer's ring, MBPO's mixed
 batch, trajectory sampling's returns, CEM on a toy quadratic, the settings' checks; two tiny learning runs
-(the dynamics model's held-out error falls; PETS on Pendulum beats random actions). MBPO against SAC on
-Pendulum: tests/test_classic_learning.py (make test-learning) and docs/classic.md."""
+(the dynamics model's held-out error falls; PETS on Pendulum beats random actions); with mujoco, the
+InvertedPendulum termination function against the environment's own and the inverted_pendulum_mbpo recipe
+past its first model fit. MBPO against SAC on Pendulum and InvertedPendulum: tests/test_classic_learning.py
+(make test-learning) and docs/classic.md."""
 
 from __future__ import annotations
 
