@@ -2,8 +2,10 @@
 log-variance, the Gaussian NLL and the CEM update by hand, elite selection, the rollout schedule, model-rollout
 branching (shapes and termination) with a noiseless hand-set ensemble, the model buffer's ring, MBPO's mixed
 batch, trajectory sampling's returns, CEM on a toy quadratic, the settings' checks; two tiny learning runs
-(the dynamics model's held-out error falls; PETS on Pendulum beats random actions). MBPO against SAC on
-Pendulum: tests/test_classic_learning.py (make test-learning) and docs/classic.md."""
+(the dynamics model's held-out error falls; PETS on Pendulum beats random actions); with mujoco, the
+InvertedPendulum termination function against the environment's own and the inverted_pendulum_mbpo recipe
+past its first model fit. MBPO against SAC on Pendulum and InvertedPendulum: tests/test_classic_learning.py
+(make test-learning) and docs/classic.md."""
 
 from __future__ import annotations
 
@@ -345,3 +347,63 @@ def test_the_mbpo_recipe_runs_end_to_end(tmp_path):
     assert [r["env_steps"] for r in fits] == [20, 30, 40]
     assert fits[-1]["model/buffer_size"] > 0 and "train/q_loss" in records[-1]
     assert (result.run_dir / "eval.json").is_file()
+
+
+def _needs_mujoco() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("mujoco") is None:
+        pytest.skip("MuJoCo tasks need the mujoco package: pip install 'reinforge[classic]'")
+
+
+def test_inverted_pendulum_termination_matches_the_environments_own():
+    """On 400 real InvertedPendulum-v5 transitions under uniform random actions (the pole falls within tens of
+    steps: many episodes), the termination function of next_obs equals the environment's ``terminated`` at every
+    step; the non-terminal |theta| reach past 0.15 and the terminal ones just over 0.2, so the boundary is hit."""
+    _needs_mujoco()
+    import gymnasium as gym
+
+    from reinforge.classic.mbpo import termination_fn
+
+    fn = termination_fn("InvertedPendulum-v5", "auto")
+    env = gym.make("InvertedPendulum-v5")
+    env.action_space.seed(0)
+    obs, _ = env.reset(seed=0)
+    mine, theirs, thetas = [], [], []
+    for _ in range(400):
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        mine.append(bool(fn(torch.as_tensor(obs, dtype=torch.float32).reshape(1, -1))[0]))
+        theirs.append(bool(terminated))
+        thetas.append(abs(float(obs[1])))
+        if terminated or truncated:
+            obs, _ = env.reset()
+    env.close()
+    assert mine == theirs
+    assert sum(theirs) >= 10
+    thetas_np, ended = np.array(thetas), np.array(theirs)
+    assert thetas_np[~ended].max() > 0.15 and 0.2 < thetas_np[ended].min() < 0.3
+
+
+def test_the_inverted_pendulum_mbpo_recipe_iterates_past_its_first_model_fit():
+    """The shipped recipe on InvertedPendulum-v5 (its learning start moved to 30 and its networks, model and
+    rollouts made tiny): the agent ends model rollouts by |theta| > 0.2, fits at step 30, rolls out k = 1 and
+    takes its G = 10 SAC updates on mixed batches."""
+    _needs_mujoco()
+    from reinforge.classic.agents import build_agent
+    from reinforge.classic.config import load_classic_config
+    from reinforge.classic.envs import make_vec_env
+    from reinforge.classic.mbpo import _inverted_pendulum
+
+    c = load_classic_config("inverted_pendulum_mbpo", [
+        "classic.agent.learning_starts=30", "classic.agent.hidden=[16]", "classic.agent.batch_size=16",
+        "classic.agent.dynamics.hidden=[16]", "classic.agent.dynamics.max_epochs=2",
+        "classic.agent.rollout_batch_size=32"]).classic
+    assert (c.agent.settings.gradient_steps, c.agent.settings.rollout_schedule) == (10, [1, 15, 1, 1])
+    envs = make_vec_env(c.env, c.agent.settings.gamma, 0)
+    agent = build_agent(c.agent.name, envs, 0, c.agent.settings, c.env)
+    assert agent.done_fn is _inverted_pendulum
+    records = [agent.iterate(i / 40).metrics for i in range(40)]
+    envs.close()
+    fits = [i + 1 for i, m in enumerate(records) if "model/holdout_mse" in m]
+    assert fits == [30] and records[29]["model/rollout_length"] == 1.0 and agent.model_replay.size > 0
+    assert np.isfinite(records[-1]["train/q_loss"]) and np.isfinite(records[-1]["train/actor_loss"])
