@@ -71,7 +71,7 @@ def test_shape_question_shows_the_named_shape():
         task_config({"kind": "shapes", "question": "size"})
 
 
-@pytest.mark.parametrize("name", ["vlm_colour", "vlm_count"])
+@pytest.mark.parametrize("name", ["vlm_colour", "vlm_count", "vlm_bars", "vlm_position"])
 def test_visual_recipes_load(name):
     cfg = load_config(name)
     assert cfg.model.path == "tiny-vlm" and cfg.task.kind == "shapes" and cfg.eval.picture_ablation
