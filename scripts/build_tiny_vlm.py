@@ -52,9 +52,10 @@ CHARS = list("0123456789abcdefghijklmnopqrstuvwxyz +-=?.,")
 IMAGE_SIZE, PATCH = 32, 8
 MAX_ANSWER_TOKENS = 12  # the longest answer, a box (11 characters), and <eos>
 # Each question's weight in a pretraining batch. Colour, which the default-suite learning test
-# (tests/test_vision_rl.py) and vlm_colour start from, gets about as many rows (35%: 1,355 of 3,840) as when it
-# was one of three questions: with 3/14 of the rows, 120 steps gave a colour policy GRPO did not move in 20
-# steps, and 240 steps one that rose by 0.07-0.22 in three seeds, against 0.3-0.6 before (docs/vision.md).
+# (tests/test_vision_rl.py) and vlm_colour start from, gets about as many rows (6/17: an expected 1,355 of 3,840)
+# as when it was one of three questions: with 3/14 of the rows, 120 steps gave a colour policy that the test's
+# 20 GRPO steps did not move (seed 0), and 240 steps one that rose by 0.07-0.22 in seeds 0-2, against 0.3-0.6
+# before (docs/vision.md).
 SHARES = {"colour": 6, "count": 3, "shape": 2, "box": 1, "count_colour": 1, "position": 1, "digits": 1, "bars": 1,
           "geometry": 1}
 CHAT_TEMPLATE = (
