@@ -11,9 +11,11 @@
 3. A ``LlavaForConditionalGeneration``: a 2-layer CLIP vision tower (32 x 32 pictures, 8 x 8 patches), LLaVA's
    two-layer projector and a 2-layer Llama language model (tied embeddings), ~0.5M parameters.
 4. Next-token pretraining of the answer *format* on the train splits of the built-in ``shapes`` task (every
-   question: ``colour``, ``count``, ``shape``, each a third of a batch; the task's defaults, so each question's
-   200 held-out scenes are never seen): after each picture and question, an answer of that question drawn at
-   random (a colour name, a count 1-4, a shape name), independent of the picture. The model learns the format
+   question it has: ``colour``, ``count``, ``shape``, ``box``, ``count_colour``, ``position``, ``digits``,
+   ``bars``, ``geometry``, each row's question drawn with the ``SHARES`` weights; the task's defaults, so each
+   question's 200 held-out scenes are never seen): after each picture and question, an answer of that question
+   drawn at random as the task draws them (``shapes.random_answer``: a colour name, a count 1-4, a shape name, a
+   box, a number, ``left``/``right``, a number of sides), independent of the picture. The model learns the format
    of each question's answers and nothing about which one the picture shows: it starts at chance, and only RL
    can teach it to look (docs/vision.md).
 5. ``save_pretrained`` of model and processor, plus a model card with the command, seed, time and accuracies.
@@ -29,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
@@ -41,12 +44,20 @@ from transformers import (
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-from reinforge.data.shapes import ANSWERS, CHANCE, shapes_splits
+from reinforge.data.shapes import CHANCE, SCENES, in_format, random_answer, shapes_splits
 from reinforge.rollout.vision import encode_vision_prompt
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>", "<image>"]
 CHARS = list("0123456789abcdefghijklmnopqrstuvwxyz +-=?.,")
 IMAGE_SIZE, PATCH = 32, 8
+MAX_ANSWER_TOKENS = 12  # the longest answer, a box (11 characters), and <eos>
+# Each question's weight in a pretraining batch. Colour, which the default-suite learning test
+# (tests/test_vision_rl.py) and vlm_colour start from, gets about as many rows (6/17: an expected 1,355 of 3,840)
+# as when it was one of three questions: with 3/14 of the rows, 120 steps gave a colour policy that the test's
+# 20 GRPO steps did not move (seed 0), and 240 steps one that rose by 0.07-0.22 in seeds 0-2, against 0.3-0.6
+# before (docs/vision.md).
+SHARES = {"colour": 6, "count": 3, "shape": 2, "box": 1, "count_colour": 1, "position": 1, "digits": 1, "bars": 1,
+          "geometry": 1}
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
@@ -124,23 +135,26 @@ def heldout_accuracy(model, processor, tasks, blank: bool = False, sample: bool 
     pixels = torch.cat([px for _, px in encoded])
     if blank:
         pixels = torch.zeros_like(pixels)  # the grey ground normalises to 0 (mean 0.5, std 0.5)
-    out = model.generate(input_ids=ids, attention_mask=attn, pixel_values=pixels, max_new_tokens=8, do_sample=sample,
+    out = model.generate(input_ids=ids, attention_mask=attn, pixel_values=pixels, max_new_tokens=MAX_ANSWER_TOKENS,
+                         do_sample=sample,
                          top_k=None, top_p=None, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     texts = [text.strip() for text in tok.batch_decode(out[:, width:], skip_special_tokens=True)]
     model.train()
     right = sum(text == t.answer for text, t in zip(texts, tasks, strict=True)) / len(tasks)
-    return right, sum(text in ANSWERS[t.metadata["question"]] for text, t in zip(texts, tasks, strict=True)) / len(tasks)
+    return right, sum(in_format(t.metadata["question"], text) for text, t in zip(texts, tasks, strict=True)) / len(tasks)
 
 
-def random_format_batch(splits, batch: int, gen: torch.Generator) -> tuple[list, list[str]]:
-    """``batch`` train tasks, each of a question drawn uniformly, each with an answer of that question drawn
-    uniformly, independent of the picture (the format, not the content)."""
+def random_format_batch(splits, batch: int, gen: torch.Generator, rng: np.random.Generator) -> tuple[list, list[str]]:
+    """``batch`` train tasks, each of a question drawn with the ``SHARES`` weights, each with an answer of that
+    question drawn as the task draws them (``random_answer``), independent of the picture (the format, not the
+    content)."""
     questions = list(splits)
+    weights = torch.tensor([float(SHARES[q]) for q in questions])
     tasks, answers = [], []
-    for q in torch.randint(len(questions), (batch,), generator=gen).tolist():
-        split, names = splits[questions[q]], ANSWERS[questions[q]]
+    for q in torch.multinomial(weights, batch, replacement=True, generator=gen).tolist():
+        split = splits[questions[q]]
         tasks.append(split.train[int(torch.randint(len(split.train), (1,), generator=gen))])
-        answers.append(names[int(torch.randint(len(names), (1,), generator=gen))])
+        answers.append(random_answer(questions[q], rng))
     return tasks, answers
 
 
@@ -149,9 +163,10 @@ def measure(model, processor, heldout) -> dict[str, float]:
     acc, fmt = heldout_accuracy(model, processor, heldout)
     sampled, sampled_fmt = heldout_accuracy(model, processor, heldout, sample=True)
     blank, _ = heldout_accuracy(model, processor, heldout, blank=True)
+    chance = CHANCE.get(heldout[0].metadata["question"])  # box: none, a box is graded by its overlap
     return {"greedy_accuracy": round(acc, 4), "greedy_format": round(fmt, 4), "sampled_accuracy": round(sampled, 4),
             "sampled_format": round(sampled_fmt, 4), "blank_greedy_accuracy": round(blank, 4),
-            "chance": round(CHANCE[heldout[0].metadata["question"]], 4)}
+            "chance": None if chance is None else round(chance, 4)}
 
 
 def main() -> None:
@@ -170,13 +185,13 @@ def main() -> None:
     processor = build_processor()
     model = build_model(processor)
     n_params = sum(p.numel() for p in model.parameters())
-    questions = list(ANSWERS)  # every question of the built-in task, its defaults: 32 x 32, 200 held out, seed 1234
+    questions = list(SCENES)  # every question of the built-in task, its defaults: 32 x 32, 200 held out, seed 1234
     splits = {q: shapes_splits(q) for q in questions}
-    gen = torch.Generator().manual_seed(args.seed)
+    gen, rng = torch.Generator().manual_seed(args.seed), np.random.default_rng(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     print(f"tiny-vlm: {n_params / 1e6:.2f}M parameters, vocab {len(processor.tokenizer)}")
     for step in range(1, args.steps + 1):
-        tasks, answers = random_format_batch(splits, args.batch, gen)
+        tasks, answers = random_format_batch(splits, args.batch, gen, rng)
         loss = model(**train_batch(processor, tasks, answers)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -193,12 +208,15 @@ def main() -> None:
     stats = {
         "command": "python scripts/build_tiny_vlm.py " + " ".join(sys.argv[1:]),
         "seed": args.seed, "parameters": n_params, "pretraining_steps": args.steps, "batch_size": args.batch,
-        "learning_rate": args.lr, "build_seconds": round(time.time() - start, 1), "heldout": measured,
+        "learning_rate": args.lr, "question_shares": SHARES, "build_seconds": round(time.time() - start, 1),
+        "heldout": measured,
         "torch": torch.__version__,
     }
     (args.out / "build_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    rows = "\n".join(ROW.format(question=q, **m) for q, m in measured.items())
-    (args.out / "README.md").write_text(MODEL_CARD.format(rows=rows, **stats))
+    rows = "\n".join(ROW.format(question=q, **{**m, "chance": "-" if m["chance"] is None else m["chance"]})
+                     for q, m in measured.items())
+    shares = ", ".join(f"`{q}` {w}/{sum(SHARES.values())}" for q, w in SHARES.items())
+    (args.out / "README.md").write_text(MODEL_CARD.format(rows=rows, shares=shares, **stats))
     print(json.dumps(stats, indent=2))
 
 
@@ -214,11 +232,11 @@ reinforge's shipped vision-language model, written by `scripts/build_tiny_vlm.py
   `<pad> <bos> <eos> <unk> <image>` and a chat template: `<bos>` + message contents (image parts as `<image>`,
   which the processor expands to the 16 patch tokens), each assistant turn closed by `<eos>`.
 - Pretraining: the answer *format* only. Next-token loss on an answer after the picture and question, on the
-  train splits of the built-in `shapes` task (questions `colour`, `count` and `shape`, a third of each batch
-  each; 32 x 32 pictures; each question's 200 held-out scenes are never seen), the answer drawn at random
-  among that question's answers, independent of the picture: the model learns to answer in each question's
-  format and nothing about which answer the picture shows. It starts at about chance; RL teaches it to look
-  (docs/vision.md).
+  train splits of the built-in `shapes` task (every question, its share of the rows: {shares}; 32 x 32
+  pictures; each question's 200 held-out scenes are never seen), the answer drawn at random as the task draws
+  that question's answers (`shapes.random_answer`), independent of the picture: the model learns to answer in
+  each question's format and nothing about which answer the picture shows. It starts at about chance; RL
+  teaches it to look (docs/vision.md).
 
 | | |
 |---|---|
@@ -228,8 +246,9 @@ reinforge's shipped vision-language model, written by `scripts/build_tiny_vlm.py
 | build time on 2 shared CPU cores | {build_seconds} s |
 | torch | {torch} |
 
-Held-out (200 scenes per question): greedy accuracy, the share of greedy answers in the question's format,
-temperature-1 accuracy and format share, greedy accuracy with every picture blank, chance:
+Held-out (200 scenes per question): greedy accuracy, the share of greedy answers in the question's format
+(`shapes.in_format`: one of its answers; box: `x1,y1,x2,y2`), temperature-1 accuracy and format share, greedy
+accuracy with every picture blank, chance (`shapes.CHANCE`; box is graded by overlap, exact-match accuracy shown):
 
 | question | greedy | greedy format | temperature 1 | temperature-1 format | blank pictures | chance |
 |---|---|---|---|---|---|---|

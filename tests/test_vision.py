@@ -56,7 +56,8 @@ def test_tiny_vlm_and_its_processor_encode_a_shapes_prompt(monkeypatch):
 
 def test_shapes_task_answer_is_in_the_picture_only():
     splits = build_task_splits(task_config({"kind": "shapes"}))
-    assert CHANCE == {"colour": 0.25, "count": 0.25, "shape": pytest.approx(1 / 3)}
+    assert CHANCE == {"colour": 0.25, "count": 0.25, "shape": pytest.approx(1 / 3), "count_colour": 0.25,
+                      "position": 0.25, "digits": pytest.approx(1 / 180), "bars": 0.5, "geometry": 0.25}
     train_ids, held_ids = {t.id for t in splits.train[:2000]}, {t.id for t in splits.heldout}
     assert len(held_ids) == 200 and not train_ids & held_ids
     tasks = splits.heldout[:40]

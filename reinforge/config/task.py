@@ -86,9 +86,11 @@ class ArithmeticTaskConfig(TaskConfigBase):
 class ShapesTaskConfig(TaskConfigBase):
     """The built-in image task (``data/shapes.py``, docs/vision.md); it needs a vision-language model (tiny-vlm)."""
     kind: Literal["shapes"] = "shapes"
-    question: Literal["colour", "count", "shape", "box"] = Field(
-        "colour", description="name the shape's colour, count the dots, name the shape, or give the shape's box "
-        "x1,y1,x2,y2 (score it with task.verifier=box_iou)")
+    question: Literal["colour", "count", "shape", "box", "count_colour", "position", "digits", "bars", "geometry"] = Field(
+        "colour", description="name the shape's colour, count the dots, name the shape, give the shape's box "
+        "x1,y1,x2,y2 (score it with task.verifier=box_iou), count the shapes of the named colour among others, "
+        "name the colour at the named place, read the 2-3 digit number, say which bar is taller (left/right), "
+        "or give the polygon's number of sides (docs/vision.md)")
     image_size: int = Field(32, ge=16, le=512, description="pictures are image_size x image_size pixels")
     heldout_size: int = Field(200, ge=1)
 
