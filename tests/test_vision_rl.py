@@ -71,11 +71,23 @@ def test_shape_question_shows_the_named_shape():
         task_config({"kind": "shapes", "question": "size"})
 
 
-@pytest.mark.parametrize("name", ["vlm_colour", "vlm_count", "vlm_bars", "vlm_position"])
+@pytest.mark.parametrize("name", ["vlm_colour", "vlm_count", "vlm_bars", "vlm_position", "vlm_box"])
 def test_visual_recipes_load(name):
     cfg = load_config(name)
     assert cfg.model.path == "tiny-vlm" and cfg.task.kind == "shapes" and cfg.eval.picture_ablation
     assert cfg.task.question == name.removeprefix("vlm_")
+
+
+def test_box_recipe_fits_the_longest_box():
+    from transformers import AutoTokenizer
+
+    from reinforge.assets import resolve_model_path
+
+    cfg = load_config("vlm_box")
+    assert cfg.task.verifier == "box_iou" and cfg.eval.every == 20
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("tiny-vlm"))
+    longest = len(tok("31,31,31,31", add_special_tokens=False).input_ids)  # 32 x 32 pictures: corners 0..31
+    assert cfg.rollout.max_new_tokens == longest + 1  # and the end token
 
 
 FAST_RUN = ["model.path=tiny-vlm", "task.kind=shapes", "task.heldout_size=60", "train.steps=20", "eval.every=0",

@@ -20,7 +20,7 @@ from reinforge.algo.perception import (
 from reinforge.config import load_config
 from reinforge.errors import ConfigError
 from reinforge.learn.perception import masked_fields, vision_patch
-from reinforge.rewards.grounding import box_iou, box_iou_threshold, iou, parse_box
+from reinforge.rewards.grounding import box_hit, box_iou, box_iou_threshold, iou, parse_box
 from reinforge.rollout.noisy_rollout import (
     NoisyRollout,
     NoisyRolloutSettings,
@@ -214,6 +214,17 @@ def test_box_iou_threshold_by_hand():
     assert box_iou_threshold(task, "0,0,4,9").reward == pytest.approx(0.5)  # at the criterion
     strict = _box_task("0,0,9,9", iou_threshold=0.75)  # the paper's second stage
     assert box_iou_threshold(strict, "0,0,4,9").reward == 0.0 and box_iou_threshold(strict, "0,0,8,9").reward == 0.9
+
+
+def test_box_hit_by_hand():
+    task = _box_task("0,0,9,9")
+    assert box_hit(task, "0,0,9,9").reward == 1.0
+    at = box_hit(task, "0,0,4,9")  # IoU 50/100 = 0.5: at Acc@0.5's criterion, the whole reward
+    assert at.reward == 1.0 and at.correct and at.answer == "0,0,4,9"
+    near = box_hit(task, "0,0,3,9")  # IoU 40/100 = 0.4: box_iou gives 0.4, box_hit nothing
+    assert near.reward == 0.0 and not near.correct and box_iou(task, "0,0,3,9").reward == pytest.approx(0.4)
+    assert box_hit(task, "0,0,8,9").reward == 1.0  # IoU 0.9: box_iou_threshold gives 0.9, box_hit 1
+    assert box_hit(task, "red").reward == 0.0 and box_hit(task, "5,5,1,1").reward == 0.0
 
 
 def test_shapes_box_answer_is_the_drawn_shapes_box():

@@ -13,7 +13,9 @@ comprehension is the predicted box's IoU with the true one) rewards the IoU itse
 is Vision-R1's criterion-driven precision reward for one object (Zhan et al. 2025, arXiv:2503.18013): a
 box counts only when its IoU reaches the criterion xi, r = IoU * 1[IoU >= xi]; the paper's progressive rule
 refinement raises xi over training (0.5, then 0.75), here a task metadata entry ``iou_threshold`` (default
-0.5) a recipe sets per stage. ``correct`` is IoU >= 0.5 for both (Acc@0.5, REC's accuracy).
+0.5) a recipe sets per stage. ``box_hit`` is the binary baseline the two are measured against: r = 1 when
+the IoU reaches 0.5, else 0 (Acc@0.5 as the reward; no paper's method). ``correct`` is IoU >= 0.5 for all
+three (Acc@0.5, REC's accuracy).
 """
 
 from __future__ import annotations
@@ -85,3 +87,16 @@ def box_iou_threshold(task: Task, completion: str) -> RewardResult:
     value, answer = _scored(task, completion)
     xi = float(task.metadata.get("iou_threshold", CORRECT_IOU))
     return RewardResult(value if value >= xi else 0.0, value >= CORRECT_IOU, answer)
+
+
+@VERIFIERS.register(
+    "box_hit",
+    formula="r = 1[IoU(b, b*) >= 0.5] (Acc@0.5 as a binary reward; 0 without a box)",
+    paper="the binary baseline for box_iou and box_iou_threshold: REC's Acc@0.5 criterion as the reward "
+          "(Shen et al. 2025, VLM-R1, arXiv:2504.07615, report Acc@0.5)",
+)
+def box_hit(task: Task, completion: str) -> RewardResult:
+    """1 when the predicted box's IoU with the answer box reaches 0.5, else 0 (module docstring)."""
+    value, answer = _scored(task, completion)
+    hit = value >= CORRECT_IOU
+    return RewardResult(1.0 if hit else 0.0, hit, answer)
