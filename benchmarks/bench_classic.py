@@ -48,14 +48,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from classic_impls import CHILDREN, IMPL_TASK, PRELUDE, RECIPES, TASKS, THROUGHPUT
+from classic_impls import IMPL_TASK, PRELUDE, RECIPES, TASKS, THROUGHPUT, child
 
 IMPLS = ["reinforge-ppo", "cleanrl-ppo", "sb3-ppo", "reinforge-sac", "sb3-sac"]
 # reinforge-envpool-ppo: reinforge PPO on EnvPool's CartPole-v1 (classic.env.backend=envpool; needs envpool)
 # the fourth pass: reinforge-dqn,sb3-dqn,reinforge-her-dqn,sb3-her-dqn,reinforge-mbpo,reinforge-sac128
 PAIRS = [("reinforge-ppo", "cleanrl-ppo"), ("reinforge-ppo", "sb3-ppo"), ("reinforge-envpool-ppo", "cleanrl-ppo"),
          ("reinforge-envpool-ppo", "sb3-ppo"), ("reinforge-envpool-ppo", "reinforge-ppo"), ("reinforge-sac", "sb3-sac"),
-         ("reinforge-dqn", "sb3-dqn"), ("reinforge-her-dqn", "sb3-her-dqn"), ("reinforge-mbpo", "reinforge-sac128")]
+         ("reinforge-dqn", "sb3-dqn"), ("reinforge-dqn", "cleanrl-dqn"), ("reinforge-sac", "cleanrl-sac"), ("reinforge-her-dqn", "sb3-her-dqn"), ("reinforge-mbpo", "reinforge-sac128")]
 
 
 def run_one(impl: str, seed: int, throughput: bool = False) -> dict:
@@ -64,7 +64,7 @@ def run_one(impl: str, seed: int, throughput: bool = False) -> dict:
     env_id, threshold, window, cap, success_above = TASKS[task]
     if throughput:
         threshold, cap = float("inf"), THROUGHPUT[task]
-    code = PRELUDE + f"RECIPES = {RECIPES!r}\n" + CHILDREN[impl.split("-")[0]]
+    code = PRELUDE + f"RECIPES = {RECIPES!r}\n" + child(impl)
     argv = [impl, str(seed), str(threshold), str(window), str(cap), str(success_above).lower()]
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=7200)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]

@@ -29,6 +29,8 @@ each:
 
 from __future__ import annotations
 
+import cleanrl_loops
+
 TASKS = {
     "cartpole-ppo": ("CartPole-v1", 475.0, 20, 500_000, None),
     "pendulum-sac": ("Pendulum-v1", -300.0, 10, 30_000, None),
@@ -38,7 +40,8 @@ TASKS = {
 }
 IMPL_TASK = {"reinforge-ppo": "cartpole-ppo", "cleanrl-ppo": "cartpole-ppo", "sb3-ppo": "cartpole-ppo",
              "reinforge-envpool-ppo": "cartpole-ppo", "reinforge-sac": "pendulum-sac", "sb3-sac": "pendulum-sac",
-             "reinforge-dqn": "cartpole-dqn", "sb3-dqn": "cartpole-dqn", "reinforge-her-dqn": "bitflip-her",
+             "cleanrl-sac": "pendulum-sac", "reinforge-dqn": "cartpole-dqn", "sb3-dqn": "cartpole-dqn",
+             "cleanrl-dqn": "cartpole-dqn", "reinforge-her-dqn": "bitflip-her",
              "sb3-her-dqn": "bitflip-her", "reinforge-mbpo": "pendulum-mbpo", "reinforge-sac128": "pendulum-mbpo"}
 # --throughput: a fixed budget per task, no threshold (steps/s only)
 THROUGHPUT = {"cartpole-ppo": 20_480, "pendulum-sac": 3_000, "cartpole-dqn": 10_240, "bitflip-her": 2_000,
@@ -193,4 +196,10 @@ for u in range(updates):
 report(steps)
 """
 
-CHILDREN = {"reinforge": REINFORGE, "sb3": SB3, "cleanrl": CLEANRL}
+CHILDREN = {"reinforge": REINFORGE, "sb3": SB3, "cleanrl": CLEANRL, "cleanrl-dqn": cleanrl_loops.DQN,
+            "cleanrl-sac": cleanrl_loops.SAC}
+
+
+def child(impl: str) -> str:
+    """The code a run of ``impl`` executes: its own entry, else its family's (``reinforge-*``, ``sb3-*``)."""
+    return CHILDREN.get(impl) or CHILDREN[impl.split("-")[0]]
