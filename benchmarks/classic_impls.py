@@ -12,10 +12,12 @@ each:
 
 - ``cartpole-ppo``: CartPole-v1 to 475 over 20 episodes, cap 500k (the issue's); reinforge PPO (also on
   EnvPool), the CleanRL ppo.py loop, SB3 PPO, all with CleanRL's settings (the ``cartpole_ppo`` recipe);
-- ``pendulum-sac``: Pendulum-v1 to -300 over 10 episodes, cap 30k (the issue's); reinforge SAC and SB3 SAC
-  with the ``pendulum_sac`` recipe's (CleanRL's) settings;
+- ``pendulum-sac``: Pendulum-v1 to -300 over 10 episodes, cap 30k (the issue's); reinforge SAC, SB3 SAC and
+  the CleanRL sac_continuous_action.py loop (cleanrl_loops.SAC) with the ``pendulum_sac`` recipe's
+  (CleanRL's) settings;
 - ``cartpole-dqn``: CartPole-v1 to 195 over 20 episodes (CartPole-v0's "solved" level), cap 50k (the
-  ``cartpole_dqn`` recipe's budget, RL Baselines3 Zoo's tuned SB3 settings, which both run; its epsilon
+  ``cartpole_dqn`` recipe's budget, RL Baselines3 Zoo's tuned SB3 settings, which reinforge DQN, SB3 DQN
+  and the CleanRL dqn.py loop (cleanrl_loops.DQN, with dqn.py's 120-84 network) run; its epsilon
   schedule is a share of this budget, so the cap is the budget of both). Not 475: measured once (seed 0),
   reinforge's DQN reached a 20-episode training mean of 475 at 46,336 of its 50k steps and SB3's did not
   within 50k, so most runs would score the cap;
