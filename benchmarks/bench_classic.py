@@ -29,7 +29,8 @@ Added in the fourth pass (benchmarks/classic_impls.py has the tasks, thresholds 
 
 Added after the fourth pass (benchmarks/cleanrl_loops.py): ``cleanrl-dqn`` and ``cleanrl-sac``, CleanRL's
 dqn.py and sac_continuous_action.py algorithms as reference loops, with the settings of the
-``reinforge-dqn`` / ``sb3-dqn`` and ``reinforge-sac`` / ``sb3-sac`` pairs (dqn.py's 120-84 Q-network kept).
+``reinforge-dqn`` / ``sb3-dqn`` and ``reinforge-sac`` / ``sb3-sac`` pairs (dqn.py's 120-84 Q-network kept;
+``cleanrl-dqn256`` has the recipe's 256-256).
 
 Every run is a fresh subprocess with one torch thread; the clock starts once the agent is built and
 stops at the threshold. Runs are interleaved (seed 0: every implementation, then seed 1, ...); each
@@ -57,10 +58,10 @@ from classic_impls import IMPL_TASK, PRELUDE, RECIPES, TASKS, THROUGHPUT, child
 IMPLS = ["reinforge-ppo", "cleanrl-ppo", "sb3-ppo", "reinforge-sac", "sb3-sac"]
 # reinforge-envpool-ppo: reinforge PPO on EnvPool's CartPole-v1 (classic.env.backend=envpool; needs envpool)
 # the fourth pass: reinforge-dqn,sb3-dqn,reinforge-her-dqn,sb3-her-dqn,reinforge-mbpo,reinforge-sac128
-# CleanRL's DQN and SAC loops: reinforge-dqn,cleanrl-dqn and reinforge-sac,cleanrl-sac
+# CleanRL's DQN and SAC loops: reinforge-dqn,cleanrl-dqn,cleanrl-dqn256 and reinforge-sac,cleanrl-sac
 PAIRS = [("reinforge-ppo", "cleanrl-ppo"), ("reinforge-ppo", "sb3-ppo"), ("reinforge-envpool-ppo", "cleanrl-ppo"),
          ("reinforge-envpool-ppo", "sb3-ppo"), ("reinforge-envpool-ppo", "reinforge-ppo"), ("reinforge-sac", "sb3-sac"),
-         ("reinforge-dqn", "sb3-dqn"), ("reinforge-dqn", "cleanrl-dqn"), ("reinforge-sac", "cleanrl-sac"), ("reinforge-her-dqn", "sb3-her-dqn"), ("reinforge-mbpo", "reinforge-sac128")]
+         ("reinforge-dqn", "sb3-dqn"), ("reinforge-dqn", "cleanrl-dqn"), ("reinforge-dqn", "cleanrl-dqn256"), ("reinforge-sac", "cleanrl-sac"), ("reinforge-her-dqn", "sb3-her-dqn"), ("reinforge-mbpo", "reinforge-sac128")]
 
 
 def run_one(impl: str, seed: int, throughput: bool = False) -> dict:

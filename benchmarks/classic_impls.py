@@ -17,7 +17,8 @@ each:
   (CleanRL's) settings;
 - ``cartpole-dqn``: CartPole-v1 to 195 over 20 episodes (CartPole-v0's "solved" level), cap 50k (the
   ``cartpole_dqn`` recipe's budget, RL Baselines3 Zoo's tuned SB3 settings, which reinforge DQN, SB3 DQN
-  and the CleanRL dqn.py loop (cleanrl_loops.DQN, with dqn.py's 120-84 network) run; its epsilon
+  and the CleanRL dqn.py loop (cleanrl_loops.DQN, with dqn.py's 120-84 network; ``cleanrl-dqn256`` with
+  the recipe's 256-256) run; its epsilon
   schedule is a share of this budget, so the cap is the budget of both). Not 475: measured once (seed 0),
   reinforge's DQN reached a 20-episode training mean of 475 at 46,336 of its 50k steps and SB3's did not
   within 50k, so most runs would score the cap;
@@ -43,7 +44,7 @@ TASKS = {
 IMPL_TASK = {"reinforge-ppo": "cartpole-ppo", "cleanrl-ppo": "cartpole-ppo", "sb3-ppo": "cartpole-ppo",
              "reinforge-envpool-ppo": "cartpole-ppo", "reinforge-sac": "pendulum-sac", "sb3-sac": "pendulum-sac",
              "cleanrl-sac": "pendulum-sac", "reinforge-dqn": "cartpole-dqn", "sb3-dqn": "cartpole-dqn",
-             "cleanrl-dqn": "cartpole-dqn", "reinforge-her-dqn": "bitflip-her",
+             "cleanrl-dqn": "cartpole-dqn", "cleanrl-dqn256": "cartpole-dqn", "reinforge-her-dqn": "bitflip-her",
              "sb3-her-dqn": "bitflip-her", "reinforge-mbpo": "pendulum-mbpo", "reinforge-sac128": "pendulum-mbpo"}
 # --throughput: a fixed budget per task, no threshold (steps/s only)
 THROUGHPUT = {"cartpole-ppo": 20_480, "pendulum-sac": 3_000, "cartpole-dqn": 10_240, "bitflip-her": 2_000,
@@ -199,6 +200,7 @@ report(steps)
 """
 
 CHILDREN = {"reinforge": REINFORGE, "sb3": SB3, "cleanrl": CLEANRL, "cleanrl-dqn": cleanrl_loops.DQN,
+            "cleanrl-dqn256": cleanrl_loops.DQN,
             "cleanrl-sac": cleanrl_loops.SAC}
 
 

@@ -17,7 +17,8 @@ steps every 256 steps (dqn.py does one per train step: ``gradient_steps`` is the
 every 10 steps (tau 1), epsilon 1 -> 0.04 over 16% of 50k steps, Huber loss and a gradient clip of 10.
 dqn.py's own defaults differ: lr 2.5e-4, batch 128, buffer 10k, learning from step 10k, one gradient
 step every 10 steps, a copy every 500 steps, epsilon 1 -> 0.05 over half of 500k steps, MSE loss, no
-clip. The network stays dqn.py's 120-84 (the recipe's is 256-256).
+clip. The network stays dqn.py's 120-84 (the recipe's is 256-256); ``cleanrl-dqn256`` is the same loop
+with the recipe's 256-256 network, for a per-step cost like for like.
 
 ``cleanrl-sac`` (Haarnoja et al. 2018, with the automatic temperature of the "Algorithms and
 Applications" paper): sac_continuous_action.py's loop with the ``pendulum_sac`` recipe's settings (its
@@ -42,8 +43,9 @@ train_frequency, gradient_steps, target_frequency, tau = 256, 128, 10, 1.0
 start_e, end_e, fraction, max_norm = 1.0, 0.04, 0.16, 10.0
 env = gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
 env.action_space.seed(seed)
+h1, h2 = (256, 256) if impl == "cleanrl-dqn256" else (120, 84)  # the recipe's network, else dqn.py's
 def q_network():
-    return nn.Sequential(nn.Linear(4, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 2))
+    return nn.Sequential(nn.Linear(4, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU(), nn.Linear(h2, 2))
 q, q_target = q_network(), q_network()
 q_target.load_state_dict(q.state_dict())
 opt = torch.optim.Adam(q.parameters(), lr=lr)

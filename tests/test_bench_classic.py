@@ -76,7 +76,7 @@ def test_every_implementation_has_a_task_a_child_and_reinforge_a_recipe_that_loa
 
 
 def test_each_implementation_runs_its_own_loop_else_its_familys():
-    assert child("cleanrl-dqn") is cleanrl_loops.DQN and child("cleanrl-sac") is cleanrl_loops.SAC
+    assert child("cleanrl-dqn") is child("cleanrl-dqn256") is cleanrl_loops.DQN and child("cleanrl-sac") is cleanrl_loops.SAC
     assert child("cleanrl-ppo") is CHILDREN["cleanrl"]  # CleanRL's PPO loop
     assert child("reinforge-sac") is CHILDREN["reinforge"] and child("sb3-dqn") is CHILDREN["sb3"]
     assert IMPL_TASK["cleanrl-dqn"] == IMPL_TASK["reinforge-dqn"] == "cartpole-dqn"
