@@ -1,5 +1,5 @@
-"""reinforge's classic agents against Stable-Baselines3 and CleanRL's PPO algorithm: environment steps and
-wall-clock to a return threshold, and environment steps per second.
+"""reinforge's classic agents against Stable-Baselines3 and CleanRL's PPO, DQN and SAC algorithms: environment steps
+and wall-clock to a return threshold, and environment steps per second.
 
     python benchmarks/bench_classic.py [--seeds 0,1,2,3,4] [--impls ...] [--out runs/bench-classic]
 
@@ -27,6 +27,11 @@ Added in the fourth pass (benchmarks/classic_impls.py has the tasks, thresholds 
 - ``reinforge-mbpo`` / ``reinforge-sac128``: the ``pendulum_mbpo`` recipe against ``pendulum_sac`` with
   MBPO's 128-128 networks and batch 128, Pendulum-v1 to -400 over 3 episodes within 5,000 steps.
 
+Added after the fourth pass (benchmarks/cleanrl_loops.py): ``cleanrl-dqn`` and ``cleanrl-sac``, CleanRL's
+dqn.py and sac_continuous_action.py algorithms as reference loops, with the settings of the
+``reinforge-dqn`` / ``sb3-dqn`` and ``reinforge-sac`` / ``sb3-sac`` pairs (dqn.py's 120-84 Q-network kept;
+``cleanrl-dqn256`` has the recipe's 256-256).
+
 Every run is a fresh subprocess with one torch thread; the clock starts once the agent is built and
 stops at the threshold. Runs are interleaved (seed 0: every implementation, then seed 1, ...); each
 result records the 1-minute load average before and after it (``load1``), and ``results.json`` is
@@ -48,14 +53,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from classic_impls import CHILDREN, IMPL_TASK, PRELUDE, RECIPES, TASKS, THROUGHPUT
+from classic_impls import IMPL_TASK, PRELUDE, RECIPES, TASKS, THROUGHPUT, child
 
 IMPLS = ["reinforge-ppo", "cleanrl-ppo", "sb3-ppo", "reinforge-sac", "sb3-sac"]
 # reinforge-envpool-ppo: reinforge PPO on EnvPool's CartPole-v1 (classic.env.backend=envpool; needs envpool)
 # the fourth pass: reinforge-dqn,sb3-dqn,reinforge-her-dqn,sb3-her-dqn,reinforge-mbpo,reinforge-sac128
+# CleanRL's DQN and SAC loops: reinforge-dqn,cleanrl-dqn,cleanrl-dqn256 and reinforge-sac,cleanrl-sac
 PAIRS = [("reinforge-ppo", "cleanrl-ppo"), ("reinforge-ppo", "sb3-ppo"), ("reinforge-envpool-ppo", "cleanrl-ppo"),
          ("reinforge-envpool-ppo", "sb3-ppo"), ("reinforge-envpool-ppo", "reinforge-ppo"), ("reinforge-sac", "sb3-sac"),
-         ("reinforge-dqn", "sb3-dqn"), ("reinforge-her-dqn", "sb3-her-dqn"), ("reinforge-mbpo", "reinforge-sac128")]
+         ("reinforge-dqn", "sb3-dqn"), ("reinforge-dqn", "cleanrl-dqn"), ("reinforge-dqn", "cleanrl-dqn256"), ("reinforge-sac", "cleanrl-sac"), ("reinforge-her-dqn", "sb3-her-dqn"), ("reinforge-mbpo", "reinforge-sac128")]
 
 
 def run_one(impl: str, seed: int, throughput: bool = False) -> dict:
@@ -64,7 +70,7 @@ def run_one(impl: str, seed: int, throughput: bool = False) -> dict:
     env_id, threshold, window, cap, success_above = TASKS[task]
     if throughput:
         threshold, cap = float("inf"), THROUGHPUT[task]
-    code = PRELUDE + f"RECIPES = {RECIPES!r}\n" + CHILDREN[impl.split("-")[0]]
+    code = PRELUDE + f"RECIPES = {RECIPES!r}\n" + child(impl)
     argv = [impl, str(seed), str(threshold), str(window), str(cap), str(success_above).lower()]
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=7200)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]

@@ -12,10 +12,13 @@ each:
 
 - ``cartpole-ppo``: CartPole-v1 to 475 over 20 episodes, cap 500k (the issue's); reinforge PPO (also on
   EnvPool), the CleanRL ppo.py loop, SB3 PPO, all with CleanRL's settings (the ``cartpole_ppo`` recipe);
-- ``pendulum-sac``: Pendulum-v1 to -300 over 10 episodes, cap 30k (the issue's); reinforge SAC and SB3 SAC
-  with the ``pendulum_sac`` recipe's (CleanRL's) settings;
+- ``pendulum-sac``: Pendulum-v1 to -300 over 10 episodes, cap 30k (the issue's); reinforge SAC, SB3 SAC and
+  the CleanRL sac_continuous_action.py loop (cleanrl_loops.SAC) with the ``pendulum_sac`` recipe's
+  (CleanRL's) settings;
 - ``cartpole-dqn``: CartPole-v1 to 195 over 20 episodes (CartPole-v0's "solved" level), cap 50k (the
-  ``cartpole_dqn`` recipe's budget, RL Baselines3 Zoo's tuned SB3 settings, which both run; its epsilon
+  ``cartpole_dqn`` recipe's budget, RL Baselines3 Zoo's tuned SB3 settings, which reinforge DQN, SB3 DQN
+  and the CleanRL dqn.py loop (cleanrl_loops.DQN, with dqn.py's 120-84 network; ``cleanrl-dqn256`` with
+  the recipe's 256-256) run; its epsilon
   schedule is a share of this budget, so the cap is the budget of both). Not 475: measured once (seed 0),
   reinforge's DQN reached a 20-episode training mean of 475 at 46,336 of its 50k steps and SB3's did not
   within 50k, so most runs would score the cap;
@@ -29,6 +32,8 @@ each:
 
 from __future__ import annotations
 
+import cleanrl_loops
+
 TASKS = {
     "cartpole-ppo": ("CartPole-v1", 475.0, 20, 500_000, None),
     "pendulum-sac": ("Pendulum-v1", -300.0, 10, 30_000, None),
@@ -38,7 +43,8 @@ TASKS = {
 }
 IMPL_TASK = {"reinforge-ppo": "cartpole-ppo", "cleanrl-ppo": "cartpole-ppo", "sb3-ppo": "cartpole-ppo",
              "reinforge-envpool-ppo": "cartpole-ppo", "reinforge-sac": "pendulum-sac", "sb3-sac": "pendulum-sac",
-             "reinforge-dqn": "cartpole-dqn", "sb3-dqn": "cartpole-dqn", "reinforge-her-dqn": "bitflip-her",
+             "cleanrl-sac": "pendulum-sac", "reinforge-dqn": "cartpole-dqn", "sb3-dqn": "cartpole-dqn",
+             "cleanrl-dqn": "cartpole-dqn", "cleanrl-dqn256": "cartpole-dqn", "reinforge-her-dqn": "bitflip-her",
              "sb3-her-dqn": "bitflip-her", "reinforge-mbpo": "pendulum-mbpo", "reinforge-sac128": "pendulum-mbpo"}
 # --throughput: a fixed budget per task, no threshold (steps/s only)
 THROUGHPUT = {"cartpole-ppo": 20_480, "pendulum-sac": 3_000, "cartpole-dqn": 10_240, "bitflip-her": 2_000,
@@ -193,4 +199,11 @@ for u in range(updates):
 report(steps)
 """
 
-CHILDREN = {"reinforge": REINFORGE, "sb3": SB3, "cleanrl": CLEANRL}
+CHILDREN = {"reinforge": REINFORGE, "sb3": SB3, "cleanrl": CLEANRL, "cleanrl-dqn": cleanrl_loops.DQN,
+            "cleanrl-dqn256": cleanrl_loops.DQN,
+            "cleanrl-sac": cleanrl_loops.SAC}
+
+
+def child(impl: str) -> str:
+    """The code a run of ``impl`` executes: its own entry, else its family's (``reinforge-*``, ``sb3-*``)."""
+    return CHILDREN.get(impl) or CHILDREN[impl.split("-")[0]]

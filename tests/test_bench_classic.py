@@ -13,7 +13,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import bench_classic  # noqa: E402
-from classic_impls import CHILDREN, IMPL_TASK, PRELUDE, RECIPES, TASKS, THROUGHPUT  # noqa: E402
+import cleanrl_loops  # noqa: E402
+from classic_impls import CHILDREN, IMPL_TASK, PRELUDE, RECIPES, TASKS, THROUGHPUT, child  # noqa: E402
 
 
 def test_ratios_pair_each_seed_with_the_same_seed():
@@ -72,3 +73,13 @@ def test_every_implementation_has_a_task_a_child_and_reinforge_a_recipe_that_loa
         c = load_classic_config(recipe, ["seed=0", *overrides]).classic
         assert c.train.total_env_steps >= TASKS[IMPL_TASK[impl]][3], impl  # the schedules span the cap
     assert {a for pair in bench_classic.PAIRS for a in pair} <= set(IMPL_TASK)
+
+
+def test_each_implementation_runs_its_own_loop_else_its_familys():
+    assert child("cleanrl-dqn") is child("cleanrl-dqn256") is cleanrl_loops.DQN and child("cleanrl-sac") is cleanrl_loops.SAC
+    assert child("cleanrl-ppo") is CHILDREN["cleanrl"]  # CleanRL's PPO loop
+    assert child("reinforge-sac") is CHILDREN["reinforge"] and child("sb3-dqn") is CHILDREN["sb3"]
+    assert IMPL_TASK["cleanrl-dqn"] == IMPL_TASK["reinforge-dqn"] == "cartpole-dqn"
+    assert IMPL_TASK["cleanrl-sac"] == IMPL_TASK["reinforge-sac"] == "pendulum-sac"
+    for impl in IMPL_TASK:
+        compile(PRELUDE + child(impl), impl, "exec")  # every child is valid Python
