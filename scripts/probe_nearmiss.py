@@ -39,7 +39,7 @@ def features(model: torch.nn.Module, tokenizer, pairs: list[PreferencePair], equ
     lls, states = [], []
     for start in range(0, len(pairs), 500):
         index = np.arange(start, min(start + 500, len(pairs)))
-        ids, mask = data.batch(index)
+        ids, mask, _ = data.batch(index)  # the completion mask is not needed here
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
         after = torch.arange(ids.shape[1] - 1)[None] >= (ids == equals).int().argmax(1)[:, None]
