@@ -16,6 +16,10 @@ SMOKE = {
     # concurrent differs from sequential only in env.concurrency, which the async run uses too
     "bench_agent_latency.py": ["--latencies", "0.01", "--steps", "2", "--repeats", "1", "--prompts", "1", "--group", "2",
                                "--workers", "1", "--settings", "sequential,async"],
+    "bench_demo.py": ["--seeds", "0", "--target", "0", "--out", "/tmp/reinforge-bench-demo-smoke", "--compare",
+                      "train.steps=2 eval.every=1 task.heldout_size=8 eval.final_samples=0 log.report=false", "--set",
+                      "train.steps=3", "eval.every=1", "task.heldout_size=8", "eval.final_samples=0", "log.report=false",
+                      "checkpoint.every=0"],
     "bench_classic_impala.py": ["--actors", "0", "--updates", "3", "--warmup", "1", "--repeats", "1"],
     "bench_memory.py": ["--quick", "--repeats", "1"],
     "bench_lm_head.py": ["--vocab", "1000", "--hidden", "16", "--positions", "64", "--chunks", "0,16", "--repeats", "1"],

@@ -80,6 +80,7 @@ class TrainConfig(_Strict):
     lr_schedule: Literal["constant", "cosine"] = "constant"
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0, description="AdamW's epsilon: the update is m / (sqrt(v) + eps)")
     grad_clip: float = Field(1.0, gt=0)
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a rollout batch")
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
