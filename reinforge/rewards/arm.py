@@ -29,6 +29,7 @@ The score is one forward of the causal LM over right-padded rows and a masked su
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -89,12 +90,7 @@ def forward_scores(model: torch.nn.Module, ids: Tensor, mask: Tensor, completion
 def completion_start(full: list[int], prompt_only: list[int]) -> int:
     """Where the completion's tokens begin in ``full``: the length of its common prefix with the ids of
     the prompt rendered with an empty completion (a token merged across the boundary counts as completion)."""
-    n = 0
-    for a, b in zip(full, prompt_only, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([full, prompt_only]))
 
 
 def ids_and_start(tokenizer: Any, prompt: str | list[dict[str, str]], *completions: str) -> list[tuple[list[int], int]]:

@@ -25,6 +25,7 @@ algo/advantage_estimators.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,12 +74,7 @@ def branch_plan(group_size: int, branching: Sequence[int]) -> list[int]:
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of ``a`` and ``b``."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 def _prime_factors(n: int) -> list[int]:
