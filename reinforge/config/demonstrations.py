@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from reinforge.config.base import Part, PartRef, _Strict
+
+# a ``reinforge.config.run.RunConfig`` (not imported: run.py calls check_demonstrations, so no cycle)
+RunConfig = Any
 
 
 class DemonstrationColumns(_Strict):
@@ -54,3 +57,36 @@ class PreferencesConfig(_Strict):
     split: str | None = Field(None, description="split of a datasets directory")
     per_step: int = Field(16, ge=1, description="pairs in each step's batch")
     columns: PreferenceColumns = Field(default_factory=PreferenceColumns)
+
+
+def check_demonstrations(cfg: RunConfig) -> None:
+    """A part that trains on demonstrations needs them, and demonstrations need such a part; their rows have no
+    sampler log-probs, so pi_old is recomputed (``train.old_logprobs``)."""
+    from reinforge.algo.objective import required_inputs
+    from reinforge.algo.policy_losses import POLICY_LOSSES
+
+    needs, d = required_inputs(cfg.algo), cfg.demonstrations
+    if "demonstrations" in needs and d.path is None:
+        raise ValueError("algo: a part trains on demonstrations (e.g. nll, luffy); set demonstrations.path "
+                         "(a file, or 'task' for the task's reference answers)")
+    if d.path is not None and "demonstrations" not in needs:
+        raise ValueError("demonstrations.path: no part of algo trains on demonstrations; add algo.loss_terms: "
+                         "[{name: nll, coef: 1.0}] (or run reinforge sft)")
+    if d.path is not None and not d.mix and cfg.orchestrate.mode == "async":
+        raise ValueError("demonstrations.mix=false trains on demonstrations only: there is no rollout to run "
+                         "asynchronously; use orchestrate.mode=sync")
+    guided = "demonstrations" in POLICY_LOSSES.needs(cfg.algo.policy_loss)
+    if d.path is not None and guided != (d.placement == "in_group"):
+        raise ValueError(f"demonstrations.placement={d.placement}: algo.policy_loss={cfg.algo.policy_loss} "
+                         + ("trains on demonstrations in the rollout groups; set demonstrations.placement=in_group"
+                            if guided else "does not train on demonstrations in a group; use placement=own_group "
+                            "or a policy loss that does (luffy)"))
+    if d.placement == "in_group" and not d.mix:
+        raise ValueError("demonstrations.placement=in_group adds demonstrations to rollout groups; set "
+                         "demonstrations.mix=true")
+    if d.path is not None and cfg.train.old_logprobs == "rollout":
+        raise ValueError("train.old_logprobs=rollout: demonstration rows have no sampler log-probs; use "
+                         "train.old_logprobs=recompute with demonstrations")
+    if d.path is not None and "values" in needs:
+        raise ValueError("demonstrations: not supported with a critic (algo.advantage=gae): the value model "
+                         "would fit the demonstrations' rewards")

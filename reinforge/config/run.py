@@ -84,6 +84,12 @@ class TrainConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0)
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a rollout batch")
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
+    old_logprobs: Literal["recompute", "rollout"] = Field(
+        "recompute", description="pi_old of the PPO ratio where an update needs it (several optimizer steps a batch, "
+        "the KL in the reward): recompute = a no-grad pass of the learner at the start of the update; rollout = the "
+        "sampler's log-probs, no pass (they differ from the learner's by the engines' mismatch, logged as "
+        "logprob_mismatch on the first mini-batch; not with demonstrations); docs/algorithms.md"
+    )
     micro_batch_tokens: int = Field(8192, ge=1, description="token budget of one forward/backward")
     shared_prefix: bool = Field(
         True, description="compute each group's shared prompt once in the training forward (Llama/Qwen2; exact)"
@@ -317,31 +323,9 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _demonstrations_are_used(self) -> RunConfig:
         """A part that trains on demonstrations needs them, and demonstrations need such a part."""
-        from reinforge.algo.objective import required_inputs
-        from reinforge.algo.policy_losses import POLICY_LOSSES
+        from reinforge.config.demonstrations import check_demonstrations
 
-        needs, d = required_inputs(self.algo), self.demonstrations
-        if "demonstrations" in needs and d.path is None:
-            raise ValueError("algo: a part trains on demonstrations (e.g. nll, luffy); set demonstrations.path "
-                             "(a file, or 'task' for the task's reference answers)")
-        if d.path is not None and "demonstrations" not in needs:
-            raise ValueError("demonstrations.path: no part of algo trains on demonstrations; add algo.loss_terms: "
-                             "[{name: nll, coef: 1.0}] (or run reinforge sft)")
-        if d.path is not None and not d.mix and self.orchestrate.mode == "async":
-            raise ValueError("demonstrations.mix=false trains on demonstrations only: there is no rollout to run "
-                             "asynchronously; use orchestrate.mode=sync")
-        guided = "demonstrations" in POLICY_LOSSES.needs(self.algo.policy_loss)
-        if d.path is not None and guided != (d.placement == "in_group"):
-            raise ValueError(f"demonstrations.placement={d.placement}: algo.policy_loss={self.algo.policy_loss} "
-                             + ("trains on demonstrations in the rollout groups; set demonstrations.placement=in_group"
-                                if guided else "does not train on demonstrations in a group; use placement=own_group "
-                                "or a policy loss that does (luffy)"))
-        if d.placement == "in_group" and not d.mix:
-            raise ValueError("demonstrations.placement=in_group adds demonstrations to rollout groups; set "
-                             "demonstrations.mix=true")
-        if d.path is not None and "values" in needs:
-            raise ValueError("demonstrations: not supported with a critic (algo.advantage=gae): the value model "
-                             "would fit the demonstrations' rewards")
+        check_demonstrations(self)
         return self
 
     @model_validator(mode="after")

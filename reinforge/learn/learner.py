@@ -138,6 +138,7 @@ class Learner(PreparesBatches):
         self.step = 0
         self._mix: tuple[float, float] = (1.0, 1.0)  # (w_rl, w_demo) of this update, algo.mixing
         self._prepared: tuple[Batch | None, MetricSums, int] | None = None  # prepare() -> update()
+        self._compare_sampler = False  # the next mini-batch compares its log-probs with the sampler's (prepare)
         self.forward = FORWARDS.call(select_forward(t, hf_model, self.fsdp),
                                      SimpleNamespace(policy=model, hf_model=hf_model), t)
 
@@ -241,6 +242,7 @@ class Learner(PreparesBatches):
             for mb_index in self._minibatch_rows(batch, total, n_updates):
                 mine = mb_index[(mb_index >= offset) & (mb_index < offset + n)] - offset  # all of it, one process
                 self._optimizer_step(batch.select(mine) if len(mine) else None, stats, train_policy)
+                self._compare_sampler = False
         if train_policy:
             self.scheduler.step()
         stats.all_reduce()
@@ -384,9 +386,10 @@ class Learner(PreparesBatches):
         if not self.objective.reads("entropy", terms):
             entropy = entropy.detach()
         old_logp = mb.old_logprobs
+        if old_logp is None or self._compare_sampler:  # the policy not yet stepped: its log-probs against the sampler's
+            add_mismatch(stats, logp.detach(), mb)
         if old_logp is None:  # single update per batch: pi_old is exactly the current policy
             old_logp = logp.detach()
-            add_mismatch(stats, old_logp, mb)
         masked = masked_fields(terms, mb, self.model, lambda b: self._logprobs(self.model, b, entropy=True))  # PAPO's
         ctx = batch_context(mb, logp=logp, old_logp=old_logp, entropy=entropy, logp_vocab=logp_vocab, **masked)
         loss, pg_loss, metrics, masks = self.objective.loss(ctx, norm, terms, demo_norm, self._mix)

@@ -45,7 +45,7 @@ class PreparesBatches:
     """The ``Learner``'s no-grad passes and advantage estimation (a mixin over its model, reference,
     critic, KL controller and data-parallel strategy)."""
 
-    @declares_stage("prepare", reads=("input_ids", "attention_mask", "loss_mask", "token_rewards"),
+    @declares_stage("prepare", reads=("input_ids", "attention_mask", "loss_mask", "token_rewards", "sampling_logprobs"),
                     writes=PREPARE_WRITES)
     def prepare(self, batch: Batch | None) -> None:
         """The no-grad passes at the start of an update (pi_old when several optimizer steps or the KL
@@ -54,11 +54,21 @@ class PreparesBatches:
         t = self.train_cfg
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
-        recompute_old = (t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
-                         or bool({"old_logp", "entropy"} & ADVANTAGES.needs(self.algo.advantage))
-                         or bool({OLD_VOCAB_MEAN, OLD_TOPK} & set(self.needs)))
+        estimator_needs = ADVANTAGES.needs(self.algo.advantage)
+        needs_old = (t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
+                     or "old_logp" in estimator_needs)
+        pass_only = "entropy" in estimator_needs or bool({OLD_VOCAB_MEAN, OLD_TOPK} & set(self.needs))
+        from_rollout = needs_old and t.old_logprobs == "rollout"
+        run_pass = pass_only or (needs_old and not from_rollout)
+        # pi_old from the sampler and no pass: the first mini-batch's forward (the policy not yet stepped)
+        # measures the rollout/training mismatch instead
+        self._compare_sampler = from_rollout and not run_pass
         self._prepared = (batch, MetricSums(), offset)
-        self._passes(batch, self._prepared[1], recompute_old, offset)
+        self._passes(batch, self._prepared[1], run_pass, offset)
+        if batch is not None and from_rollout:
+            self._old_from_rollout(batch)
+        if batch is not None and self.uses_kl and self.algo.kl.placement == "reward":
+            self._kl_in_reward(batch, self._prepared[1])
 
     @declares_stage("advantages", reads=("the fields its estimator names",), writes=ADVANTAGE_WRITES)
     def estimate_advantages(self, batch: Batch | None) -> None:
@@ -69,9 +79,8 @@ class PreparesBatches:
 
     @torch.no_grad()
     def _passes(self, batch: Batch | None, stats: MetricSums, recompute_old: bool, offset: int = 0) -> None:
-        """No-grad passes (pi_old, pi_ref, critic values). With the KL in the reward, r_t gains
-        -beta * KL_t (``batch.token_rewards``, before advantages). ``batch`` is None on a rank without
-        rows (it still joins the collectives); ``offset``: its first row's index in the global batch."""
+        """No-grad passes (pi_old, pi_ref, critic values). ``batch`` is None on a rank without rows (it
+        still joins the collectives); ``offset``: its first row's index in the global batch."""
         algo = self.algo
         self._old_entropy = None  # pi_old's per-token entropy, for an estimator that declares it needs ``entropy``
         if batch is None:
@@ -114,11 +123,23 @@ class PreparesBatches:
         batch.teacher_logprobs, batch.old_vocab_mean = teacher, vocab_mean
         batch.old_topk_index, batch.old_topk_logp = topk if topk is not None else (None, None)
         self._old_entropy = ent
-        if ref is not None and algo.kl.placement == "reward":
-            kl = self.kl_estimator(old, ref) * batch.loss_mask
-            given = batch.token_rewards  # e.g. a step verifier's process rewards: the KL penalty adds to them
-            batch.token_rewards = -self.kl_ctl.value * kl + (given.to(kl.dtype) if given is not None else 0.0)
-            stats.add_tokens("kl_ref", kl, batch.loss_mask)
+
+    def _kl_in_reward(self, batch: Batch, stats: MetricSums) -> None:
+        """r_t gains -beta * KL_t(pi_old || pi_ref) (``batch.token_rewards``, before advantages)."""
+        kl = self.kl_estimator(batch.old_logprobs, batch.ref_logprobs) * batch.loss_mask
+        given = batch.token_rewards  # e.g. a step verifier's process rewards: the KL penalty adds to them
+        batch.token_rewards = -self.kl_ctl.value * kl + (given.to(kl.dtype) if given is not None else 0.0)
+        stats.add_tokens("kl_ref", kl, batch.loss_mask)
+
+    def _old_from_rollout(self, batch: Batch) -> None:
+        """``train.old_logprobs=rollout``: pi_old = the sampler's log-probs on the loss mask (PPO's
+        behaviour policy as sampled; the engine's log-probs are under softmax(logits / T) before top-k/top-p,
+        as the learner's); the KL in the reward is then taken against them too."""
+        if batch.demo is not None and bool(batch.demo.any()):
+            raise ConfigError("train.old_logprobs=rollout: the batch holds demonstration rows, which no sampler "
+                              "gave log-probs for; use train.old_logprobs=recompute")
+        old = (batch.sampling_logprobs * batch.loss_mask).to(self._loss_dtype)
+        batch.old_logprobs = old
 
     def _old_pass(self, mb: Batch, entropy: bool, records: tuple[Tensor | None, tuple[Tensor, Tensor] | None],
                   rows: Tensor, cols: int) -> tuple[Tensor, Tensor | None]:

@@ -1,0 +1,128 @@
+"""``train.old_logprobs``: pi_old of the PPO ratio recomputed by a no-grad pass (the default) or taken from
+the sampler's log-probs (``rollout``: no pass; the first mini-batch measures the mismatch instead)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from reinforge.config import load_config
+from reinforge.errors import ConfigError
+from reinforge.learn.learner import Learner
+from reinforge.models.loading import load_model
+from reinforge.orchestrate.episodes import build_batch
+from reinforge.types import Trajectory
+
+
+def _rows() -> list[Trajectory]:
+    """Two groups of two rows: a 3-token prompt and a 3-token completion, rewards 1 and 0 in each group."""
+    rows = []
+    for g, task in enumerate(("a", "b")):
+        for r in (1.0, 0.0):
+            ids = [1, 2 + g, 3, 4 + int(r), 5, 6]
+            rows.append(Trajectory(ids, [0, 0, 0, 1, 1, 1], [0.0] * 6, 0, g, task, reward=r))
+    return rows
+
+
+def _learner(overrides: list[str]) -> tuple[Learner, object]:
+    cfg = load_config(None, ["train.minibatches=2", "algo.skip_equal_reward_groups=false", *overrides])
+    torch.manual_seed(0)
+    return Learner.for_run(load_model("tiny-base"), cfg, load_model("tiny-base")), cfg
+
+
+def _batch(cfg, sampling_logprobs=None):
+    batch, _ = build_batch(_rows(), cfg.algo, pad_id=0)
+    if sampling_logprobs is not None:
+        batch = dataclasses.replace(batch, sampling_logprobs=sampling_logprobs.clone())
+    return batch
+
+
+def _learner_logprobs() -> torch.Tensor:
+    """The learner's own log-probs of the rows (the recomputed pi_old), zero off the loss mask."""
+    learner, cfg = _learner([])
+    batch = _batch(cfg)
+    learner.prepare(batch)
+    return batch.old_logprobs
+
+
+def _count_forwards(learner: Learner, monkeypatch) -> list[int]:
+    calls = [0]
+    plain = learner.forward.logprobs
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(learner.forward, "logprobs", counted)
+    return calls
+
+
+def test_recompute_runs_the_pass_and_rollout_takes_the_samplers_logprobs_without_one(monkeypatch):
+    learner_logp = _learner_logprobs()
+    mask = _batch(_learner([])[1]).loss_mask
+    assert (learner_logp[mask == 0] == 0).all() and (learner_logp[mask > 0] < 0).all()
+    sampler = learner_logp + 0.25 * mask + 7.0 * (1 - mask)  # off the mask the sampler's values must not leak in
+    recompute, cfg = _learner([])
+    calls = _count_forwards(recompute, monkeypatch)
+    batch = _batch(cfg, sampler)
+    recompute.prepare(batch)
+    assert calls[0] == 1 and torch.equal(batch.old_logprobs, learner_logp)
+    rollout, cfg = _learner(["train.old_logprobs=rollout"])
+    calls = _count_forwards(rollout, monkeypatch)
+    batch = _batch(cfg, sampler)
+    rollout.prepare(batch)
+    assert calls[0] == 0
+    torch.testing.assert_close(batch.old_logprobs, learner_logp + 0.25 * mask, rtol=0, atol=1e-6)
+
+
+def test_rollout_logs_the_mismatch_on_the_first_mini_batch_only(monkeypatch):
+    """Sampler log-probs 0.25 above the learner's on every trained token: the mismatch is 0.25 (mean and max),
+    measured by the first mini-batch's forward before any step; the second mini-batch, after a step, is not
+    counted (its log-probs moved)."""
+    learner_logp = _learner_logprobs()
+    mask = _batch(_learner([])[1]).loss_mask
+    rollout, cfg = _learner(["train.old_logprobs=rollout"])
+    out = rollout.update(_batch(cfg, learner_logp + 0.25 * mask))
+    assert out["logprob_mismatch"] == pytest.approx(0.25, abs=1e-5)
+    assert out["logprob_mismatch_max"] == pytest.approx(0.25, abs=1e-5)
+    assert out["updates"] == 2.0 and rollout._compare_sampler is False
+    recompute, cfg = _learner([])
+    out = recompute.update(_batch(cfg, learner_logp + 0.25 * mask))  # the pass measures it over every row
+    assert out["logprob_mismatch"] == pytest.approx(0.25, abs=1e-5)
+
+
+def test_equal_log_probs_give_the_same_update_either_way():
+    """Where the sampler's log-probs are the learner's, both sources train to the same weights."""
+    learner_logp = _learner_logprobs()
+    weights = []
+    for source in ("recompute", "rollout"):
+        learner, cfg = _learner([f"train.old_logprobs={source}"])
+        learner.update(_batch(cfg, learner_logp))
+        weights.append([p.detach().clone() for p in learner.model.parameters()])
+    for a, b in zip(*weights, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_the_kl_in_the_reward_is_taken_against_the_samplers_log_probs():
+    """k1 in the reward: r_t = -beta (log pi_old - log pi_ref); pi_ref is the same weights here, so with the
+    sampler 0.25 above the learner every trained token's reward is -0.01 * 0.25."""
+    learner_logp = _learner_logprobs()
+    overrides = ["train.old_logprobs=rollout", "algo.kl.coef=0.01", "algo.kl.placement=reward",
+                 "algo.kl.estimator=k1", "train.minibatches=1"]
+    learner, cfg = _learner(overrides)
+    batch = _batch(cfg, learner_logp + 0.25 * _batch(cfg).loss_mask)
+    learner.prepare(batch)
+    torch.testing.assert_close(batch.token_rewards, -0.01 * 0.25 * batch.loss_mask, rtol=0, atol=1e-7)
+
+
+def test_demonstrations_are_refused_with_rollout_log_probs():
+    with pytest.raises(ConfigError, match="train.old_logprobs=rollout: demonstration rows"):
+        load_config(None, ["train.old_logprobs=rollout", "demonstrations.path=task", "demonstrations.mix=true",
+                           "algo.loss_terms=[{name: nll, coef: 1.0}]"])
+    learner, cfg = _learner(["train.old_logprobs=rollout"])
+    batch = _batch(cfg)
+    batch = dataclasses.replace(batch, demo=torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    with pytest.raises(ConfigError, match="demonstration rows"):
+        learner.prepare(batch)
