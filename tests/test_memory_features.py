@@ -110,6 +110,22 @@ def test_bf16_autocast_runs_the_forward_in_bf16_and_stays_close(tmp_path):
     assert cos > 0.95
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_autocast_is_bf16_where_the_cpu_has_bf16_instructions(tmp_path, monkeypatch, native):
+    from reinforge.models import precision
+
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: native)
+    dtypes: set = set()
+
+    def record_dtype(c):
+        c.learner.model.model.layers[0].mlp.down_proj.register_forward_hook(
+            lambda _m, _i, out: dtypes.add(out.dtype))
+
+    _, _, _, c = _update(tmp_path, "train.autocast=auto", spy=record_dtype)
+    assert dtypes == {torch.bfloat16 if native else torch.float32}
+    assert precision.resolved_autocast(c.cfg) == ("bf16" if native else "float32")
+
+
 def test_reference_offload_moves_it_for_its_pass_only(tmp_path):
     moves: list[str] = []
 

@@ -107,8 +107,9 @@ class TrainConfig(_Strict):
         False, description="recompute each layer's activations in the backward instead of keeping them (less memory, "
         "about one more forward of compute)"
     )
-    autocast: Literal["none", "bf16"] = Field(
-        "none", description="bf16: run the policy/reference forwards under torch.autocast(bfloat16); log-probs, "
+    autocast: Literal["none", "bf16", "auto"] = Field(
+        "none", description="bf16: run the policy/reference forwards under torch.autocast(bfloat16); auto: bf16 "
+        "where the device computes bf16 natively (a GPU with bfloat16, a CPU with AVX512-BF16/AMX/Arm BF16), else none; log-probs, "
         "losses, weights and optimizer state stay float32"
     )
     logprob_chunk_tokens: int = Field(

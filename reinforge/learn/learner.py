@@ -50,7 +50,7 @@ from reinforge.learn.perception import masked_fields
 from reinforge.learn.prepare import PreparesBatches
 from reinforge.learn.shared_prefix import SharedPrefixForward
 from reinforge.models.adapters import ADAPTER_NAME
-from reinforge.models.precision import compute_dtype
+from reinforge.models.precision import autocast_bf16, compute_dtype
 from reinforge.types import Batch, declares_stage
 
 
@@ -298,7 +298,7 @@ class Learner(PreparesBatches):
         return list(micro_batches(lengths, budget))
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.train_cfg.autocast == "bf16":
+        if autocast_bf16(self.train_cfg.autocast, self._device):  # auto: where the device computes bf16 natively
             return torch.autocast(self._device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -26,6 +26,7 @@ from reinforge.eval.heldout import evaluate
 from reinforge.learn import distributed
 from reinforge.learn.checkpoint import latest_checkpoint, save_checkpoint
 from reinforge.learn.memory import peak_mb, reset_peak
+from reinforge.models.precision import resolved_autocast
 from reinforge.orchestrate.batch_sources import BatchSource, LocalBatches, Rollout
 from reinforge.orchestrate.collectors import Collector, play
 from reinforge.orchestrate.components import Components
@@ -124,6 +125,8 @@ class Loop:
         console = None if main else Console(quiet=True)
         with ConsoleProgress(cfg.train.steps, self.start, self.progress_every, console) as progress:
             progress.print(f"run directory: {self.run_dir}")
+            if cfg.train.autocast == "auto":  # what it resolved to on this machine
+                progress.print(f"train.autocast=auto: the learner's forwards in {resolved_autocast(cfg)}")
             for step in range(self.start + 1, cfg.train.steps + 1):
                 metrics = self.checked_train_step(step)
                 if step == self.start + 1 and cfg.reward.on_error == "auto":

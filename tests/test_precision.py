@@ -1,0 +1,41 @@
+"""``models/precision.py``: the compute dtype, and where bf16 forwards are native (``train.autocast=auto``)."""
+
+from __future__ import annotations
+
+import torch
+
+from reinforge.models import precision
+from reinforge.models.precision import autocast_bf16, compute_dtype, cpu_has_bf16
+
+X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\nbogomips\t: 4800\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd sve {extra}\n"
+
+
+def test_bf16_instructions_are_read_from_the_cpu_flags(tmp_path):
+    cases = {X86.format(extra="avx512_bf16"): True, X86.format(extra="amx_bf16 amx_tile"): True,
+             X86.format(extra="avx512_vnni"): False, ARM.format(extra="bf16 i8mm"): True, ARM.format(extra=""): False,
+             "model name\t: bf16 in a name is not a flag\n": False}
+    for i, (text, expected) in enumerate(cases.items()):
+        path = tmp_path / f"cpuinfo{i}"
+        path.write_text(text)
+        assert cpu_has_bf16(str(path)) is expected, text
+    assert cpu_has_bf16(str(tmp_path / "missing")) is False  # no /proc/cpuinfo (macOS): float32
+
+
+def test_autocast_settings_resolve_per_device(monkeypatch):
+    cpu = torch.device("cpu")
+    assert autocast_bf16("bf16", cpu) is True and autocast_bf16("none", cpu) is False
+    for native in (True, False):
+        monkeypatch.setattr(precision, "cpu_has_bf16", lambda native=native: native)
+        assert autocast_bf16("auto", cpu) is native
+        assert autocast_bf16("none", cpu) is False
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert autocast_bf16("auto", torch.device("cuda")) is False
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert autocast_bf16("auto", torch.device("cuda")) is True
+    assert autocast_bf16("auto", torch.device("meta")) is False
+
+
+def test_losses_are_float32_for_low_precision_models_and_float64_for_float64():
+    assert compute_dtype(torch.bfloat16) == compute_dtype(torch.float16) == torch.float32
+    assert compute_dtype(torch.float64) == torch.float64
