@@ -39,3 +39,14 @@ def test_autocast_settings_resolve_per_device(monkeypatch):
 def test_losses_are_float32_for_low_precision_models_and_float64_for_float64():
     assert compute_dtype(torch.bfloat16) == compute_dtype(torch.float16) == torch.float32
     assert compute_dtype(torch.float64) == torch.float64
+
+
+def test_a_run_with_auto_autocast_says_what_it_chose(tmp_path, monkeypatch, capsys):
+    import reinforge
+
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    reinforge.train(model="tiny-base", task="arithmetic", output_dir=str(tmp_path),
+                    train={"steps": 1, "time_limit_s": 0, "autocast": "auto"},
+                    rollout={"prompts_per_step": 2, "group_size": 2},
+                    eval={"final_samples": 0}, log={"report": False}, **{"task.heldout_size": 4})
+    assert "train.autocast=auto: the learner's forwards in bf16" in capsys.readouterr().out
