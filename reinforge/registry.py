@@ -101,6 +101,8 @@ NEEDS: dict[str, str] = {
     "demonstrations": "rows given, not sampled (demonstrations.path); the part trains on them",
     "whole_groups": "a loss computed per group: micro-batches keep groups whole",
     "ungrouped": "the estimator's baseline is not its group's: equal-reward groups are kept",
+    "other_context": "a group sampler whose update conditions a sample on another context than it was sampled "
+                     "in (NoisyRollout's clean picture): pi_old is never the sampler's (train.old_logprobs)",
     "carry_over": "a group sampler that carries unfinished generations into the next step (T-PPO)",
     "cpu_bound": "a verifier computing in pure Python under the GIL: scored in processes",
     "reference_logp": "a verifier whose value is the policy's likelihood of the reference answer after each "

@@ -117,12 +117,19 @@ def test_the_kl_in_the_reward_is_taken_against_the_samplers_log_probs():
     torch.testing.assert_close(batch.token_rewards, -0.01 * 0.25 * batch.loss_mask, rtol=0, atol=1e-7)
 
 
-def test_demonstrations_are_refused_with_rollout_log_probs():
-    with pytest.raises(ConfigError, match="train.old_logprobs=rollout: demonstration rows"):
+def test_rows_not_sampled_in_their_training_context_are_refused_with_rollout_log_probs():
+    with pytest.raises(ConfigError, match="train.old_logprobs=rollout with demonstrations.path: demonstration rows"):
         load_config(None, ["train.old_logprobs=rollout", "demonstrations.path=task", "demonstrations.mix=true",
                            "algo.loss_terms=[{name: nll, coef: 1.0}]"])
+    load_config(None, ["demonstrations.path=task", "demonstrations.mix=true", "algo.loss_terms=[{name: nll, coef: 1.0}]"])
     learner, cfg = _learner(["train.old_logprobs=rollout"])
     batch = _batch(cfg)
     batch = dataclasses.replace(batch, demo=torch.tensor([0.0, 1.0, 0.0, 0.0]))
     with pytest.raises(ConfigError, match="demonstration rows"):
         learner.prepare(batch)
+    with pytest.raises(ConfigError, match="with rollout.hints: a hinted row"):
+        load_config(None, ["train.old_logprobs=rollout", "rollout.hints={name: ghpo}"])
+    with pytest.raises(ConfigError, match="with rollout.group_sampler=noisy_rollout: it trains each sample"):
+        load_config(None, ["train.old_logprobs=rollout", "rollout.group_sampler=noisy_rollout"])
+    for allowed in (["rollout.hints={name: ghpo}"], ["rollout.group_sampler=noisy_rollout"]):
+        load_config(None, allowed)  # recomputed pi_old: accepted

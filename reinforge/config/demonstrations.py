@@ -60,8 +60,7 @@ class PreferencesConfig(_Strict):
 
 
 def check_demonstrations(cfg: RunConfig) -> None:
-    """A part that trains on demonstrations needs them, and demonstrations need such a part; their rows have no
-    sampler log-probs, so pi_old is recomputed (``train.old_logprobs``)."""
+    """A part that trains on demonstrations needs them, and demonstrations need such a part."""
     from reinforge.algo.objective import required_inputs
     from reinforge.algo.policy_losses import POLICY_LOSSES
 
@@ -84,9 +83,6 @@ def check_demonstrations(cfg: RunConfig) -> None:
     if d.placement == "in_group" and not d.mix:
         raise ValueError("demonstrations.placement=in_group adds demonstrations to rollout groups; set "
                          "demonstrations.mix=true")
-    if d.path is not None and cfg.train.old_logprobs == "rollout":
-        raise ValueError("train.old_logprobs=rollout: demonstration rows have no sampler log-probs; use "
-                         "train.old_logprobs=recompute with demonstrations")
     if d.path is not None and "values" in needs:
         raise ValueError("demonstrations: not supported with a critic (algo.advantage=gae): the value model "
                          "would fit the demonstrations' rewards")

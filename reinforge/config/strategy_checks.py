@@ -14,7 +14,8 @@ RunConfig = Any
 def check_strategies(cfg: RunConfig) -> None:
     """Every check below, in order."""
     for check in (one_baseline_producer, rollout_parts_run_in_one_rank, carried_generations_fit,
-                  state_values_are_estimated, reference_rewards_fit, adapter_sync_fits, role_adapters_fit):
+                  state_values_are_estimated, reference_rewards_fit, adapter_sync_fits, role_adapters_fit,
+                  sampled_log_probs_fit):
         check(cfg)
 
 
@@ -145,3 +146,23 @@ def role_adapters_fit(cfg: RunConfig) -> None:
     if ROLES not in read_fields(cfg.algo):
         raise ValueError(f"env.role_adapters: the learner splits each batch by its turn_roles field, which "
                          f"algo.advantage={cfg.algo.advantage} does not read; use at_grpo or role_ema")
+
+
+def sampled_log_probs_fit(cfg: RunConfig) -> None:
+    """``train.old_logprobs=rollout`` takes pi_old from the sampler: every trained row must have been sampled, in
+    the context it is trained in (not a demonstration, not a hinted row trained without its hint, not a group
+    sampler that declares ``other_context``, NoisyRollout's)."""
+    from reinforge.rollout.group_samplers import GROUP_SAMPLERS
+
+    if cfg.train.old_logprobs == "recompute":
+        return
+    sampler = cfg.rollout.group_sampler.name
+    why = {"demonstrations.path": "demonstration rows were not sampled" if cfg.demonstrations.path else None,
+           "rollout.hints": "a hinted row is trained without its hint, which its completion was sampled with"
+           if cfg.rollout.hints is not None else None,
+           f"rollout.group_sampler={sampler}": "it trains each sample on another context than it was sampled in"
+           if "other_context" in GROUP_SAMPLERS.needs(sampler) else None}
+    for key, reason in why.items():
+        if reason is not None:
+            raise ValueError(f"train.old_logprobs=rollout with {key}: {reason}, so the sampler's log-probs are not "
+                             "pi_old's; use train.old_logprobs=recompute")

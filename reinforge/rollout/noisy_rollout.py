@@ -54,6 +54,7 @@ class NoisyRolloutSettings(Settings):
     formula="group = n1 samples from pi(. | q, I) + n2 from pi(. | q, I~), I~ = sqrt(abar_a) I + sqrt(1 - abar_a) eps, "
             "a = alpha_0 (1 - sigmoid(c (t/T - m))); the update conditions every sample on the clean I",
     paper="Liu et al. 2025, NoisyRollout: Reinforcing Visual Reasoning with Data Augmentation (arXiv:2504.13055)",
+    needs=("other_context",),
     settings=NoisyRolloutSettings,
 )
 class NoisyRollout:
