@@ -1,11 +1,11 @@
 """The default recipe's time to accuracy: ``reinforge train`` (what ``make demo`` runs) over several seeds.
 
     python benchmarks/bench_demo.py [--seeds 0,1,2] [--target 0.9] [--set train.lr=2e-4 ...] \\
-        [--compare "train.lr=1e-4 train.steps=1400"] [--out /tmp/bench-demo]
+        [--compare "train.lr=1e-4 train.steps=1400" ...] [--out /tmp/bench-demo]
 
 Each (arm, seed) is one ``reinforge train`` in a fresh subprocess, the arms interleaved seed by seed
 (arm A seed 0, arm B seed 0, arm A seed 1, ...), so a change in the machine's load falls on both.
-The default arm is the shipped ``default`` recipe as it stands, plus ``--set``; ``--compare`` adds a second
+The default arm is the shipped ``default`` recipe as it stands, plus ``--set``; each ``--compare`` adds an
 arm, the default recipe plus its overrides. Per run, from ``metrics.jsonl``:
 
 - ``time_to_target_s``: the run's clock (``time/elapsed_s``: from the start of the run, the evaluation
@@ -105,12 +105,13 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--set", nargs="*", default=[], help="overrides of the default arm")
-    p.add_argument("--compare", default=None, help="a second arm: overrides, one string")
+    p.add_argument("--compare", action="append", default=[],
+                   help="another arm: overrides, one string (repeat for more arms; \"\" is the default recipe)")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-demo"))
     args = p.parse_args()
     arms = {"default" + (" " + " ".join(args.set) if args.set else ""): args.set}
-    if args.compare is not None:
-        arms[args.compare or "default"] = shlex.split(args.compare)
+    for overrides in args.compare:
+        arms[overrides or "default"] = shlex.split(overrides)
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in (int(s) for s in args.seeds.split(",")):
         for index, (arm, overrides) in enumerate(arms.items()):

@@ -171,7 +171,7 @@ def prm(
 # What makes a run SFT: the nll term on demonstrations only (no KL, no reference model); the policy
 # loss has no sampled rows to act on.
 SFT_OVERRIDES = ["algo.loss_terms=[{name: nll, coef: 1.0}]", "algo.kl.coef=0", "algo.skip_equal_reward_groups=false",
-                 "demonstrations.mix=false"]
+                 "demonstrations.mix=false", "train.old_logprobs=recompute"]  # demonstrations have no sampler
 
 
 @app.command("eval")

@@ -133,3 +133,5 @@ def test_rows_not_sampled_in_their_training_context_are_refused_with_rollout_log
         load_config(None, ["train.old_logprobs=rollout", "rollout.group_sampler=noisy_rollout"])
     for allowed in (["rollout.hints={name: ghpo}"], ["rollout.group_sampler=noisy_rollout"]):
         load_config(None, allowed)  # recomputed pi_old: accepted
+    with pytest.raises(ConfigError, match="demonstrations.path: no part of algo trains on demonstrations"):
+        load_config(None, ["train.old_logprobs=rollout", "demonstrations.path=task"])  # the more telling error first

@@ -330,6 +330,14 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _sampled_log_probs_fit(self) -> RunConfig:
+        """``train.old_logprobs=rollout``: after the demonstrations' own checks, which say more."""
+        from reinforge.config.strategy_checks import sampled_log_probs_fit
+
+        sampled_log_probs_fit(self)
+        return self
+
+    @model_validator(mode="after")
     def _preferences_are_used(self) -> RunConfig:
         """Preference pairs are trained on by a loss computed per group (dpo, ipo), offline only."""
         from reinforge.algo.policy_losses import POLICY_LOSSES

@@ -6,7 +6,7 @@ It uses none of reinforge's training machinery (learn, rollout, orchestrate, alg
 ``reinforge.models.loading`` (model, tokenizer) and ``reinforge.data.arithmetic`` (the splits), so the
 inputs are identical.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/plain_grpo.py [--seed 0] [--steps 1400] \
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_plain_grpo.py [--seed 0] [--steps 1400] \
         [--eval-every 25] [--threads 2] [--out /tmp/plain_grpo.json]
 
 Prints ``step N  elapsed_s X  heldout_acc Y`` per evaluation; writes per-eval (step, elapsed_s, acc), the
@@ -223,8 +223,10 @@ def main() -> None:
     args = parser.parse_args()
     result = run(args)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"median s/step: generate {result['median_generate_s']:.4f}  train {result['median_train_s']:.4f}; "
-          f"first elapsed_s at acc >= 0.9: {result['first_elapsed_s_acc_0.9']}; final acc {result['final_acc']:.3f}")
+    reached = result["first_elapsed_s_acc_0.9"]
+    print("| seed | time to 0.9 (s) | final | median step (s): generate / train |\n|---|---|---|---|\n"
+          f"| {args.seed} | {'not reached' if reached is None else f'{reached:.1f}'} | {result['final_acc']:.3f} | "
+          f"{result['median_generate_s']:.4f} / {result['median_train_s']:.4f} |")
 
 
 if __name__ == "__main__":
