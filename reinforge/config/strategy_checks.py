@@ -156,12 +156,12 @@ def sampled_log_probs_fit(cfg: RunConfig) -> None:
     if cfg.train.old_logprobs == "recompute":
         return
     sampler = cfg.rollout.group_sampler.name
-    why = {"demonstrations.path": "demonstration rows were not sampled" if cfg.demonstrations.path else None,
-           "rollout.hints": "a hinted row is trained without its hint, which its completion was sampled with"
-           if cfg.rollout.hints is not None else None,
-           f"rollout.group_sampler={sampler}": "it trains each sample on another context than it was sampled in"
-           if "other_context" in GROUP_SAMPLERS.needs(sampler) else None}
-    for key, reason in why.items():
-        if reason is not None:
+    refused = [("demonstrations.path", cfg.demonstrations.path is not None, "demonstration rows were not sampled"),
+               ("rollout.hints", cfg.rollout.hints is not None,
+                "a hinted row is trained without its hint, which its completion was sampled with"),
+               (f"rollout.group_sampler={sampler}", "other_context" in GROUP_SAMPLERS.needs(sampler),
+                "it trains each sample on another context than it was sampled in")]
+    for key, applies, reason in refused:
+        if applies:
             raise ValueError(f"train.old_logprobs=rollout with {key}: {reason}, so the sampler's log-probs are not "
                              "pi_old's; use train.old_logprobs=recompute")

@@ -138,8 +138,7 @@ class PreparesBatches:
         if batch.demo is not None and bool(batch.demo.any()):
             raise ConfigError("train.old_logprobs=rollout: the batch holds demonstration rows, which no sampler "
                               "gave log-probs for; use train.old_logprobs=recompute")
-        old = (batch.sampling_logprobs * batch.loss_mask).to(self._loss_dtype)
-        batch.old_logprobs = old
+        batch.old_logprobs = (batch.sampling_logprobs * batch.loss_mask).to(self._loss_dtype)
 
     def _old_pass(self, mb: Batch, entropy: bool, records: tuple[Tensor | None, tuple[Tensor, Tensor] | None],
                   rows: Tensor, cols: int) -> tuple[Tensor, Tensor | None]:
