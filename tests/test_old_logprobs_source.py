@@ -1,5 +1,6 @@
-"""``train.old_logprobs``: pi_old of the PPO ratio recomputed by a no-grad pass (the default) or taken from
-the sampler's log-probs (``rollout``: no pass; the first mini-batch measures the mismatch instead)."""
+"""``train.old_logprobs``: pi_old of the PPO ratio recomputed by a no-grad pass (the default; with one epoch the
+first mini-batch's come from its own forward and the pass covers the other rows) or taken from the sampler's
+log-probs (``rollout``: no pass; the first mini-batch measures the mismatch instead)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def _batch(cfg, sampling_logprobs=None):
 
 
 def _learner_logprobs() -> torch.Tensor:
-    """The learner's own log-probs of the rows (the recomputed pi_old), zero off the loss mask."""
-    learner, cfg = _learner([])
+    """The learner's own log-probs of the rows (the recomputed pi_old), zero off the loss mask (two epochs: the
+    pass covers every row)."""
+    learner, cfg = _learner(["train.epochs=2"])
     batch = _batch(cfg)
     learner.prepare(batch)
     return batch.old_logprobs
@@ -64,7 +66,7 @@ def test_recompute_runs_the_pass_and_rollout_takes_the_samplers_logprobs_without
     mask = _batch(_learner([])[1]).loss_mask
     assert (learner_logp[mask == 0] == 0).all() and (learner_logp[mask > 0] < 0).all()
     sampler = learner_logp + 0.25 * mask + 7.0 * (1 - mask)  # off the mask the sampler's values must not leak in
-    recompute, cfg = _learner([])
+    recompute, cfg = _learner(["train.epochs=2"])
     calls = _count_forwards(recompute, monkeypatch)
     batch = _batch(cfg, sampler)
     recompute.prepare(batch)
@@ -135,3 +137,62 @@ def test_rows_not_sampled_in_their_training_context_are_refused_with_rollout_log
         load_config(None, allowed)  # recomputed pi_old: accepted
     with pytest.raises(ConfigError, match="demonstrations.path: no part of algo trains on demonstrations"):
         load_config(None, ["train.old_logprobs=rollout", "demonstrations.path=task"])  # the more telling error first
+
+
+def test_one_epoch_takes_the_first_mini_batchs_pi_old_from_its_own_forward(monkeypatch):
+    """Two mini-batches, one epoch: the pass covers the second mini-batch's rows only (the first's are left 0),
+    the first mini-batch's forward gives its pi_old, and the update equals one whose pi_old all came from the
+    pass (the sampler's log-probs equal to the learner's, ``rollout``: no pass at all)."""
+    learner_logp = _learner_logprobs()
+    learner, cfg = _learner([])
+    calls = _count_forwards(learner, monkeypatch)
+    batch = _batch(cfg, learner_logp)
+    learner.prepare(batch)
+    first = learner._first_minibatch[0]
+    rest = torch.tensor([i for i in range(4) if i not in first.tolist()])
+    assert calls[0] == 1 and len(first) == 2
+    assert (batch.old_logprobs[first] == 0).all()
+    torch.testing.assert_close(batch.old_logprobs[rest], learner_logp[rest], rtol=1e-6, atol=1e-6)
+    learner.estimate_advantages(batch)
+    out = learner.update(batch)
+    assert calls[0] == 3 and out["updates"] == 2.0 and learner._first_minibatch is None
+    assert out["logprob_mismatch"] == pytest.approx(0.0, abs=1e-5)  # every row measured before a step
+    reference, cfg = _learner(["train.old_logprobs=rollout"])
+    reference.update(_batch(cfg, learner_logp))
+    for a, b in zip(learner.model.parameters(), reference.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_the_pass_covers_every_row_when_pi_old_is_needed_before_the_update():
+    """Two epochs (the first mini-batch's rows come back after a step), or the KL in the reward (pi_old before
+    the advantages): pi_old of every row from the pass."""
+    learner_logp = _learner_logprobs()
+    for extra in (["train.epochs=2"], ["algo.kl.coef=0.01", "algo.kl.placement=reward"]):
+        learner, cfg = _learner(extra)
+        batch = _batch(cfg)
+        learner.prepare(batch)
+        assert learner._first_minibatch is None
+        torch.testing.assert_close(batch.old_logprobs, learner_logp, rtol=0, atol=1e-6)
+
+
+def test_minibatches_by_groups_keep_each_group_whole_and_its_prompt_computed_once(monkeypatch):
+    """``train.minibatch_by=groups``: each mini-batch holds whole groups (one prompt each here), so the shared-prefix
+    forward runs one prompt row per mini-batch; by rows the two rows of a mini-batch may come from two groups. The
+    first mini-batch still takes its pi_old from its own forward."""
+    seen = {"rows": [], "groups": []}
+    for split in seen:
+        for seed in range(4):
+            learner, cfg = _learner([f"train.minibatch_by={split}", f"seed={seed}"])
+            plain = learner.forward.logprobs
+
+            def counted(model, mb, *args, _split=split, _plain=plain, **kwargs):
+                seen[_split].append(len(torch.unique(mb.group_index)))
+                return _plain(model, mb, *args, **kwargs)
+
+            monkeypatch.setattr(learner.forward, "logprobs", counted)
+            out = learner.update(_batch(cfg))
+            assert out["updates"] == 2.0
+    assert set(seen["groups"]) == {1}  # the pass over the second mini-batch and both training forwards
+    assert 2 in seen["rows"]
+    with pytest.raises(ConfigError, match="train.minibatch_by"):
+        load_config(None, ["train.minibatch_by=pairs"])

@@ -83,6 +83,10 @@ class TrainConfig(_Strict):
     eps: float = Field(1e-8, gt=0, description="AdamW's epsilon: the update is m / (sqrt(v) + eps)")
     grad_clip: float = Field(1.0, gt=0)
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a rollout batch")
+    minibatch_by: Literal["rows", "groups"] = Field(
+        "rows", description="how a batch is cut into mini-batches: rows = rows in a random order; groups = whole "
+        "groups in a random order (each group's prompt then computed once per update with shared_prefix; one "
+        "process)")
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     old_logprobs: Literal["recompute", "rollout"] = Field(
         "recompute", description="pi_old of the PPO ratio where an update needs it (several optimizer steps a batch, "

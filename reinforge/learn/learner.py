@@ -44,7 +44,7 @@ from reinforge.learn.forwards import FORWARDS, select_forward
 from reinforge.learn.lora import is_lora_model, wrap_lora
 from reinforge.learn.metric_sums import MetricSums, add_mismatch, batch_summary, sampled_mask
 from reinforge.learn.optim import build_optimizer
-from reinforge.learn.packing import group_micro_batches, group_order, micro_batches, packed_micro_batches
+from reinforge.learn.packing import group_micro_batches, micro_batches, packed_micro_batches
 from reinforge.learn.parallel import DataParallel
 from reinforge.learn.perception import masked_fields
 from reinforge.learn.prepare import PreparesBatches
@@ -128,6 +128,10 @@ class Learner(PreparesBatches):
         if self.whole_groups and self.parallel.world > 1:
             raise ConfigError(f"algo.policy_loss={algo.policy_loss} computes its loss per group, which needs every "
                               "group on one rank; train.world_size > 1 does not keep them together yet")
+        self.group_minibatches = self.whole_groups or t.minibatch_by == "groups"
+        if self.group_minibatches and self.parallel.world > 1:
+            raise ConfigError("train.minibatch_by=groups: one process (train.world_size=1); the ranks' rows are cut "
+                              "into mini-batches by rows")
         if "values" in self.needs and critic is None:
             raise ConfigError(f"algo.advantage={algo.advantage} needs a critic (a value model); it is built by "
                               "build_components")
@@ -139,6 +143,7 @@ class Learner(PreparesBatches):
         self._mix: tuple[float, float] = (1.0, 1.0)  # (w_rl, w_demo) of this update, algo.mixing
         self._prepared: tuple[Batch | None, MetricSums, int] | None = None  # prepare() -> update()
         self._compare_sampler = False  # the next mini-batch compares its log-probs with the sampler's (prepare)
+        self._first_minibatch: list[Tensor] | None = None  # epoch 0's plan when prepare deferred its pi_old
         self.forward = FORWARDS.call(select_forward(t, hf_model, self.fsdp),
                                      SimpleNamespace(policy=model, hf_model=hf_model), t)
 
@@ -238,10 +243,15 @@ class Learner(PreparesBatches):
         offset, total = self.parallel.layout(n)
         n_updates = t.epochs * min(t.minibatches, total)
         train_policy = self.critic is None or self.step > self.algo.critic.warmup_steps
-        for _ in range(t.epochs):
-            for mb_index in self._minibatch_rows(batch, total, n_updates):
+        first, self._first_minibatch = self._first_minibatch, None  # drawn by prepare when it deferred its pi_old
+        for epoch in range(t.epochs):
+            plan = first if epoch == 0 and first is not None else self._minibatch_rows(batch, total, n_updates)
+            for k, mb_index in enumerate(plan):
                 mine = mb_index[(mb_index >= offset) & (mb_index < offset + n)] - offset  # all of it, one process
-                self._optimizer_step(batch.select(mine) if len(mine) else None, stats, train_policy)
+                minibatch = batch.select(mine) if len(mine) else None
+                if k == 0 and first is not None and minibatch is not None:
+                    minibatch.old_logprobs = None  # pi_old from this forward: the policy is not yet stepped
+                self._optimizer_step(minibatch, stats, train_policy)
                 self._compare_sampler = False
         if train_policy:
             self.scheduler.step()
@@ -270,21 +280,6 @@ class Learner(PreparesBatches):
     def _loss_dtype(self) -> torch.dtype:
         """Log-probs, advantages and losses: float32, or float64 for a float64 model (exact checks)."""
         return compute_dtype(next(self.model.parameters()).dtype)
-
-    def _minibatch_rows(self, batch: Batch | None, total: int, n_updates: int) -> list[Tensor]:
-        """One epoch's mini-batches (global row indices): a random order when there are several
-        updates; with a part that needs whole groups, groups are shuffled and never split."""
-        t = self.train_cfg
-        if not self.whole_groups:
-            order = torch.randperm(total, generator=self.shuffle) if n_updates > 1 else torch.arange(total)
-            return list(torch.tensor_split(order, min(t.minibatches, total)))
-        assert batch is not None  # one process (checked at construction)
-        groups = batch.group_index
-        order = group_order(groups, self.shuffle if n_updates > 1 else None)
-        ordered = groups[order]
-        starts = torch.nonzero(torch.cat([torch.tensor([True]), ordered[1:] != ordered[:-1]])).flatten()
-        cuts = [int(starts[int(k[0])]) for k in torch.tensor_split(torch.arange(len(starts)), t.minibatches) if len(k)]
-        return list(torch.tensor_split(order, cuts[1:]))
 
     def _micro_batches(self, batch: Batch) -> list[list[int]]:
         """Row groups of one forward/backward within ``train.micro_batch_tokens``: padded (rows x

@@ -2,7 +2,9 @@
 ``Learner.estimate_advantages``; the loop calls them, ``Learner.update`` does when it was not).
 
 No-grad passes give the old log-probs of the PPO ratio (skipped with a single update per batch and
-no KL in the reward: they then come from the same forward, exactly on-policy), the reference
+no KL in the reward: they then come from the same forward, exactly on-policy; with one epoch of several
+mini-batches, the first mini-batch's come from its own forward too, the policy not yet stepped, and the
+pass covers the other mini-batches' rows only), the reference
 log-probs, the critic's values and, for a part that declares ``teacher_logp_vocab`` (GKD's), a
 teacher's full next-token log-distributions on the loss mask's positions ([N, L, V],
 ``batch.teacher_logprobs``); with the KL in the reward, r_t gains -beta * KL_t
@@ -31,6 +33,7 @@ from reinforge.algo.troll import OLD_TOPK_SLOTS, PAD_LOGP, old_support
 from reinforge.errors import ConfigError
 from reinforge.learn.batch_context import context_tensors
 from reinforge.learn.metric_sums import MetricSums, add_mismatch
+from reinforge.learn.packing import group_order
 from reinforge.types import Batch, declares_stage
 
 # What the two stages write into the batch record (docs/architecture.md's step table; a test records them).
@@ -55,16 +58,22 @@ class PreparesBatches:
         n = len(batch) if batch is not None else 0
         offset, total = self.parallel.layout(n)
         estimator_needs = ADVANTAGES.needs(self.algo.advantage)
-        needs_old = (t.epochs * min(t.minibatches, total) > 1 or self.algo.kl.placement == "reward"
-                     or "old_logp" in estimator_needs)
+        n_updates = t.epochs * min(t.minibatches, total)
+        old_before_update = self.algo.kl.placement == "reward" or "old_logp" in estimator_needs
+        needs_old = n_updates > 1 or old_before_update
         pass_only = "entropy" in estimator_needs or bool({OLD_VOCAB_MEAN, OLD_TOPK} & set(self.needs))
         from_rollout = needs_old and t.old_logprobs == "rollout"
         run_pass = pass_only or (needs_old and not from_rollout)
         # pi_old from the sampler and no pass: the first mini-batch's forward (the policy not yet stepped)
         # measures the rollout/training mismatch instead
         self._compare_sampler = from_rollout and not run_pass
+        # pi_old only for the ratio, one epoch: the first mini-batch takes it from its own forward, the pass
+        # runs over the other mini-batches' rows only
+        defer_first = run_pass and not pass_only and not old_before_update and t.epochs == 1
+        self._first_minibatch = self._minibatch_rows(batch, total, n_updates) if defer_first else None
+        old_rows = self._rows_after_first(n, offset) if defer_first else None
         self._prepared = (batch, MetricSums(), offset)
-        self._passes(batch, self._prepared[1], run_pass, offset)
+        self._passes(batch, self._prepared[1], run_pass, offset, old_rows)
         if batch is not None and from_rollout:
             self._old_from_rollout(batch)
         if batch is not None and self.uses_kl and self.algo.kl.placement == "reward":
@@ -78,9 +87,11 @@ class PreparesBatches:
         self._fill_advantages(batch, self._prepared[2])
 
     @torch.no_grad()
-    def _passes(self, batch: Batch | None, stats: MetricSums, recompute_old: bool, offset: int = 0) -> None:
+    def _passes(self, batch: Batch | None, stats: MetricSums, recompute_old: bool, offset: int = 0,
+                old_rows: Tensor | None = None) -> None:
         """No-grad passes (pi_old, pi_ref, critic values). ``batch`` is None on a rank without rows (it
-        still joins the collectives); ``offset``: its first row's index in the global batch."""
+        still joins the collectives); ``offset``: its first row's index in the global batch; ``old_rows``:
+        the rows pi_old's pass covers (None: all; the others are left 0 for their own forward)."""
         algo = self.algo
         self._old_entropy = None  # pi_old's per-token entropy, for an estimator that declares it needs ``entropy``
         if batch is None:
@@ -97,20 +108,23 @@ class PreparesBatches:
         vocab_mean = torch.zeros(n, width, dtype=dtype) if OLD_VOCAB_MEAN in self.needs else None
         topk = ((torch.zeros(n, width, OLD_TOPK_SLOTS, dtype=torch.long),
                  torch.full((n, width, OLD_TOPK_SLOTS), PAD_LOGP, dtype=dtype)) if OLD_TOPK in self.needs else None)
-        passes = old is not None or ref is not None or values is not None or self.teacher is not None
-        micros = self._micro_batches(batch) if passes else []
+        others = ref is not None or values is not None or self.teacher is not None
+        micros = self._micro_batches(batch) if others or (old is not None and old_rows is None) else []
+        old_micros = micros if old_rows is None else self._micro_batches_of(batch, old_rows)
         if old is not None:
-            self.parallel.equal_forwards(len(micros), self.parallel.most_forwards(len(micros)), grad=False)
-        with self._reference_on_device(ref is not None):
-            for rows in micros:
+            self.parallel.equal_forwards(len(old_micros), self.parallel.most_forwards(len(old_micros)), grad=False)
+            for rows in old_micros:
                 mb = batch.select(rows).to(self._device)  # the batch stays where it was built, its passes run here
                 cols = mb.input_ids.shape[1]
-                if old is not None:
-                    logp, h = self._old_pass(mb, ent is not None, (vocab_mean, topk), rows, cols)
-                    old[rows, :cols] = logp.cpu()
-                    if ent is not None:
-                        ent[rows, :cols] = (h * mb.loss_mask).cpu()
-                    add_mismatch(stats, logp, mb)
+                logp, h = self._old_pass(mb, ent is not None, (vocab_mean, topk), rows, cols)
+                old[rows, :cols] = logp.cpu()
+                if ent is not None:
+                    ent[rows, :cols] = (h * mb.loss_mask).cpu()
+                add_mismatch(stats, logp, mb)
+        with self._reference_on_device(ref is not None):
+            for rows in micros if others else []:
+                mb = batch.select(rows).to(self._device)
+                cols = mb.input_ids.shape[1]
                 if ref is not None:
                     ref[rows, :cols] = self._reference_logprobs(mb).cpu()
                 if values is not None:
@@ -123,6 +137,35 @@ class PreparesBatches:
         batch.teacher_logprobs, batch.old_vocab_mean = teacher, vocab_mean
         batch.old_topk_index, batch.old_topk_logp = topk if topk is not None else (None, None)
         self._old_entropy = ent
+
+    def _minibatch_rows(self, batch: Batch | None, total: int, n_updates: int) -> list[Tensor]:
+        """One epoch's mini-batches (global row indices): a random order when there are several
+        updates; with a part that needs whole groups, or ``train.minibatch_by=groups``, groups are shuffled
+        and never split."""
+        t = self.train_cfg
+        if not self.group_minibatches:
+            order = torch.randperm(total, generator=self.shuffle) if n_updates > 1 else torch.arange(total)
+            return list(torch.tensor_split(order, min(t.minibatches, total)))
+        assert batch is not None  # one process (checked at construction)
+        groups = batch.group_index
+        order = group_order(groups, self.shuffle if n_updates > 1 else None)
+        ordered = groups[order]
+        starts = torch.nonzero(torch.cat([torch.tensor([True]), ordered[1:] != ordered[:-1]])).flatten()
+        cuts = [int(starts[int(k[0])]) for k in torch.tensor_split(torch.arange(len(starts)), t.minibatches) if len(k)]
+        return list(torch.tensor_split(order, cuts[1:]))
+
+    def _rows_after_first(self, n: int, offset: int) -> Tensor:
+        """This rank's rows (local indices) outside the first mini-batch of ``self._first_minibatch``."""
+        assert self._first_minibatch is not None
+        first = self._first_minibatch[0]
+        keep = torch.ones(n, dtype=torch.bool)
+        keep[first[(first >= offset) & (first < offset + n)] - offset] = False
+        return torch.nonzero(keep).flatten()
+
+    def _micro_batches_of(self, batch: Batch, rows: Tensor) -> list[Tensor]:
+        """``_micro_batches`` of ``rows`` only (indices into ``batch``)."""
+        return [rows[torch.as_tensor(m, dtype=torch.long)] for m in self._micro_batches(batch.select(rows))] \
+            if len(rows) else []
 
     def _kl_in_reward(self, batch: Batch, stats: MetricSums) -> None:
         """r_t gains -beta * KL_t(pi_old || pi_ref) (``batch.token_rewards``, before advantages)."""
