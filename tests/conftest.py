@@ -7,6 +7,9 @@ import torch
 # 1 in each pytest-xdist worker (`make test` runs 2 workers, which already share the cores)
 TEST_THREADS = int(os.environ.get("REINFORGE_TEST_THREADS", "1" if "PYTEST_XDIST_WORKER" in os.environ else "2"))
 torch.set_num_threads(TEST_THREADS)
+# train.autocast=auto (the default recipe's) resolves to float32 in every test and every run a test starts, on any
+# CPU: a result must not depend on whether this CPU has bf16 instructions (tests that want bf16 ask for it)
+os.environ.setdefault("REINFORGE_CPU_BF16", "0")
 
 
 @pytest.fixture(autouse=True)

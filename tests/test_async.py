@@ -26,7 +26,8 @@ from reinforge.track.jsonl import read_jsonl
 from reinforge.types import Trajectory
 
 COMMON = ["orchestrate.mode=async", "eval.every=0", "eval.final_samples=0", "task.heldout_size=16",
-          "train.time_limit_s=0", "log.report=false", "rollout.prompts_per_step=8", "rollout.group_size=4"]
+          "train.time_limit_s=0", "log.report=false", "rollout.prompts_per_step=8", "rollout.group_size=4",
+          "train.lr=1e-4"]  # every step of these 5 has a group with a reward spread at this rate and seed
 
 
 # ---- admission control (pure) ------------------------------------------------------------------

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from reinforge.models import precision
-from reinforge.models.precision import autocast_bf16, compute_dtype, cpu_has_bf16
+from reinforge.models.precision import (
+    CPU_BF16_ENV,
+    autocast_bf16,
+    compute_dtype,
+    cpu_has_bf16,
+    cpuinfo_has_bf16,
+)
 
 X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\nbogomips\t: 4800\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd sve {extra}\n"
@@ -18,8 +24,8 @@ def test_bf16_instructions_are_read_from_the_cpu_flags(tmp_path):
     for i, (text, expected) in enumerate(cases.items()):
         path = tmp_path / f"cpuinfo{i}"
         path.write_text(text)
-        assert cpu_has_bf16(str(path)) is expected, text
-    assert cpu_has_bf16(str(tmp_path / "missing")) is False  # no /proc/cpuinfo (macOS): float32
+        assert cpuinfo_has_bf16(str(path)) is expected, text
+    assert cpuinfo_has_bf16(str(tmp_path / "missing")) is False  # no /proc/cpuinfo (macOS): float32
 
 
 def test_autocast_settings_resolve_per_device(monkeypatch):
@@ -50,3 +56,19 @@ def test_a_run_with_auto_autocast_says_what_it_chose(tmp_path, monkeypatch, caps
                     rollout={"prompts_per_step": 2, "group_size": 2},
                     eval={"final_samples": 0}, log={"report": False}, **{"task.heldout_size": 4})
     assert "train.autocast=auto: the learner's forwards in bf16" in capsys.readouterr().out
+
+
+def test_the_environment_overrides_the_cpu_flags(monkeypatch):
+    """``REINFORGE_CPU_BF16`` = 1 or 0 decides; unset, the flags do (the tests run with 0: tests/conftest.py)."""
+    import pytest
+
+    monkeypatch.setattr(precision, "cpuinfo_has_bf16", lambda: True)
+    for value, expected in (("1", True), ("0", False), (" 0 ", False)):
+        monkeypatch.setenv(CPU_BF16_ENV, value)
+        assert cpu_has_bf16() is expected
+        assert autocast_bf16("auto", torch.device("cpu")) is expected
+    monkeypatch.delenv(CPU_BF16_ENV)
+    assert cpu_has_bf16() is True
+    monkeypatch.setenv(CPU_BF16_ENV, "yes")
+    with pytest.raises(ValueError, match="REINFORGE_CPU_BF16='yes': 0 or 1"):
+        cpu_has_bf16()

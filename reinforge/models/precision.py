@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -23,8 +24,23 @@ def at_least_float32(x: Tensor) -> Tensor:
     return x.to(compute_dtype(x.dtype))
 
 
+# set to 0 or 1 to override the detection (the tests set 0: their results must not depend on the CPU's flags)
+CPU_BF16_ENV = "REINFORGE_CPU_BF16"
+
+
+def cpu_has_bf16() -> bool:
+    """Does this CPU compute bf16 natively? ``REINFORGE_CPU_BF16`` (0 or 1) when set, else its flags
+    (``cpuinfo_has_bf16``)."""
+    forced = os.environ.get(CPU_BF16_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise ValueError(f"{CPU_BF16_ENV}={forced!r}: 0 or 1 (or unset: read the CPU's flags)")
+    return cpuinfo_has_bf16()
+
+
 @functools.cache
-def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+def cpuinfo_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Does the CPU compute bf16 natively (``BF16_CPU_FLAGS`` among its flags)? False where ``cpuinfo`` cannot be
     read (e.g. macOS): there bf16 matmuls are emulated, often slower than float32."""
     try:
