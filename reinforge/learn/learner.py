@@ -129,7 +129,7 @@ class Learner(PreparesBatches):
             raise ConfigError(f"algo.policy_loss={algo.policy_loss} computes its loss per group, which needs every "
                               "group on one rank; train.world_size > 1 does not keep them together yet")
         self.group_minibatches = self.whole_groups or t.minibatch_by == "groups"
-        if self.group_minibatches and self.parallel.world > 1:
+        if t.minibatch_by == "groups" and self.parallel.world > 1:
             raise ConfigError("train.minibatch_by=groups: one process (train.world_size=1); the ranks' rows are cut "
                               "into mini-batches by rows")
         if "values" in self.needs and critic is None:

@@ -108,8 +108,9 @@ class PreparesBatches:
         vocab_mean = torch.zeros(n, width, dtype=dtype) if OLD_VOCAB_MEAN in self.needs else None
         topk = ((torch.zeros(n, width, OLD_TOPK_SLOTS, dtype=torch.long),
                  torch.full((n, width, OLD_TOPK_SLOTS), PAD_LOGP, dtype=dtype)) if OLD_TOPK in self.needs else None)
-        others = ref is not None or values is not None or self.teacher is not None
+        others = ref is not None or values is not None or self.teacher is not None  # passes over every row
         micros = self._micro_batches(batch) if others or (old is not None and old_rows is None) else []
+        other_micros = micros if others else []
         old_micros = micros if old_rows is None else self._micro_batches_of(batch, old_rows)
         if old is not None:
             self.parallel.equal_forwards(len(old_micros), self.parallel.most_forwards(len(old_micros)), grad=False)
@@ -122,7 +123,7 @@ class PreparesBatches:
                     ent[rows, :cols] = (h * mb.loss_mask).cpu()
                 add_mismatch(stats, logp, mb)
         with self._reference_on_device(ref is not None):
-            for rows in micros if others else []:
+            for rows in other_micros:
                 mb = batch.select(rows).to(self._device)
                 cols = mb.input_ids.shape[1]
                 if ref is not None:
