@@ -40,7 +40,8 @@ def _free_port() -> int:
 
 
 class Recorder:
-    """An ASGI wrapper keeping every chat-completions request body and the body answered to it."""
+    """An ASGI wrapper keeping every chat-completions request body and the body answered to it (each call is
+    kept before its last body part is sent: once a client has its reply, the call is in ``calls``)."""
 
     def __init__(self, app) -> None:
         self.app, self.calls = app, []
@@ -58,10 +59,11 @@ class Recorder:
         async def snd(message):
             if message["type"] == "http.response.body":
                 answered.append(message.get("body", b""))
+                if not message.get("more_body", False):  # the whole call, before the client can read its reply
+                    self.calls.append((json.loads(b"".join(sent)), json.loads(b"".join(answered))))
             await send(message)
 
         await self.app(scope, rec, snd)
-        self.calls.append((json.loads(b"".join(sent)), json.loads(b"".join(answered))))
 
 
 def scripted_server() -> tuple[FastAPI, list[dict]]:
