@@ -256,8 +256,26 @@ def test_warm_averages_the_members_weights(tmp_path) -> None:
     assert ensemble_members(str(tmp_path / "warm")) == [tmp_path / "warm" / "members" / str(k) for k in (0, 1)]
 
 
-@pytest.mark.slow
-@pytest.mark.heavy
+def test_the_classifier_reads_the_reference_answer_after_the_question(tiny_tokenizer) -> None:
+    """With data.reference_template each side of a near-miss pair is the question, the reference answer in
+    the template, then the side's answer: the two sides differ only in their answers, and the reference is
+    what the score head can compare them with. Without a template, no reference is in the input."""
+    from reinforge.data.arithmetic import arithmetic_problem
+    from reinforge.rm.train import EncodedPairs
+
+    [pair] = near_miss_pairs([arithmetic_problem(1234, 2, "+")], 1)  # 12+34: "46" over a near miss
+    for template, shown in ((" {answer} ", "12+34= 46 "), (None, "12+34=")):
+        (chosen, c_start), (rejected, r_start) = EncodedPairs([pair], tiny_tokenizer, 64, template).sides(0)
+        prompt = tiny_tokenizer.decode(chosen[:c_start], skip_special_tokens=True)
+        assert prompt.endswith(shown) and chosen[:c_start] == rejected[:r_start]
+        assert tiny_tokenizer.decode(chosen[c_start:], skip_special_tokens=True).strip() == "46"
+        assert tiny_tokenizer.decode(rejected[r_start:], skip_special_tokens=True).strip() == pair.rejected
+
+
+# 80-110 s on one core: make test-learning. In make test: the reference in the input (above) and the recipe end to
+# end, its template saved with the model and read by the reward term (tests/test_rm_pipeline.py); a reward model
+# learning near misses in make test: tests/test_rm_arm.py (the autoregressive kind, 250 steps).
+@pytest.mark.learning
 def test_a_reference_based_reward_model_tells_near_misses_apart(tmp_path) -> None:
     """The shipped arithmetic_verify recipe, shortened: from tiny-base, held-out pair accuracy on near-miss
     addition pairs (the reference answer over the answer +-1, +-2, +-10) of held-out problems reaches 0.9.
