@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from reinforge.models import precision
@@ -60,8 +61,6 @@ def test_a_run_with_auto_autocast_says_what_it_chose(tmp_path, monkeypatch, caps
 
 def test_the_environment_overrides_the_cpu_flags(monkeypatch):
     """``REINFORGE_CPU_BF16`` = 1 or 0 decides; unset, the flags do (the tests run with 0: tests/conftest.py)."""
-    import pytest
-
     monkeypatch.setattr(precision, "cpuinfo_has_bf16", lambda: True)
     for value, expected in (("1", True), ("0", False), (" 0 ", False)):
         monkeypatch.setenv(CPU_BF16_ENV, value)

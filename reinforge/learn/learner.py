@@ -137,6 +137,7 @@ class Learner(PreparesBatches):
                               "build_components")
         self.max_len_norm = getattr(algo.loss_agg.settings, "max_len_norm", 0) or float(rollout.max_new_tokens)
         self.temperature = rollout.temperature
+        self.bf16_forwards = autocast_bf16(t.autocast, self._device)  # auto: where the device computes bf16 natively
         self.optimizer, self.scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], t)
         self.shuffle = torch.Generator().manual_seed(seed + 17)
         self.step = 0
@@ -293,7 +294,7 @@ class Learner(PreparesBatches):
         return list(micro_batches(lengths, budget))
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if autocast_bf16(self.train_cfg.autocast, self._device):  # auto: where the device computes bf16 natively
+        if self.bf16_forwards:
             return torch.autocast(self._device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
