@@ -28,9 +28,12 @@ def _rows() -> list[Trajectory]:
 
 
 def _learner(overrides: list[str]) -> tuple[Learner, object]:
-    cfg = load_config(None, ["train.minibatches=2", "algo.skip_equal_reward_groups=false", *overrides])
+    """In float64: the paths compared here run matmuls of other shapes (a mini-batch's rows, or all of them), whose
+    float32 rounding differs with the thread count by about 1e-6."""
+    cfg = load_config(None, ["train.minibatches=2", "algo.skip_equal_reward_groups=false", "model.dtype=float64",
+                             *overrides])
     torch.manual_seed(0)
-    return Learner.for_run(load_model("tiny-base"), cfg, load_model("tiny-base")), cfg
+    return Learner.for_run(load_model("tiny-base", "float64"), cfg, load_model("tiny-base", "float64")), cfg
 
 
 def _batch(cfg, sampling_logprobs=None):
@@ -116,7 +119,8 @@ def test_the_kl_in_the_reward_is_taken_against_the_samplers_log_probs():
     learner, cfg = _learner(overrides)
     batch = _batch(cfg, learner_logp + 0.25 * _batch(cfg).loss_mask)
     learner.prepare(batch)
-    torch.testing.assert_close(batch.token_rewards, -0.01 * 0.25 * batch.loss_mask, rtol=0, atol=1e-7)
+    expected = -0.01 * 0.25 * batch.loss_mask.to(batch.token_rewards.dtype)
+    torch.testing.assert_close(batch.token_rewards, expected, rtol=0, atol=1e-7)
 
 
 def test_rows_not_sampled_in_their_training_context_are_refused_with_rollout_log_probs():
