@@ -72,3 +72,39 @@ def test_rows_whose_prefixes_differ_fall_back():
     ids, attn, mask, prefix, groups = _batch()
     ids[1, 0] = (ids[0, 0] % 29) + 1  # row 1 of group 0 now has another prompt
     assert shared_prefix_logprobs(SharedPrefixForward(model), ids, attn, prefix, groups) is None
+
+
+def test_only_the_real_completion_tokens_go_through_the_linears():
+    """Padding after a row's last completion token costs no projection, MLP or LM-head work: the MLP and the LM
+    head see exactly the batch's real completion tokens (plus the prompts), not N x C positions."""
+    model = _model("llama")
+    ids, attn, mask, prefix, groups = _batch()
+    rows = []
+    hooks = [model.model.layers[0].mlp.register_forward_hook(lambda m, a, out: rows.append(("mlp", a[0].shape))),
+             model.lm_head.register_forward_hook(lambda m, a, out: rows.append(("head", a[0].shape)))]
+    shared_prefix_logprobs(SharedPrefixForward(model), ids, attn, prefix, groups)
+    for h in hooks:
+        h.remove()
+    real = int(mask.sum())  # 25 completion tokens in 9 rows padded to 5
+    assert real < 9 * 5
+    assert rows == [("mlp", (3, 5, 32)), ("mlp", (real, 32)), ("head", (real, 32))]
+
+
+@pytest.mark.parametrize(("dtype", "queries", "kernel"), [(torch.bfloat16, 6, "math"), (torch.bfloat16, 256, "flash"),
+                                                          (torch.float32, 6, "flash")])
+def test_cpu_attention_takes_the_math_kernel_for_short_bf16_queries(dtype, queries, kernel):
+    """On the CPU the flash kernel's bf16 backward is several times slower than the math kernel's for short queries
+    (benchmarks/BENCHMARKS.md); float32 and long queries keep flash. Both give the same attention."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from reinforge.learn.shared_prefix import attend
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=g).to(dtype) for n in (queries, queries + 3, queries + 3))
+    mask = torch.ones(2, 1, queries, queries + 3, dtype=torch.bool).tril(3)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = attend(q, k, v, mask, gqa=False)
+    names = {e.key for e in prof.key_averages()}
+    assert any(kernel in n for n in names if "scaled_dot_product" in n), names
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2 if dtype == torch.bfloat16 else 1e-5, rtol=0)

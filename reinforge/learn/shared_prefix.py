@@ -19,12 +19,30 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from reinforge.algo.entropy import entropy_from_logits
 from reinforge.learn.lm_head import chunked_token_logprobs
 from reinforge.models.lean_llama import apply_rotary, rotary_cos_sin, supports
 from reinforge.models.precision import at_least_float32
+
+# On the CPU in bf16, torch's flash-attention kernel's backward is up to 5x slower than the math kernel's for
+# short queries (15.5 ms against 3.0 ms at 96 rows x 4 heads x 6 queries x 13 keys), about even at 192 queries
+# and ahead from 256 (benchmarks/BENCHMARKS.md, "Attention on the CPU in bf16"). The completions here are short.
+MATH_ATTENTION_MAX_QUERIES = 128
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, gqa: bool) -> Tensor:
+    """``softmax(q k^T / sqrt(d) + mask) v`` (``F.scaled_dot_product_attention``), through the math kernel
+    on the CPU in bf16 (dtype or autocast) with at most ``MATH_ATTENTION_MAX_QUERIES`` queries; the same
+    attention either way (the math kernel computes bf16 inputs in float32)."""
+    bf16 = q.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
+                                         and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+    if q.device.type == "cpu" and bf16 and q.shape[-2] <= MATH_ATTENTION_MAX_QUERIES:
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 class SharedPrefixForward:
@@ -52,20 +70,37 @@ class SharedPrefixForward:
         v = attn.v_proj(h).view(b, t, self.n_kv, d).transpose(1, 2)
         return q, k, v
 
+    def _qkv_placed(self, attn: nn.Module, h: Tensor, cos: Tensor, sin: Tensor, real: Tensor, shape: tuple[int, int]
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v [N, heads, C, d] of the completions from their real tokens' ``h`` [T, D]: projected and rotated
+        token by token, then placed at their flat positions ``real`` in the padded [N, C] layout ``shape``
+        (zeros at the padding, which no real token attends to: it comes after each row's last token)."""
+        t, d = h.shape[0], self.head_dim
+        n, c = shape
+
+        def place(x: Tensor, heads: int, rotate: bool) -> Tensor:
+            x = x.view(t, heads, d)
+            x = apply_rotary(x, cos, sin) if rotate else x
+            return x.new_zeros(n * c, heads, d).index_copy(0, real, x).view(n, c, heads, d).transpose(1, 2)
+
+        return (place(attn.q_proj(h), self.n_heads, True), place(attn.k_proj(h), self.n_kv, True),
+                place(attn.v_proj(h), self.n_kv, False))
+
     def _layer(self, layer: nn.Module, xp: Tensor, xc: Tensor, rotary: tuple[Tensor, ...], mask_p: Tensor,
-               mask_c: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
-        """One decoder layer over the prompts ``xp`` [U, P, D] and the completions ``xc`` [N, C, D]."""
+               mask_c: Tensor, group: Tensor, real: Tensor, shape: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """One decoder layer over the prompts ``xp`` [U, P, D] and the completions' real tokens ``xc`` [T, D]
+        (at flat positions ``real`` of the padded [N, C] layout ``shape``, where their attention runs)."""
         cos_p, sin_p, cos_c, sin_c = rotary
-        u, p, n, c = xp.shape[0], xp.shape[1], xc.shape[0], xc.shape[1]
+        u, p = xp.shape[0], xp.shape[1]
         gqa = self.n_heads != self.n_kv
         at = layer.self_attn
         qp, kp, vp = self._qkv(at, layer.input_layernorm(xp), cos_p, sin_p)
-        qc, kc, vc = self._qkv(at, layer.input_layernorm(xc), cos_c, sin_c)
-        att_p = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask_p, enable_gqa=gqa)
+        qc, kc, vc = self._qkv_placed(at, layer.input_layernorm(xc), cos_c, sin_c, real, shape)
+        att_p = attend(qp, kp, vp, mask_p, gqa)
         keys, values = torch.cat([kp[group], kc], dim=2), torch.cat([vp[group], vc], dim=2)
-        att_c = F.scaled_dot_product_attention(qc, keys, values, attn_mask=mask_c, enable_gqa=gqa)
+        att_c = attend(qc, keys, values, mask_c, gqa)
         xp = xp + at.o_proj(att_p.transpose(1, 2).reshape(u, p, -1))
-        xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(n, c, -1))
+        xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(shape[0] * shape[1], -1)[real])
         xp = xp + layer.mlp(layer.post_attention_layernorm(xp))
         xc = xc + layer.mlp(layer.post_attention_layernorm(xc))
         return xp, xc
@@ -77,43 +112,63 @@ class SharedPrefixForward:
         """Log-probs (and entropies) of every completion token.
 
         ``prompt_ids`` [U, P] left-padded unique prompts (``prompt_mask`` 1 on real tokens);
-        ``completion_ids`` [N, C] right-padded; ``group`` [N] the prompt row of each completion.
-        Returns ([N, C], [N, C] or None): position j scores completion token j.
+        ``completion_ids`` [N, C] right-padded (``completion_mask`` 1 on each row's first tokens);
+        ``group`` [N] the prompt row of each completion. Returns ([N, C], [N, C] or None): position j
+        scores completion token j (zeros at the padding). Everything but attention runs on the T real
+        completion tokens only, not on the N x C padded positions.
         """
         m = self.model.model
-        u, p = prompt_ids.shape
         n, c = completion_ids.shape
+        dev = group.device
         pmask = prompt_mask.bool()
+        real = completion_mask.flatten().nonzero().squeeze(1)
         p_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        c_pos = prompt_mask.sum(-1)[group][:, None] + torch.arange(c, device=group.device)
-        xp, xc = m.embed_tokens(prompt_ids), m.embed_tokens(completion_ids)
+        c_pos = (prompt_mask.sum(-1)[group][:, None] + torch.arange(c, device=dev)).flatten()[real]
+        targets = completion_ids.flatten()[real]
+        xp, xc = m.embed_tokens(prompt_ids), m.embed_tokens(targets)
         cos_p, sin_p = self._cos_sin(p_pos, xp.dtype)
-        cos_c, sin_c = self._cos_sin(c_pos, xc.dtype)
-        own = torch.eye(p, dtype=torch.bool, device=group.device)
-        mask_p = (pmask[:, None, None, :] & torch.ones(p, p, dtype=torch.bool, device=group.device).tril()) | own
-        causal_c = torch.ones(c, c, dtype=torch.bool, device=group.device).tril()
-        mask_c = torch.cat([pmask[group][:, None, None, :].expand(n, 1, c, p), causal_c.expand(n, 1, c, c)], dim=-1)
-        rotary = (cos_p, sin_p, cos_c, sin_c)
+        cos_c, sin_c = (x.reshape(-1, 1, self.head_dim) for x in self._cos_sin(c_pos[None], xc.dtype))
+        mask_p, mask_c = self._masks(pmask, group, c)
+        args = ((cos_p, sin_p, cos_c, sin_c), mask_p, mask_c, group, real, (n, c))
         recompute = self.checkpoint_layers and torch.is_grad_enabled()
         for layer in m.layers:
             if recompute:
-                xp, xc = checkpoint(self._layer, layer, xp, xc, rotary, mask_p, mask_c, group, use_reentrant=False)
+                xp, xc = checkpoint(self._layer, layer, xp, xc, *args, use_reentrant=False)
             else:
-                xp, xc = self._layer(layer, xp, xc, rotary, mask_p, mask_c, group)
-        # token j of a completion is predicted from the position before it: the prompt's last for j = 0
-        hidden = m.norm(torch.cat([xp[group, -1:], xc[:, :-1]], dim=1))
+                xp, xc = self._layer(layer, xp, xc, *args)
+        # token j of a completion is predicted from the position before it: the prompt's last for j = 0, else
+        # the real token just before it in the flat order (rows are right-padded, so it is real too)
+        row, t = real // c, torch.arange(len(real), device=dev)
+        before = torch.where(real % c == 0, row, n + t - 1)
+        hidden = m.norm(torch.cat([xp[group, -1], xc])[before])
+        logp, ent = self._head(hidden, targets, temperature, entropy)
+
+        def padded(x: Tensor) -> Tensor:
+            return x.new_zeros(n * c).index_copy(0, real, x).view(n, c)
+
+        return padded(logp), (padded(ent) if ent is not None else None)
+
+    def _masks(self, pmask: Tensor, group: Tensor, c: int) -> tuple[Tensor, Tensor]:
+        """The prompts' causal masks over their real tokens [U, 1, P, P] (a padding query sees itself, so no row
+        is empty) and the completions' [N, 1, C, P + C]: their prompt's real tokens, then causal."""
+        dev, (n, p) = group.device, (len(group), pmask.shape[1])
+        own = torch.eye(p, dtype=torch.bool, device=dev)
+        mask_p = (pmask[:, None, None, :] & torch.ones(p, p, dtype=torch.bool, device=dev).tril()) | own
+        causal_c = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
+        mask_c = torch.cat([pmask[group][:, None, None, :].expand(n, 1, c, p), causal_c.expand(n, 1, c, c)], dim=-1)
+        return mask_p, mask_c
+
+    def _head(self, hidden: Tensor, targets: Tensor, temperature: float, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """log pi(target) and the entropy at each of the T positions of ``hidden`` [T, D]."""
         if self.chunk_tokens > 0:
-            logp, ent = chunked_token_logprobs(hidden, self.model.get_output_embeddings(), completion_ids,
+            logp, ent = chunked_token_logprobs(hidden[None], self.model.get_output_embeddings(), targets[None],
                                                temperature, self.chunk_tokens, entropy, entropy_grad=True)
-            return logp * completion_mask, ent
+            return logp[0], (ent[0] if ent is not None else None)
         logits = at_least_float32(self.model.lm_head(hidden))
         if temperature != 1.0:
             logits = logits / temperature
-        logp = torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)
-        ent = None
-        if entropy:
-            ent = entropy_from_logits(logits)
-        return logp * completion_mask, ent
+        logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+        return logp, (entropy_from_logits(logits) if entropy else None)
 
 
 def shared_prefix_logprobs(
