@@ -1,12 +1,13 @@
 """The default recipe's time to accuracy: ``reinforge train`` (what ``make demo`` runs) over several seeds.
 
-    python benchmarks/bench_demo.py [--seeds 0,1,2] [--target 0.9] [--set train.lr=2e-4 ...] \\
+    python benchmarks/bench_demo.py [--seeds 0,1,2] [--target 0.9] [--set train.lr=2e-4 ...] [--baseline-tree DIR] \\
         [--compare "train.lr=1e-4 train.steps=1400" ...] [--out /tmp/bench-demo]
 
 Each (arm, seed) is one ``reinforge train`` in a fresh subprocess, the arms interleaved seed by seed
 (arm A seed 0, arm B seed 0, arm A seed 1, ...), so a change in the machine's load falls on both.
 The default arm is the shipped ``default`` recipe as it stands, plus ``--set``; each ``--compare`` adds an
-arm, the default recipe plus its overrides. Per run, from ``metrics.jsonl``:
+arm, the default recipe plus its overrides; ``--baseline-tree`` adds the default recipe of another checkout run
+with that checkout's code (a code change measured against the code before it, in the same machine state). Per run, from ``metrics.jsonl``:
 
 - ``time_to_target_s``: the run's clock (``time/elapsed_s``: from the start of the run, the evaluation
   before training included) at the first held-out evaluation with greedy accuracy >= ``--target``;
@@ -34,13 +35,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_once(overrides: list[str], seed: int, out: Path) -> Path:
-    """One ``reinforge train`` with ``overrides``; returns its run directory."""
+def run_once(overrides: list[str], seed: int, out: Path, tree: Path = REPO) -> Path:
+    """One ``reinforge train`` with ``overrides``, the package and recipes of checkout ``tree``; returns its run
+    directory."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "reinforge.cli", "train", f"output_dir={out}", f"seed={seed}", *overrides]
     log = out / "train.log"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     with log.open("w") as fh:
-        code = subprocess.call(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+        code = subprocess.call(cmd, cwd=tree, stdout=fh, stderr=subprocess.STDOUT, env=env)
     if code != 0:
         raise RuntimeError(f"{shlex.join(cmd)} exited {code}; see {log}")
     runs = sorted(p.parent for p in out.glob("*/metrics.jsonl"))
@@ -107,16 +110,21 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], help="overrides of the default arm")
     p.add_argument("--compare", action="append", default=[],
                    help="another arm: overrides, one string (repeat for more arms; \"\" is the default recipe)")
+    p.add_argument("--baseline-tree", type=Path, default=None,
+                   help="another checkout (e.g. `git worktree add /tmp/base REV`): one more arm, its default recipe "
+                        "run with its own code, interleaved with the others")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-demo"))
     args = p.parse_args()
-    arms = {"default" + (" " + " ".join(args.set) if args.set else ""): args.set}
+    arms = {"default" + (" " + " ".join(args.set) if args.set else ""): (args.set, REPO)}
     for overrides in args.compare:
-        arms[overrides or "default"] = shlex.split(overrides)
+        arms[overrides or "default"] = (shlex.split(overrides), REPO)
+    if args.baseline_tree:
+        arms[f"the default recipe at {args.baseline_tree}"] = ([], args.baseline_tree.resolve())
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in (int(s) for s in args.seeds.split(",")):
-        for index, (arm, overrides) in enumerate(arms.items()):
+        for index, (arm, (overrides, tree)) in enumerate(arms.items()):
             load_before, start = os.getloadavg()[0], time.perf_counter()
-            run_dir = run_once(overrides, seed, args.out / f"arm{index}-seed{seed}")
+            run_dir = run_once(overrides, seed, args.out / f"arm{index}-seed{seed}", tree)
             row = summarise(run_dir, args.target) | {"seed": seed, "run_dir": str(run_dir),
                                                      "wall_s": time.perf_counter() - start,
                                                      "load1": [load_before, os.getloadavg()[0]]}

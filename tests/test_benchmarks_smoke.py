@@ -27,6 +27,7 @@ SMOKE = {
     "bench_learner.py": ["--prompts", "2", "--group", "2", "--repeats", "1"],
     "bench_rollout.py": ["--sizes", "tiny", "--prompts", "2", "--group", "2", "--max-new-tokens", "4", "--repeats", "1"],
     "bench_sandbox.py": ["--runs", "2"],
+    "bench_short_completions.py": ["--repeats", "1", "--batches", "2"],
     "bench_verifier_pool.py": ["--calls", "4", "--code-calls", "2", "--exact-calls", "4", "--repeats", "1"],
     "bench_server.py": ["--requests", "4", "--concurrency", "2"],
     "bench_soak.py": ["--steps", "4", "--every", "2"],

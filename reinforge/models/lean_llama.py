@@ -115,13 +115,12 @@ class LeanLlama:
             if at.q_proj.bias is not None:
                 qkv_bias = torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
             wqkv = torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])
-            # decode copy with the attention scale d^-1/2 folded into the query rows (rotary is linear)
+            # the attention scale d^-1/2 folded into the query rows (rotary is linear): attention runs with scale 1
             scale = torch.ones(wqkv.shape[0], 1, dtype=wqkv.dtype, device=wqkv.device)
             scale[:q_rows] = self.head_dim ** -0.5
             self.layers.append({
                 "ln1": layer.input_layernorm.weight,
-                "qkv": PackedLinear(wqkv, qkv_bias),
-                "qkv_dec": PackedLinear(wqkv * scale, qkv_bias * scale[:, 0] if qkv_bias is not None else None),
+                "qkv": PackedLinear(wqkv * scale, qkv_bias * scale[:, 0] if qkv_bias is not None else None),
                 "o": PackedLinear(at.o_proj.weight, at.o_proj.bias),
                 "ln2": layer.post_attention_layernorm.weight,
                 "mlp": GatedMLP(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight),
@@ -146,13 +145,13 @@ class LeanLlama:
     def _rows(self, adapters: Tensor | None) -> Tensor | None:
         return adapters if adapters is not None and len(self.adapters) else None
 
-    def _qkv(self, i: int, w: dict, h: Tensor, rows: Tensor | None, decode: bool = False) -> Tensor:
-        """The fused q, k, v projection (``decode``: the copy with pre-scaled queries), adapters added."""
-        out = w["qkv_dec" if decode else "qkv"](h)
+    def _qkv(self, i: int, w: dict, h: Tensor, rows: Tensor | None) -> Tensor:
+        """The fused q, k, v projection, queries pre-scaled by d^-1/2, adapters added."""
+        out = w["qkv"](h)
         if rows is None:
             return out
         q_rows, kv_rows = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        delta = self.adapters.qkv_delta(i, h, rows, (q_rows, kv_rows, kv_rows), self.head_dim ** -0.5 if decode else 1.0)
+        delta = self.adapters.qkv_delta(i, h, rows, (q_rows, kv_rows, kv_rows), self.head_dim ** -0.5)
         return out if delta is None else out + delta
 
     def _attn_out(self, i: int, w: dict, att: Tensor, x: Tensor, rows: Tensor | None) -> Tensor:
@@ -193,8 +192,8 @@ class LeanLlama:
             cache.k[i, :, :, start:end] = k
             cache.v[i, :, :, start:end] = v.view(b, t, hk, d).transpose(1, 2)
             att = F.scaled_dot_product_attention(
-                q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask, enable_gqa=hq != hk
-            )
+                q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask, enable_gqa=hq != hk, scale=1.0
+            )  # queries pre-scaled
             x = self._attn_out(i, w, att.transpose(1, 2).reshape(b, t, hq * d), x, rows)
             x = self._mlp(i, w, x, rows)
         cache.length = end
@@ -226,7 +225,7 @@ class LeanLlama:
             v = v.view(u, t, hk, d).transpose(1, 2)
             cache.k[i, slots, :, :t] = k[source]
             cache.v[i, slots, :, :t] = v[source]
-            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hk)
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hk, scale=1.0)
             x = self._attn_out(i, w, att.transpose(1, 2).reshape(u, t, hq * d), x, rows)
             x = self._mlp(i, w, x, rows)
         last = x[torch.arange(u, device=ids.device), lengths - 1]
@@ -268,7 +267,7 @@ class LeanLlama:
                 + positions[:, None]).reshape(-1)
         for i, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
-            qkv = self._qkv(i, w, h, rows, decode=True).view(n, hq + 2 * hk, d)
+            qkv = self._qkv(i, w, h, rows).view(n, hq + 2 * hk, d)
             qk = apply_rotary(qkv[:, : hq + hk], cos, sin)  # queries and keys in one pass
             q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hk :]
             kc, vc = cache.k[i], cache.v[i]
