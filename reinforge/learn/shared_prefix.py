@@ -97,7 +97,9 @@ class SharedPrefixForward:
         qp, kp, vp = self._qkv(at, layer.input_layernorm(xp), cos_p, sin_p)
         qc, kc, vc = self._qkv_placed(at, layer.input_layernorm(xc), cos_c, sin_c, real, shape)
         att_p = attend(qp, kp, vp, mask_p, gqa)
-        keys, values = torch.cat([kp[group], kc], dim=2), torch.cat([vp[group], vc], dim=2)
+        # index_select, not kp[group]: its backward is an index_add, the advanced index's a slower index_put
+        keys = torch.cat([kp.index_select(0, group), kc], dim=2)
+        values = torch.cat([vp.index_select(0, group), vc], dim=2)
         att_c = attend(qc, keys, values, mask_c, gqa)
         xp = xp + at.o_proj(att_p.transpose(1, 2).reshape(u, p, -1))
         xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(shape[0] * shape[1], -1)[real])
@@ -140,7 +142,7 @@ class SharedPrefixForward:
         # the real token just before it in the flat order (rows are right-padded, so it is real too)
         row, t = real // c, torch.arange(len(real), device=dev)
         before = torch.where(real % c == 0, row, n + t - 1)
-        hidden = m.norm(torch.cat([xp[group, -1], xc])[before])
+        hidden = m.norm(torch.cat([xp[:, -1].index_select(0, group), xc]).index_select(0, before))
         logp, ent = self._head(hidden, targets, temperature, entropy)
 
         def padded(x: Tensor) -> Tensor:
