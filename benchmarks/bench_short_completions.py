@@ -8,9 +8,9 @@ queries = the completion width, keys = prompt + completion) and longer ones, int
 This is the measurement behind ``MATH_ATTENTION_MAX_QUERIES`` in ``reinforge/learn/shared_prefix.py``.
 
 Part 2, the learner: ``--batches`` rollout batches of the default recipe (the shipped tiny base, 16 prompts x
-8), then ``Learner.update`` on each, interleaved across the arms: the shared-prefix forward as it is, with the
-fused AdamW, and, with ``--baseline``, a ``SharedPrefixForward`` loaded from another version of
-``shared_prefix.py`` (``git show REV:reinforge/learn/shared_prefix.py > old.py``). Per arm the median and mean
+8), then ``Learner.update`` on each, interleaved across the arms: the shared-prefix forward as it is with
+torch's default (for-loop) AdamW and with the fused AdamW, and, with ``--baseline``, a ``SharedPrefixForward``
+loaded from another version of ``shared_prefix.py`` (``git show REV:reinforge/learn/shared_prefix.py > old.py``). Per arm the median and mean
 update, and the median per completion width (the longest completion of the batch, in tokens).
 """
 
@@ -74,16 +74,17 @@ def rollout_batches(cfg, n: int) -> tuple[list, torch.nn.Module]:
 
 def learners(cfg, model, baseline: str | None) -> dict[str, Learner]:
     """The arms: a learner per setting, each on its own copy of ``model``."""
-    fused = cfg.model_copy(update={"train": cfg.train.model_copy(update={"fused_optimizer": True})})
-    arms = {"shared-prefix forward": Learner.for_run(copy.deepcopy(model), cfg),
+    plain, fused = (cfg.model_copy(update={"train": cfg.train.model_copy(update={"fused_optimizer": f})})
+                    for f in (False, True))
+    arms = {"shared-prefix forward, AdamW": Learner.for_run(copy.deepcopy(model), plain),
             "the same, fused AdamW": Learner.for_run(copy.deepcopy(model), fused)}
     if baseline:
         spec = importlib.util.spec_from_file_location("baseline_shared_prefix", baseline)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        old = Learner.for_run(copy.deepcopy(model), cfg)
+        old = Learner.for_run(copy.deepcopy(model), plain)
         old.forward.shared = module.SharedPrefixForward(old.forward.shared.model)
-        arms = {f"baseline ({baseline})": old, **arms}
+        arms = {f"baseline ({baseline}), AdamW": old, **arms}
     return arms
 
 
