@@ -28,8 +28,8 @@ from reinforge.models.lean_llama import apply_rotary, rotary_cos_sin, supports
 from reinforge.models.precision import at_least_float32
 
 # On the CPU in bf16, torch's flash-attention kernel's backward is up to 5x slower than the math kernel's for
-# short queries (15.5 ms against 3.0 ms at 96 rows x 4 heads x 6 queries x 13 keys), about even at 192 queries
-# and ahead from 256 (benchmarks/BENCHMARKS.md, "Attention on the CPU in bf16"). The completions here are short.
+# short queries (14.1 ms against 2.7 ms at 96 rows x 4 heads x 6 queries x 13 keys), about even at 128 queries
+# and ahead from 192 (benchmarks/bench_short_completions.py; benchmarks/BENCHMARKS.md, "Short completions").
 MATH_ATTENTION_MAX_QUERIES = 128
 
 
@@ -97,12 +97,13 @@ class SharedPrefixForward:
         qp, kp, vp = self._qkv(at, layer.input_layernorm(xp), cos_p, sin_p)
         qc, kc, vc = self._qkv_placed(at, layer.input_layernorm(xc), cos_c, sin_c, real, shape)
         att_p = attend(qp, kp, vp, mask_p, gqa)
-        # index_select, not kp[group]: its backward is an index_add, the advanced index's a slower index_put
+        # index_select, not kp[group], here and below: its backward is an index_add, the advanced index's a
+        # slower index_put
         keys = torch.cat([kp.index_select(0, group), kc], dim=2)
         values = torch.cat([vp.index_select(0, group), vc], dim=2)
         att_c = attend(qc, keys, values, mask_c, gqa)
         xp = xp + at.o_proj(att_p.transpose(1, 2).reshape(u, p, -1))
-        xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(shape[0] * shape[1], -1)[real])
+        xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(shape[0] * shape[1], -1).index_select(0, real))
         xp = xp + layer.mlp(layer.post_attention_layernorm(xp))
         xc = xc + layer.mlp(layer.post_attention_layernorm(xc))
         return xp, xc
