@@ -348,3 +348,47 @@ def test_async_runs_the_same_stages_after_collection(tmp_path, parts):
     else:
         assert all(m["rollout/state_values/states"] > 0 for m in rows)
         assert rows[0]["replay/samples"] == 0 and rows[1]["replay/samples"] > 0
+
+
+# ---- evaluation in the learner's process -------------------------------------------------------
+
+def test_evaluations_take_the_cores_the_waiting_workers_leave(monkeypatch):
+    cfg = load_config(None, ["orchestrate.mode=async", "orchestrate.rollout_workers=2"])
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert async_batches.evaluation_threads(cfg) == 3  # the learner's 1 and the two workers' 1 each
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert async_batches.evaluation_threads(cfg) == 2  # at most the machine's cores
+    orchestrate = cfg.orchestrate
+    ray = cfg.model_copy(update={"orchestrate": orchestrate.model_copy(update={"backend": "ray"})})
+    assert async_batches.evaluation_threads(ray) == 1  # Ray actors may run elsewhere: the learner's own
+    threads = torch.get_num_threads()
+    own = cfg.model_copy(update={"orchestrate": orchestrate.model_copy(update={"eval_threads": threads + 1})})
+    assert async_batches.evaluation_threads(own) == threads + 1
+    with async_batches.WorkerBatches.evaluating(type("Source", (), {"cfg": own})()):
+        assert torch.get_num_threads() == threads + 1
+    assert torch.get_num_threads() == threads  # the learner's own again
+
+
+def test_the_loop_evaluates_in_its_sources_evaluation_setting(tmp_path):
+    """Every evaluation of a run (before, during, after training) runs inside the source's ``evaluating``."""
+    from contextlib import contextmanager
+
+    from reinforge.orchestrate.loop import Loop, local_batches
+    from reinforge.orchestrate.run_dir import create_run_dir
+
+    cfg = resolve_config(load_config(None, [f"output_dir={tmp_path}", "train.steps=2", "eval.every=1",
+                                            "eval.final_samples=2", "task.heldout_size=8", "log.report=false"]))
+    c, entered = build_components(cfg), []
+
+    def source(c, collector):
+        batches = local_batches(c, collector)
+
+        @contextmanager
+        def evaluating():
+            entered.append(c.engine.version)
+            yield
+        batches.evaluating = evaluating
+        return batches
+
+    Loop(c, create_run_dir(cfg), 0, 10**6, source).run()
+    assert entered == [0, 0, 1, 2, 2]  # greedy and pass@k before, greedy after steps 1 and 2, pass@k after

@@ -86,3 +86,21 @@ def test_the_server_worker_weight_updates_refresh_the_packed_weights():
     finally:
         worker.close()
     _assert_engine_runs(engine, new, tok, requests)
+
+
+def test_the_packed_weights_are_rebuilt_once_when_the_engine_next_runs(monkeypatch):
+    """Updates without a generation in between (the loop's own engine in asynchronous RL, which only
+    evaluates) copy the parameters but rebuild the packed copies once, at the next generation, from the
+    newest weights."""
+    tok, old, new, requests = two_policies_and_requests()
+    engine = TorchRolloutEngine(copy.deepcopy(old), tok)
+    syncs = []
+    real_sync = type(engine.lean).sync
+    monkeypatch.setattr(type(engine.lean), "sync", lambda self: syncs.append(1) or real_sync(self))
+    for version in range(1, 4):
+        engine.update_weights(old if version < 3 else new, version)
+    assert syncs == [] and engine.version == 3
+    _assert_engine_runs(engine, new, tok, requests)  # the fresh engine's constructor syncs once too
+    assert len(syncs) == 2
+    _sampled(engine, requests)
+    assert len(syncs) == 2  # nothing changed since: no rebuild

@@ -262,6 +262,10 @@ class OrchestrateConfig(_Strict):
     rollout_workers: int = Field(1, ge=1)
     rollout_threads: int = Field(1, ge=1, description="torch threads per rollout worker")
     learner_threads: int = Field(1, ge=1, description="torch threads of the learner process in async mode")
+    eval_threads: int | None = Field(
+        None, ge=1, description="async: torch threads of the learner process while it evaluates (the rollout workers "
+        "wait for its next weights meanwhile); default: the learner's and the local workers' together, at most the "
+        "machine's cores")
     timeout_s: float = Field(600.0, gt=0, description="longest wait for a rollout batch before the run stops")
     ray_address: str | None = Field(None, description="backend=ray: cluster address (default: start a local Ray)")
 

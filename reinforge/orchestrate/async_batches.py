@@ -31,8 +31,10 @@ one) re-issues the requests instead: the same tasks, sampled by the restored wei
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -114,6 +116,16 @@ class WorkerBatches:
     def close(self) -> None:
         self.workers.close()
 
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """The learner evaluates with ``evaluation_threads(cfg)`` torch threads, then goes back to its own."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(evaluation_threads(self.cfg))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
     # ------------------------------------------------------------------ requests
     def _admit(self) -> None:
         """Submit every request admission control allows now (never past the last step)."""
@@ -157,6 +169,18 @@ class WorkerBatches:
             "async/worker_restarts": float(self.workers.restarts),
             "async/in_flight": float(len(self.in_flight)),
         }
+
+
+def evaluation_threads(cfg: RunConfig) -> int:
+    """``orchestrate.eval_threads``, by default the learner's threads and the local workers' together, at most the
+    machine's cores: an evaluation runs after a publish, while the workers finish the one batch admission control
+    lets them start and then wait for the learner's next weights, so their cores are idle for most of it (Ray
+    actors may run elsewhere: the learner's own threads)."""
+    o = cfg.orchestrate
+    if o.eval_threads is not None:
+        return o.eval_threads
+    workers = o.rollout_workers * o.rollout_threads if o.backend == "local" else 0
+    return max(o.learner_threads, min(o.learner_threads + workers, os.cpu_count() or 1))
 
 
 def result_to_json(result: RolloutResult) -> dict[str, Any]:

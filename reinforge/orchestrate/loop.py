@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -226,8 +227,9 @@ class Loop:
             views |= {"_blank": blank_pictures(views[""]), "_shuffled": shuffled_pictures(views[""], cfg.seed)}
         metrics: dict[str, float] = {}
         for suffix, tasks in views.items():
-            result = evaluate(self.c.engine, tasks, self.c.reward_pool, player=play(self.collector),
-                              max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens)
+            with self._evaluating():
+                result = evaluate(self.c.engine, tasks, self.c.reward_pool, player=play(self.collector),
+                                  max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens)
             metrics |= {f"{k}{suffix}": v for k, v in result.as_metrics().items()}
         return metrics
 
@@ -244,13 +246,14 @@ class Loop:
         training_state = generator.get_state() if generator is not None else None
         if generator is not None:  # the same sampling stream before and after: they differ by the policy only
             generator.manual_seed(cfg.seed + FINAL_EVAL_SEED_OFFSET)
-        result = evaluate(
-            self.c.engine, self.c.splits.heldout, self.c.reward_pool,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            samples=cfg.eval.final_samples, temperature=cfg.eval.final_temperature,
-            ks=[k for k in (1, 2, 4, 8, 16, 32, 64) if k <= cfg.eval.final_samples],
-            confidence=True, player=play(self.collector, texts := []), texts=texts,  # texts: the report's examples
-        )
+        with self._evaluating():
+            result = evaluate(
+                self.c.engine, self.c.splits.heldout, self.c.reward_pool,
+                max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                samples=cfg.eval.final_samples, temperature=cfg.eval.final_temperature,
+                ks=[k for k in (1, 2, 4, 8, 16, 32, 64) if k <= cfg.eval.final_samples],
+                confidence=True, player=play(self.collector, texts := []), texts=texts,  # texts: the report's examples
+            )
         if training_state is not None:
             generator.set_state(training_state)  # training samples as if there had been no evaluation
         path = self.run_dir / "eval.json"
@@ -262,6 +265,10 @@ class Loop:
                   if name in data}
         if when == "after":
             plot_pass_curves(curves, self.run_dir / "passk.png", title="pass@k on the held-out split")
+
+    def _evaluating(self) -> AbstractContextManager[None]:
+        """The source's setting for evaluations (``WorkerBatches``: the idle workers' cores), if it has one."""
+        return getattr(self.source, "evaluating", nullcontext)()
 
     def _evaluate_and_log(self, step: int) -> float:
         metrics = self._evaluate(step)

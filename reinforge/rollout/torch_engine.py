@@ -88,7 +88,8 @@ class TorchRolloutEngine:
         self.version = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
-        self.lean = LeanLlama(self.model) if use_lean_forward and lean_supports(self.model) else None
+        self._lean = LeanLlama(self.model) if use_lean_forward and lean_supports(self.model) else None
+        self._lean_stale = False  # the HF weights changed since the lean forward's fused copies were built
         self.continuous = continuous
         # decode steps between two host read-backs (rollout/continuous.py): a read-back stalls a GPU's queue,
         # and costs a CPU nothing while a masked step of a finished slot costs it a full one
@@ -121,36 +122,49 @@ class TorchRolloutEngine:
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def update_weights(self, state: Mapping[str, Tensor] | nn.Module, version: int) -> None:
-        """Copy ``state`` (a state dict or a module with the same parameter names) in place."""
+        """Copy ``state`` (a state dict or a module with the same parameter names) in place. The lean forward's
+        fused copies are rebuilt from them when it next runs (``lean``): an engine that only evaluates now and
+        then (the loop's own in asynchronous RL) does not rebuild them at every update."""
         source = dict(state.named_parameters()) if isinstance(state, nn.Module) else state
         for name, param in self.model.named_parameters():
             param.copy_(source[name])
-        if self.lean is not None:
-            self.lean.sync()
+        self._lean_stale = True
         self.version = version
+
+    @property
+    def lean(self) -> LeanLlama | None:
+        """The lean forward (None: the model's own), its fused weights up to date with the model's."""
+        if self._lean is not None and self._lean_stale:
+            self._lean.sync()
+            self._lean_stale = False
+        return self._lean
+
+    @lean.setter
+    def lean(self, lean: LeanLlama | None) -> None:
+        self._lean, self._lean_stale = lean, False
 
     # ------------------------------------------------------------------ adapters
     @property
     def adapters(self) -> list[str]:
         """The LoRA adapters this engine serves."""
-        return list(self.lean.adapters.adapters) if self.lean is not None else []
+        return list(self._lean.adapters.adapters) if self._lean is not None else []
 
     def update_adapter(self, name: str, weights: AdapterWeights, version: int | None = None) -> None:
         """Serve adapter ``name`` with ``weights`` (added, or replaced in place of the old ones; the engine
         copies them); ``version``: the policy version its generations carry from now on."""
-        if self.lean is None:
+        if self._lean is None:
             raise ReinforgeError(f"unmerged LoRA adapters need the lean forward, which supports model types "
                                  f"{sorted(SUPPORTED_MODEL_TYPES)}; this model is "
                                  f"{getattr(self.model.config, 'model_type', '?')!r} (use model.lora.sync=merged)")
         param = next(self.model.parameters())
-        self.lean.adapters.set(name, weights.to(param.device, param.dtype))
+        self._lean.adapters.set(name, weights.to(param.device, param.dtype))
         if version is not None:
             self.version = version
 
     def remove_adapter(self, name: str) -> None:
         if name not in self.adapters:
             raise KeyError(f"no adapter {name!r} (served: {self.adapters})")
-        self.lean.adapters.remove(name)  # type: ignore[union-attr]
+        self._lean.adapters.remove(name)  # type: ignore[union-attr]
 
     def _adapter_rows(self, requests: list[GenerationRequest]) -> Tensor | None:
         """Each request's adapter index (-1: the base), or None when no request runs an adapter."""
