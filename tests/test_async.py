@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import signal
+import threading
 
 import pytest
 import torch
@@ -392,3 +393,44 @@ def test_the_loop_evaluates_in_its_sources_evaluation_setting(tmp_path):
 
     Loop(c, create_run_dir(cfg), 0, 10**6, source).run()
     assert entered == [0, 0, 1, 2, 2]  # greedy and pass@k before, greedy after steps 1 and 2, pass@k after
+
+
+# ---- the thread backend: asynchronous RL in one process ----------------------------------------
+
+def _untimed(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "async/wait_s", "async/worker_"))
+             and k != "memory/peak_mb"} for r in rows]
+
+
+@pytest.mark.slow
+def test_thread_backend_trains_in_one_process_within_the_bound(tmp_path, monkeypatch):
+    """Worker threads instead of processes: nothing is spawned, batches stay within the staleness bound, and
+    with ``weight_update: wait`` the run does not depend on timing (two runs record the same metrics)."""
+    from reinforge.orchestrate import rollout_worker
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("the thread backend started a worker process")
+
+    monkeypatch.setattr(rollout_worker.RolloutWorkers, "__init__", no_process)
+    runs = []
+    for name in ("a", "b"):
+        result = train(load_config(None, [f"output_dir={tmp_path}", f"name={name}", *COMMON, "train.steps=4",
+                                          "orchestrate.backend=thread", "orchestrate.weight_update=wait"]))
+        runs.append(_metrics(result))
+    rows = runs[0]
+    assert [m["policy_version"] for m in rows] == [1, 2, 3, 4]
+    assert [m["async/lag_max"] for m in rows] == [0, 1, 1, 1]  # one update ahead, never more
+    assert all(m["batch/sequences"] > 0 for m in rows)
+    assert _untimed(runs[0]) == _untimed(runs[1])
+    assert not [t for t in threading.enumerate() if t.name.startswith("reinforge-rollout")]
+
+
+def test_a_failing_rollout_thread_fails_the_run_with_its_traceback(tmp_path, monkeypatch):
+    from reinforge.orchestrate import batch_sources
+
+    def failing_round(*args, **kwargs):
+        raise RuntimeError("the environment broke")
+
+    monkeypatch.setattr(batch_sources, "sample_round", failing_round)
+    with pytest.raises(ReinforgeError, match=r"(?s)rollout thread 0 failed on the batch for update 1.*the environment broke"):
+        train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=2", "orchestrate.backend=thread"]))

@@ -253,14 +253,17 @@ class OrchestrateConfig(_Strict):
     """Synchronous or asynchronous RL (docs/async.md)."""
 
     mode: Literal["sync", "async"] = Field("sync", description="async: rollout runs in its own worker process(es)")
-    backend: Literal["local", "ray"] = Field("local", description="local: worker processes on this machine; ray: actors")
+    backend: Literal["local", "thread", "ray"] = Field(
+        "local", description="local: worker processes on this machine; thread: worker threads of the learner's "
+        "process (one process; with learner_threads=1 each side computes on its own core); ray: actors")
     max_staleness: int = Field(1, ge=0, description="async: a batch may be sampled by weights at most this many "
                                "updates older than the learner's (0 = synchronous through the same code path)")
     weight_update: Literal["inflight", "wait"] = Field(
         "inflight", description="inflight: workers take new weights between decode steps; wait: between requests"
     )
     rollout_workers: int = Field(1, ge=1)
-    rollout_threads: int = Field(1, ge=1, description="torch threads per rollout worker")
+    rollout_threads: int = Field(1, ge=1, description="torch threads per rollout worker process (backend=thread: "
+                                 "the process's, learner_threads)")
     learner_threads: int = Field(1, ge=1, description="torch threads of the learner process in async mode")
     eval_threads: int | None = Field(
         None, ge=1, description="async: torch threads of the learner process while it evaluates (the rollout workers "

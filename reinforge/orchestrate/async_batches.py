@@ -1,8 +1,8 @@
 """Asynchronous RL: rollout in worker processes, the learner here, bounded staleness in between.
 
 ``WorkerBatches`` is the loop's batch source in ``orchestrate.mode: async``: rollout workers
-(``RolloutWorkers``: processes on this machine, the ``local`` backend; ``RayRolloutWorkers``: Ray
-actors, the ``ray`` backend) sample batches continuously while the learner trains, each round with
+(``RolloutWorkers``: processes on this machine, the ``local`` backend; ``ThreadRolloutWorkers``: threads
+of this process, the ``thread`` backend; ``RayRolloutWorkers``: Ray actors, the ``ray`` backend) sample batches continuously while the learner trains, each round with
 the same ``batch_sources.sample_round`` as the synchronous loop. ``AdmissionControl`` starts the
 request for update k only once the learner has published version k - 1 - max_staleness, so no
 batch is staler than the bound (max_staleness = 0 is synchronous RL through this same code path).
@@ -45,6 +45,7 @@ from reinforge.orchestrate.rollout_worker import RolloutRequest, RolloutResult, 
 from reinforge.orchestrate.rollouts import Rollout, Round
 from reinforge.orchestrate.stages import Stages
 from reinforge.orchestrate.staleness import AdmissionControl, split_stale
+from reinforge.orchestrate.thread_workers import ThreadRolloutWorkers
 from reinforge.types import Task, Trajectory
 
 
@@ -74,6 +75,8 @@ class WorkerBatches:
             from reinforge.orchestrate.ray_backend import RayRolloutWorkers
 
             self.workers: Any = RayRolloutWorkers(cfg, model, version)
+        elif cfg.orchestrate.backend == "thread":
+            self.workers = ThreadRolloutWorkers(cfg, model, version)
         else:
             self.workers = RolloutWorkers(cfg, model, version)
 
@@ -173,13 +176,13 @@ class WorkerBatches:
 
 def evaluation_threads(cfg: RunConfig) -> int:
     """``orchestrate.eval_threads``, by default the learner's threads and the local workers' together, at most the
-    machine's cores: an evaluation runs after a publish, while the workers finish the one batch admission control
-    lets them start and then wait for the learner's next weights, so their cores are idle for most of it (Ray
-    actors may run elsewhere: the learner's own threads)."""
+    machine's cores (a worker thread counts one): an evaluation runs after a publish, while the workers finish the
+    one batch admission control lets them start and then wait for the learner's next weights, so their cores are
+    idle for most of it (Ray actors may run elsewhere: the learner's own threads)."""
     o = cfg.orchestrate
     if o.eval_threads is not None:
         return o.eval_threads
-    workers = o.rollout_workers * o.rollout_threads if o.backend == "local" else 0
+    workers = {"local": o.rollout_workers * o.rollout_threads, "thread": o.rollout_workers}.get(o.backend, 0)
     return max(o.learner_threads, min(o.learner_threads + workers, os.cpu_count() or 1))
 
 

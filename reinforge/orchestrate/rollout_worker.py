@@ -77,13 +77,16 @@ class RolloutWorkerCore:
     ``components.RolloutSide`` (the engine on its own model copy, the reward pool, the run's collector),
     one round per ``run`` (``batch_sources.sample_round``, as in the synchronous loop)."""
 
-    def __init__(self, worker_id: int, cfg: RunConfig) -> None:
+    def __init__(self, worker_id: int, cfg: RunConfig, own_process: bool = True) -> None:
+        """``own_process=False``: a thread of the learner's process (``thread_workers.py``), which keeps the
+        process's torch threads and global random state as the learner set them."""
         from reinforge.orchestrate.batch_sources import needs_greedy_baseline
         from reinforge.orchestrate.components import build_rollout_side
 
-        torch.set_num_threads(cfg.orchestrate.rollout_threads)
         seed = cfg.seed + 1000 * (worker_id + 1)
-        torch.manual_seed(seed)
+        if own_process:
+            torch.set_num_threads(cfg.orchestrate.rollout_threads)
+            torch.manual_seed(seed)
         self.worker_id, self.cfg = worker_id, cfg
         self.side = build_rollout_side(cfg, seed)  # replicable engine: the config checks it
         self.engine, self.collector, self.params = self.side.engine, self.side.collector, self.side.params
