@@ -434,3 +434,8 @@ def test_a_failing_rollout_thread_fails_the_run_with_its_traceback(tmp_path, mon
     monkeypatch.setattr(batch_sources, "sample_round", failing_round)
     with pytest.raises(ReinforgeError, match=r"(?s)rollout thread 0 failed on the batch for update 1.*the environment broke"):
         train(load_config(None, [f"output_dir={tmp_path}", *COMMON, "train.steps=2", "orchestrate.backend=thread"]))
+
+
+def test_thread_backend_refuses_torch_threads_of_its_own():
+    with pytest.raises(ConfigError, match="rollout_threads=2: with backend=thread"):
+        load_config(None, ["orchestrate.mode=async", "orchestrate.backend=thread", "orchestrate.rollout_threads=2"])

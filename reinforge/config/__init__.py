@@ -16,6 +16,7 @@ from reinforge.config.base import (
     TaskSamplerConfig,
 )
 from reinforge.config.model import LoraConfig, ModelConfig
+from reinforge.config.orchestrate import OrchestrateConfig
 from reinforge.config.recipes import (
     DEFAULT_RECIPE,
     PRESETS_DIR,
@@ -37,7 +38,6 @@ from reinforge.config.run import (
     EnvConfig,
     EvalConfig,
     LogConfig,
-    OrchestrateConfig,
     RolloutConfig,
     RunConfig,
     TrainConfig,
