@@ -406,12 +406,12 @@ def _untimed(rows):
 def test_thread_backend_trains_in_one_process_within_the_bound(tmp_path, monkeypatch):
     """Worker threads instead of processes: nothing is spawned, batches stay within the staleness bound, and
     with ``weight_update: wait`` the run does not depend on timing (two runs record the same metrics)."""
-    from reinforge.orchestrate import rollout_worker
+    import multiprocessing.context
 
     def no_process(*args, **kwargs):
         raise AssertionError("the thread backend started a worker process")
 
-    monkeypatch.setattr(rollout_worker.RolloutWorkers, "__init__", no_process)
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", no_process)
     runs = []
     for name in ("a", "b"):
         result = train(load_config(None, [f"output_dir={tmp_path}", f"name={name}", *COMMON, "train.steps=4",

@@ -128,12 +128,14 @@ def _die_with_parent() -> None:
 
 
 def worker_main(worker_id: int, cfg: RunConfig, shared: SharedWeights, requests: mp.Queue, results: mp.Queue,
-                started) -> None:
-    """The worker process: build the core, then serve requests until None (or until the learner dies);
-    ``started`` counts the requests begun, each after taking the weights it samples with."""
-    _die_with_parent()
+                started, own_process: bool = True) -> None:
+    """The worker process (``own_process=False``: a thread of the learner's, ``thread_workers.py``): build the
+    core, then serve requests until None (or until the learner dies); ``started`` counts the requests begun,
+    each after taking the weights it samples with."""
+    if own_process:
+        _die_with_parent()
     try:
-        core = RolloutWorkerCore(worker_id, cfg)
+        core = RolloutWorkerCore(worker_id, cfg, own_process)
         shared.sync_engine(core.engine)
         inflight = cfg.orchestrate.weight_update == "inflight"
         if inflight:
@@ -157,13 +159,14 @@ class RolloutWorkers:
     """The learner side: worker processes, their queues, and recovery from a dead worker."""
 
     READY_TIMEOUT_S = 300.0
+    NAME = "rollout worker"  # in messages
 
     def __init__(self, cfg: RunConfig, model: torch.nn.Module, version: int) -> None:
         self.cfg = cfg
         self.shared = SharedWeights(model)
         self.shared.publish(model, version)
         self._ctx = mp.get_context("spawn")
-        self.results: mp.Queue = self._ctx.Queue()
+        self.results = self._queue()
         self.procs: list = [None] * cfg.orchestrate.rollout_workers
         self.queues: list = [None] * cfg.orchestrate.rollout_workers
         self.assigned: list[dict[tuple[int, int], RolloutRequest]] = [{} for _ in range(cfg.orchestrate.rollout_workers)]
@@ -176,8 +179,11 @@ class RolloutWorkers:
             self._start(i)
         self._wait_ready(set(range(cfg.orchestrate.rollout_workers)))
 
+    def _queue(self):
+        return self._ctx.Queue()
+
     def _start(self, i: int) -> None:
-        self.queues[i] = self._ctx.Queue()
+        self.queues[i] = self._queue()
         self.started[i], self.sent[i] = self._ctx.Value("q", 0, lock=False), 0
         self.procs[i] = self._ctx.Process(target=worker_main, args=(i, self.cfg, self.shared, self.queues[i],
                                                                      self.results, self.started[i]),
@@ -192,14 +198,14 @@ class RolloutWorkers:
             except queue.Empty:
                 for i in waiting:
                     if not self.procs[i].is_alive():
-                        raise ReinforgeError(f"rollout worker {i} exited while starting "
-                                             f"(exit code {self.procs[i].exitcode})") from None
+                        raise ReinforgeError(f"{self.NAME} {i} exited while starting "
+                                             f"(exit code {getattr(self.procs[i], 'exitcode', None)})") from None
                 if time.monotonic() > deadline:
                     raise ReinforgeError(f"rollout workers {sorted(waiting)} did not start in "
                                          f"{self.READY_TIMEOUT_S:g}s") from None
                 continue
             if result.error is not None:
-                raise ReinforgeError(f"rollout worker {result.worker} failed to start:\n{result.error}")
+                raise ReinforgeError(f"{self.NAME} {result.worker} failed to start:\n{result.error}")
             if result.update == 0 and result.worker in waiting:
                 waiting.discard(result.worker)
             else:
@@ -251,7 +257,7 @@ class RolloutWorkers:
             if result.update == 0:  # a restarted worker is ready
                 continue
             if result.error is not None:
-                raise ReinforgeError(f"rollout worker {result.worker} failed on the batch for update "
+                raise ReinforgeError(f"{self.NAME} {result.worker} failed on the batch for update "
                                      f"{result.update}:\n{result.error}")
             return self._take(result)
 
