@@ -75,8 +75,9 @@ def test_rows_whose_prefixes_differ_fall_back():
 
 
 def test_only_the_real_completion_tokens_go_through_the_linears():
-    """Padding after a row's last completion token costs no projection, MLP or LM-head work: the MLP and the LM
-    head see exactly the batch's real completion tokens (plus the prompts), not N x C positions."""
+    """Padding after a row's last completion token costs no projection, MLP or LM-head work: the MLP sees, in one
+    call, the prompts' positions and exactly the batch's real completion tokens, not N x C positions; the LM head
+    only the real completion tokens."""
     model = _model("llama")
     ids, attn, mask, prefix, groups = _batch()
     rows = []
@@ -87,7 +88,7 @@ def test_only_the_real_completion_tokens_go_through_the_linears():
         h.remove()
     real = int(mask.sum())  # 25 completion tokens in 9 rows padded to 5
     assert real < 9 * 5
-    assert rows == [("mlp", (3, 5, 32)), ("mlp", (real, 32)), ("head", (real, 32))]
+    assert rows == [("mlp", (3 * 5 + real, 32)), ("head", (real, 32))]  # 3 prompts padded to 5, then the real tokens
 
 
 @pytest.mark.parametrize(("dtype", "queries", "kernel"), [(torch.bfloat16, 6, "math"), (torch.bfloat16, 256, "flash"),

@@ -6,6 +6,9 @@ every completion attend to its group's prompt keys/values (gathered by index, so
 all G completions accumulate into the one prompt pass). The result — log-probs, entropies and
 their gradients — equals the ordinary forward over the G full sequences (tested against HF to
 1e-5), at the cost of (prompt + G x completion) instead of G x (prompt + completion) tokens.
+The prompts' positions and the completions' real tokens go through each norm, projection and MLP
+as one set of rows (one call each, half the small operators of running them apart); only
+attention treats them apart.
 
 Reads the HF module's parameters directly (plain torch ops, autograd works); architectures other
 than those ``LeanLlama`` supports use the HF forward instead. With ``checkpoint_layers`` each
@@ -62,51 +65,37 @@ class SharedPrefixForward:
         rotary = self.model.model.rotary_emb
         return rotary_cos_sin(rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)), positions, dtype)
 
-    def _qkv(self, attn: nn.Module, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        b, t, _ = h.shape
-        d = self.head_dim
-        q = apply_rotary(attn.q_proj(h).view(b, t, self.n_heads, d).transpose(1, 2), cos, sin)
-        k = apply_rotary(attn.k_proj(h).view(b, t, self.n_kv, d).transpose(1, 2), cos, sin)
-        v = attn.v_proj(h).view(b, t, self.n_kv, d).transpose(1, 2)
-        return q, k, v
-
-    def _qkv_placed(self, attn: nn.Module, h: Tensor, cos: Tensor, sin: Tensor, real: Tensor, shape: tuple[int, int]
-                    ) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v [N, heads, C, d] of the completions from their real tokens' ``h`` [T, D]: projected and rotated
-        token by token, then placed at their flat positions ``real`` in the padded [N, C] layout ``shape``
-        (zeros at the padding, which no real token attends to: it comes after each row's last token)."""
-        t, d = h.shape[0], self.head_dim
-        n, c = shape
-
-        def place(x: Tensor, heads: int, rotate: bool) -> Tensor:
-            x = x.view(t, heads, d)
-            x = apply_rotary(x, cos, sin) if rotate else x
-            return x.new_zeros(n * c, heads, d).index_copy(0, real, x).view(n, c, heads, d).transpose(1, 2)
-
-        return (place(attn.q_proj(h), self.n_heads, True), place(attn.k_proj(h), self.n_kv, True),
-                place(attn.v_proj(h), self.n_kv, False))
-
-    def _layer(self, layer: nn.Module, xp: Tensor, xc: Tensor, rotary: tuple[Tensor, ...], mask_p: Tensor,
-               mask_c: Tensor, group: Tensor, real: Tensor, shape: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        """One decoder layer over the prompts ``xp`` [U, P, D] and the completions' real tokens ``xc`` [T, D]
-        (at flat positions ``real`` of the padded [N, C] layout ``shape``, where their attention runs)."""
-        cos_p, sin_p, cos_c, sin_c = rotary
-        u, p = xp.shape[0], xp.shape[1]
-        gqa = self.n_heads != self.n_kv
+    def _layer(self, layer: nn.Module, x: Tensor, rotary: tuple[Tensor, Tensor], mask_p: Tensor, mask_c: Tensor,
+               group: Tensor, real: Tensor, shapes: tuple[int, int, int, int]) -> Tensor:
+        """One decoder layer over ``x`` [U * P + T, D]: the U prompts' P positions, then the completions' T real
+        tokens (at flat positions ``real`` of the padded [N, C] layout, where their attention runs). The norms,
+        projections and MLP take all these rows in one call each; only attention splits them."""
+        u, p, n, c = shapes
+        up, d, gqa = u * p, self.head_dim, self.n_heads != self.n_kv
+        cos, sin = rotary
         at = layer.self_attn
-        qp, kp, vp = self._qkv(at, layer.input_layernorm(xp), cos_p, sin_p)
-        qc, kc, vc = self._qkv_placed(at, layer.input_layernorm(xc), cos_c, sin_c, real, shape)
-        att_p = attend(qp, kp, vp, mask_p, gqa)
+        h = layer.input_layernorm(x)
+        q = apply_rotary(at.q_proj(h).view(-1, self.n_heads, d), cos, sin)
+        k = apply_rotary(at.k_proj(h).view(-1, self.n_kv, d), cos, sin)
+        v = at.v_proj(h).view(-1, self.n_kv, d)
+
+        def prompts(y: Tensor) -> Tensor:  # [U, heads, P, d]
+            return y[:up].view(u, p, y.shape[1], d).transpose(1, 2)
+
+        def placed(y: Tensor) -> Tensor:  # [N, heads, C, d], zeros at the padding (no real token attends to it)
+            return y.new_zeros(n * c, y.shape[1], d).index_copy(0, real, y[up:]).view(n, c, y.shape[1], d).transpose(1, 2)
+
+        kp, vp = prompts(k), prompts(v)
+        att_p = attend(prompts(q), kp, vp, mask_p, gqa)
         # index_select, not kp[group], here and below: its backward is an index_add, the advanced index's a
         # slower index_put
-        keys = torch.cat([kp.index_select(0, group), kc], dim=2)
-        values = torch.cat([vp.index_select(0, group), vc], dim=2)
-        att_c = attend(qc, keys, values, mask_c, gqa)
-        xp = xp + at.o_proj(att_p.transpose(1, 2).reshape(u, p, -1))
-        xc = xc + at.o_proj(att_c.transpose(1, 2).reshape(shape[0] * shape[1], -1).index_select(0, real))
-        xp = xp + layer.mlp(layer.post_attention_layernorm(xp))
-        xc = xc + layer.mlp(layer.post_attention_layernorm(xc))
-        return xp, xc
+        keys = torch.cat([kp.index_select(0, group), placed(k)], dim=2)
+        values = torch.cat([vp.index_select(0, group), placed(v)], dim=2)
+        att_c = attend(placed(q), keys, values, mask_c, gqa)
+        att = torch.cat([att_p.transpose(1, 2).reshape(up, -1),
+                         att_c.transpose(1, 2).reshape(n * c, -1).index_select(0, real)])
+        x = x + at.o_proj(att)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def __call__(
         self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
@@ -128,22 +117,21 @@ class SharedPrefixForward:
         p_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         c_pos = (prompt_mask.sum(-1)[group][:, None] + torch.arange(c, device=dev)).flatten()[real]
         targets = completion_ids.flatten()[real]
-        xp, xc = m.embed_tokens(prompt_ids), m.embed_tokens(targets)
-        cos_p, sin_p = self._cos_sin(p_pos, xp.dtype)
-        cos_c, sin_c = (x.reshape(-1, 1, self.head_dim) for x in self._cos_sin(c_pos[None], xc.dtype))
+        u, p = prompt_ids.shape
+        x = m.embed_tokens(torch.cat([prompt_ids.flatten(), targets]))
+        cos, sin = (y.reshape(-1, 1, self.head_dim)
+                    for y in self._cos_sin(torch.cat([p_pos.flatten(), c_pos])[None], x.dtype))
         mask_p, mask_c = self._masks(pmask, group, c)
-        args = ((cos_p, sin_p, cos_c, sin_c), mask_p, mask_c, group, real, (n, c))
+        args = ((cos, sin), mask_p, mask_c, group, real, (u, p, n, c))
         recompute = self.checkpoint_layers and torch.is_grad_enabled()
         for layer in m.layers:
-            if recompute:
-                xp, xc = checkpoint(self._layer, layer, xp, xc, *args, use_reentrant=False)
-            else:
-                xp, xc = self._layer(layer, xp, xc, *args)
+            x = checkpoint(self._layer, layer, x, *args, use_reentrant=False) if recompute else self._layer(layer, x, *args)
         # token j of a completion is predicted from the position before it: the prompt's last for j = 0, else
         # the real token just before it in the flat order (rows are right-padded, so it is real too)
         row, t = real // c, torch.arange(len(real), device=dev)
         before = torch.where(real % c == 0, row, n + t - 1)
-        hidden = m.norm(torch.cat([xp[:, -1].index_select(0, group), xc]).index_select(0, before))
+        last = x[:u * p].view(u, p, -1)[:, -1]
+        hidden = m.norm(torch.cat([last.index_select(0, group), x[u * p:]]).index_select(0, before))
         logp, ent = self._head(hidden, targets, temperature, entropy)
 
         def padded(x: Tensor) -> Tensor:
