@@ -205,19 +205,16 @@ class Batch:
         """Pad trajectories; with ``Trajectory.trainable`` false the row's loss mask is all zero."""
         import torch
 
-        width = max(len(t.token_ids) for t in trajs)
+        lengths = [len(t.token_ids) for t in trajs]
+        width = max(lengths)
         n = len(trajs)
-        ids = torch.full((n, width), pad_id, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        mask = torch.zeros((n, width))
-        logp = torch.zeros((n, width))
-        for i, t in enumerate(trajs):
-            k = len(t.token_ids)
-            ids[i, :k] = torch.tensor(t.token_ids)
-            attn[i, :k] = 1
-            if t.trainable:
-                mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            logp[i, :k] = torch.tensor(t.logprobs, dtype=torch.float32)
+        pads = [width - k for k in lengths]  # each field one tensor from padded lists: no per-row tensors
+        ids = torch.tensor([list(t.token_ids) + [pad_id] * p for t, p in zip(trajs, pads, strict=True)], dtype=torch.long)
+        attn = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
+        mask = torch.tensor([(list(t.loss_mask) if t.trainable else [0] * k) + [0] * p
+                             for t, k, p in zip(trajs, lengths, pads, strict=True)], dtype=torch.float32)
+        logp = torch.tensor([list(t.logprobs) + [0.0] * p for t, p in zip(trajs, pads, strict=True)],
+                            dtype=torch.float32)
         prefix = torch.tensor([t.loss_mask.index(1) if 1 in t.loss_mask else len(t.loss_mask) for t in trajs])
         groups = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
