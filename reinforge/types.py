@@ -209,7 +209,8 @@ class Batch:
         width = max(lengths)
         n = len(trajs)
         pads = [width - k for k in lengths]  # each field one tensor from padded lists: no per-row tensors
-        ids = torch.tensor([list(t.token_ids) + [pad_id] * p for t, p in zip(trajs, pads, strict=True)], dtype=torch.long)
+        ids = torch.tensor([list(t.token_ids) + [pad_id] * p for t, p in zip(trajs, pads, strict=True)],
+                           dtype=torch.long)
         attn = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
         mask = torch.tensor([(list(t.loss_mask) if t.trainable else [0] * k) + [0] * p
                              for t, k, p in zip(trajs, lengths, pads, strict=True)], dtype=torch.float32)

@@ -83,7 +83,8 @@ class SharedPrefixForward:
             return y[:up].view(u, p, y.shape[1], d).transpose(1, 2)
 
         def placed(y: Tensor) -> Tensor:  # [N, heads, C, d], zeros at the padding (no real token attends to it)
-            return y.new_zeros(n * c, y.shape[1], d).index_copy(0, real, y[up:]).view(n, c, y.shape[1], d).transpose(1, 2)
+            heads = y.shape[1]
+            return y.new_zeros(n * c, heads, d).index_copy(0, real, y[up:]).view(n, c, heads, d).transpose(1, 2)
 
         kp, vp = prompts(k), prompts(v)
         att_p = attend(prompts(q), kp, vp, mask_p, gqa)
@@ -118,6 +119,7 @@ class SharedPrefixForward:
         c_pos = (prompt_mask.sum(-1)[group][:, None] + torch.arange(c, device=dev)).flatten()[real]
         targets = completion_ids.flatten()[real]
         u, p = prompt_ids.shape
+        up = u * p  # x's first rows: the prompts' positions; then the completions' real tokens
         x = m.embed_tokens(torch.cat([prompt_ids.flatten(), targets]))
         cos, sin = (y.reshape(-1, 1, self.head_dim)
                     for y in self._cos_sin(torch.cat([p_pos.flatten(), c_pos])[None], x.dtype))
@@ -125,13 +127,16 @@ class SharedPrefixForward:
         args = ((cos, sin), mask_p, mask_c, group, real, (u, p, n, c))
         recompute = self.checkpoint_layers and torch.is_grad_enabled()
         for layer in m.layers:
-            x = checkpoint(self._layer, layer, x, *args, use_reentrant=False) if recompute else self._layer(layer, x, *args)
+            if recompute:
+                x = checkpoint(self._layer, layer, x, *args, use_reentrant=False)
+            else:
+                x = self._layer(layer, x, *args)
         # token j of a completion is predicted from the position before it: the prompt's last for j = 0, else
         # the real token just before it in the flat order (rows are right-padded, so it is real too)
         row, t = real // c, torch.arange(len(real), device=dev)
         before = torch.where(real % c == 0, row, n + t - 1)
-        last = x[:u * p].view(u, p, -1)[:, -1]
-        hidden = m.norm(torch.cat([last.index_select(0, group), x[u * p:]]).index_select(0, before))
+        last = x[:up].view(u, p, -1)[:, -1]
+        hidden = m.norm(torch.cat([last.index_select(0, group), x[up:]]).index_select(0, before))
         logp, ent = self._head(hidden, targets, temperature, entropy)
 
         def padded(x: Tensor) -> Tensor:

@@ -182,12 +182,15 @@ class RolloutWorkers:
     def _queue(self):
         return self._ctx.Queue()
 
+    def _worker(self, args: tuple, name: str):
+        """A worker running ``worker_main(*args)``, not yet started: here a spawned process."""
+        return self._ctx.Process(target=worker_main, args=args, name=name, daemon=True)
+
     def _start(self, i: int) -> None:
         self.queues[i] = self._queue()
         self.started[i], self.sent[i] = self._ctx.Value("q", 0, lock=False), 0
-        self.procs[i] = self._ctx.Process(target=worker_main, args=(i, self.cfg, self.shared, self.queues[i],
-                                                                     self.results, self.started[i]),
-                                          name=f"reinforge-rollout-{i}", daemon=True)
+        self.procs[i] = self._worker((i, self.cfg, self.shared, self.queues[i], self.results, self.started[i]),
+                                     f"reinforge-rollout-{i}")
         self.procs[i].start()
 
     def _wait_ready(self, waiting: set[int]) -> None:

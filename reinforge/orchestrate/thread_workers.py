@@ -32,13 +32,8 @@ class ThreadRolloutWorkers(RolloutWorkers):
     def _queue(self) -> queue.Queue:
         return queue.Queue()
 
-    def _start(self, i: int) -> None:
-        self.queues[i] = self._queue()
-        self.started[i], self.sent[i] = self._ctx.Value("q", 0, lock=False), 0
-        self.procs[i] = threading.Thread(target=worker_main, args=(i, self.cfg, self.shared, self.queues[i],
-                                                                   self.results, self.started[i], False),
-                                         name=f"reinforge-rollout-{i}", daemon=True)
-        self.procs[i].start()
+    def _worker(self, args: tuple, name: str) -> threading.Thread:
+        return threading.Thread(target=worker_main, args=(*args, False), name=name, daemon=True)  # own_process=False
 
     def close(self) -> None:
         """Each thread ends after its request in progress (a thread cannot be killed)."""
