@@ -98,7 +98,7 @@ def test_preset_on_the_command_line_switches_the_algorithm():
     """The default recipe sets loss_agg and kl.coef over grpo; `preset=ppo` replaces them with ppo's."""
     cfg = load_config(None, ["preset=ppo"])
     assert (cfg.preset, cfg.algo.advantage, cfg.algo.kl.coef, cfg.algo.kl.placement) == ("ppo", "gae", 0.01, "reward")
-    assert cfg.train.steps == 1400 and cfg.train.minibatches == 4  # ppo's own; recipe keys the preset does not set stay
+    assert cfg.train.steps == 1000 and cfg.train.minibatches == 4  # ppo's own; recipe keys the preset does not set stay
     assert load_config(None, ["algo.kl.coef=0", "preset=ppo"]).algo.kl.coef == 0.0  # other overrides still win
 
 

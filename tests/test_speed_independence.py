@@ -63,7 +63,7 @@ def test_slow_machine_makes_the_same_steps_until_the_time_limit_says_it_cut(tmp_
 
 
 def test_the_default_run_keeps_a_wide_margin_under_its_time_limit():
-    # The default run's 1400 steps take about 170-215 s of step time on 2 idle cores (README); its
+    # The default run's 1000 steps take about 150-160 s of step time on 2 idle cores (README); its
     # time limit is a safety net several times that, so a loaded machine still runs every step.
     cfg = load_config(None)
     assert cfg.train.time_limit_s >= 6 * 215

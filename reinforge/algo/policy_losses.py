@@ -26,7 +26,7 @@ metric is a per-token tensor that the learner averages over masked tokens.
 
 BAPO's bounds and M2PO's mask are statistics of the batch, computed inside the loss over the tokens of
 ``mask``, i.e. over the micro-batch the loss is called on: exact for the mini-batch when it fits in one
-micro-batch (the demo's: a mini-batch of 16 x 8 / train.minibatches rows of at most 8 completion tokens
+micro-batch (the demo's: a mini-batch of 32 x 8 / train.minibatches rows of at most 8 completion tokens
 is far under ``train.micro_batch_tokens`` = 8192), per micro-batch otherwise.
 
 The policy losses of other kinds of objective stay with their method: ``luffy`` (``algo/guidance.py``),
