@@ -3,9 +3,11 @@ side by side in one run (interleaved repeats).
 
     python benchmarks/bench_learner.py [--prompts 16] [--group 8] [--repeats 7]
 
-One rollout batch from the shipped tiny-base model on the arithmetic task (the default demo's
-shape), then ``Learner.update`` (forward, backward, AdamW step) timed on copies of the same
-model with ``train.shared_prefix`` on and off. Both compute the same gradient (tests/test_shared_prefix.py).
+One rollout batch from the shipped tiny-base model on the arithmetic task (16 prompts x 8 by default, the
+demo's shape until 2026-11-29; ``--prompts 32`` is its shape since), then ``Learner.update`` (forward,
+backward, AdamW step) timed on copies of the same model with ``train.shared_prefix`` on and off, in the
+recipe's ``train.autocast`` (bf16 where the CPU has bf16 instructions) and, for the fused row, also in
+float32. The forwards compute the same gradient (tests/test_shared_prefix.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def main() -> None:
         "HF forward, AdamW foreach": {"shared_prefix": False},
         "shared-prefix forward, AdamW foreach": {"shared_prefix": True},
         "shared-prefix forward, AdamW fused": {"shared_prefix": True, "fused_optimizer": True},
+        "shared-prefix forward, AdamW fused, float32": {"shared_prefix": True, "fused_optimizer": True,
+                                                        "autocast": "none"},
     }
     learners = {}
     for name, update in variants.items():
