@@ -208,14 +208,16 @@ class Batch:
         lengths = [len(t.token_ids) for t in trajs]
         width = max(lengths)
         n = len(trajs)
-        pads = [width - k for k in lengths]  # each field one tensor from padded lists: no per-row tensors
-        ids = torch.tensor([list(t.token_ids) + [pad_id] * p for t, p in zip(trajs, pads, strict=True)],
-                           dtype=torch.long)
+
+        def padded(rows, value, dtype) -> Tensor:  # one tensor per field from padded lists: no per-row tensors
+            return torch.tensor([list(r) + [value] * (width - k) for r, k in zip(rows, lengths, strict=True)],
+                                dtype=dtype)
+
+        ids = padded((t.token_ids for t in trajs), pad_id, torch.long)
         attn = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
-        mask = torch.tensor([(list(t.loss_mask) if t.trainable else [0] * k) + [0] * p
-                             for t, k, p in zip(trajs, lengths, pads, strict=True)], dtype=torch.float32)
-        logp = torch.tensor([list(t.logprobs) + [0.0] * p for t, p in zip(trajs, pads, strict=True)],
-                            dtype=torch.float32)
+        mask = padded((t.loss_mask if t.trainable else [0] * k for t, k in zip(trajs, lengths, strict=True)), 0,
+                      torch.float32)
+        logp = padded((t.logprobs for t in trajs), 0.0, torch.float32)
         prefix = torch.tensor([t.loss_mask.index(1) if 1 in t.loss_mask else len(t.loss_mask) for t in trajs])
         groups = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
